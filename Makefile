@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make tour` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: tour test lab install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,notebooks]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+tour: $(STAMP)
+	$(VENV)/bin/zerokit tour
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,61 @@
+"""What a rank knows about itself: rank, world size, device, process groups.
+
+``zerokit.launch`` (or torchrun) sets the context before the user's function runs;
+library code reads it with :func:`current`. The launcher also installs a *status
+slot*, a small piece of shared memory the parent reads when a rank hangs, and
+:func:`note_collective` writes the collective a rank is entering into it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    #: named process groups; "world" is the default group (None means torch's WORLD)
+    groups: dict = field(default_factory=dict)
+    #: launched by torchrun (in-process) rather than by zerokit.launch
+    torchrun: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_current: Optional[RankContext] = None
+_status_writer: Optional[Callable[[str], None]] = None
+
+
+def current() -> RankContext:
+    """The context of the rank this code runs in; outside a launch, a world of one on the CPU."""
+    if _current is not None:
+        return _current
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return RankContext(dist.get_rank(), dist.get_world_size(), torch.device("cpu"),
+                           dist.get_backend(), {"world": None})
+    return RankContext(0, 1, torch.device("cpu"), "none", {"world": None})
+
+
+def set_current(ctx: Optional[RankContext]) -> None:
+    global _current
+    _current = ctx
+
+
+def set_status_writer(writer: Optional[Callable[[str], None]]) -> None:
+    global _status_writer
+    _status_writer = writer
+
+
+def note_collective(description: str) -> None:
+    """Record the collective this rank is entering, so a hang can be reported with it."""
+    if _status_writer is not None:
+        _status_writer(description)

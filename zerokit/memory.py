@@ -1,0 +1,181 @@
+"""The memory ledger: bytes a rank holds, by category, measured from tensor storages.
+
+Categories follow ZeRO §3: ``params``, ``grads``, ``optimizer`` (states, and the fp32
+master copy in mixed precision), ``buffers`` (what a strategy allocates for itself:
+buckets, shards, gather buffers, and the model's registered buffers) and
+``activations`` (tensors autograd saved for backward, seen through saved-tensor hooks).
+
+The ledger is told *where* to look (a model, an optimizer, a strategy's buffers) and
+reads the bytes itself, every time, from ``untyped_storage().nbytes()``. Each storage is
+counted once, in the first category that holds it (params, grads, optimizer, buffers,
+activations), so a parameter that is a view into a flat buffer costs the buffer once,
+and a storage resized to 0 — a released shard — costs nothing.
+"""
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Union
+
+import torch
+
+CATEGORIES = ("params", "grads", "optimizer", "buffers", "activations")
+
+TensorSource = Union[torch.Tensor, Callable[[], Iterable[torch.Tensor]]]
+
+
+def _storage_key(t: torch.Tensor):
+    s = t.untyped_storage()
+    return (s.data_ptr(), s.device), s.nbytes()
+
+
+class _Saved:
+    """What autograd holds for a saved tensor while the ledger watches activations."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class MemoryLedger:
+    """Current and peak bytes per category on one rank."""
+
+    def __init__(self):
+        self._sources: dict = {c: [] for c in CATEGORIES}
+        self._saved: list = []
+        self.peak_total = 0
+        self.peak_breakdown = {c: 0 for c in CATEGORIES}
+        self.peak_where = ""
+        self.samples = 0
+        self._hooks: list = []
+
+    # -- where to look ----------------------------------------------------------------
+    def track(self, category: str, source: TensorSource) -> None:
+        """Watch a tensor, or a callable returning tensors, under ``category``."""
+        if category not in CATEGORIES[:-1]:
+            raise ValueError(f"category={category!r}; allowed: {', '.join(CATEGORIES[:-1])}")
+        self._sources[category].append(source)
+
+    def track_model(self, model: torch.nn.Module) -> None:
+        """Parameters, their gradients and the model's registered buffers."""
+        self.track("params", lambda: [p for p in model.parameters()])
+        self.track("grads", lambda: [p.grad for p in model.parameters() if p.grad is not None])
+        self.track("buffers", lambda: list(model.buffers()))
+
+    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Optimizer states, the parameters it steps (fp32 masters) and their gradients."""
+        def states():
+            for state in optimizer.state.values():
+                for v in state.values():
+                    if torch.is_tensor(v):
+                        yield v
+            for group in optimizer.param_groups:
+                yield from group["params"]
+
+        def master_grads():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        yield p.grad
+
+        self.track("grads", master_grads)
+        self.track("optimizer", states)
+
+    # -- activations ------------------------------------------------------------------
+    @contextmanager
+    def watch_activations(self) -> Iterator[None]:
+        """Count tensors saved for backward inside the block until autograd frees them."""
+        def pack(t):
+            holder = _Saved(t)
+            self._saved.append(weakref.ref(holder))
+            return holder
+
+        def unpack(holder):
+            return holder.tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+
+    def _saved_tensors(self) -> list:
+        alive, tensors = [], []
+        for ref in self._saved:
+            holder = ref()
+            if holder is not None:
+                alive.append(ref)
+                tensors.append(holder.tensor)
+        self._saved = alive
+        return tensors
+
+    # -- reading ----------------------------------------------------------------------
+    def _tensors(self, category: str) -> Iterator[torch.Tensor]:
+        if category == "activations":
+            yield from self._saved_tensors()
+            return
+        for source in self._sources[category]:
+            items = [source] if torch.is_tensor(source) else source()
+            for t in items:
+                if t is not None:
+                    yield t
+
+    def current(self) -> dict:
+        """Bytes per category now, each storage counted once."""
+        seen: set = set()
+        out = {}
+        for category in CATEGORIES:
+            total = 0
+            for t in self._tensors(category):
+                key, nbytes = _storage_key(t)
+                if nbytes == 0 or key in seen:
+                    continue
+                seen.add(key)
+                total += nbytes
+            out[category] = total
+        out["total"] = sum(out[c] for c in CATEGORIES)
+        return out
+
+    def model_states(self) -> dict:
+        now = self.current()
+        return {"params": now["params"], "grads": now["grads"], "optimizer": now["optimizer"]}
+
+    def sample(self, where: str = "") -> int:
+        """Read the current bytes and keep the peak; returns the current total."""
+        now = self.current()
+        self.samples += 1
+        if now["total"] > self.peak_total:
+            self.peak_total = now["total"]
+            self.peak_breakdown = {c: now[c] for c in CATEGORIES}
+            self.peak_where = where
+        return now["total"]
+
+    def reset_peak(self) -> None:
+        self.peak_total = 0
+        self.peak_breakdown = {c: 0 for c in CATEGORIES}
+        self.peak_where = ""
+
+    # -- sampling points --------------------------------------------------------------
+    def instrument(self, model: torch.nn.Module) -> None:
+        """Sample after every module's forward and as every parameter's gradient is produced."""
+        for name, module in model.named_modules():
+            label = name or type(module).__name__
+            self._hooks.append(module.register_forward_hook(
+                lambda m, i, o, label=label: self._sample_hook(f"forward {label}")))
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_hook(lambda g, name=name: self._sample_hook(f"backward {name}")))
+
+    def _sample_hook(self, where: str) -> None:
+        """A hook must return None, or it would replace the module's output or the gradient."""
+        self.sample(where)
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def cuda_peak_bytes(device: torch.device):
+    """torch's own count of the peak, to cross-check the ledger on CUDA; None elsewhere."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated(device))
+    return None

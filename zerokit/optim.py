@@ -1,0 +1,71 @@
+"""Optimizers and mixed precision: the step every strategy shares.
+
+``MasterOptimizer`` steps a list of parameter tensors (whole parameters for DDP,
+flat shards for ZeRO) with a torch optimizer. In ``fp32`` the tensors are their own
+master copy. In ``bf16-mixed`` (ZeRO §3.1, Micikevicius et al.) the model holds bf16
+params and grads; the optimizer holds an fp32 master copy plus its states, so K = 12
+bytes per parameter with Adam. Gradients are cast to fp32 for the step only and
+dropped after it, so between steps the ledger sees bf16 grads alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import theory
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.0
+
+    def __post_init__(self):
+        theory.check_optimizer(self.name)
+        if not isinstance(self.lr, (int, float)) or self.lr <= 0:
+            raise ValueError(f"lr={self.lr!r} must be a positive number")
+
+    def build(self, params) -> torch.optim.Optimizer:
+        if self.name == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                                     weight_decay=self.weight_decay, foreach=False)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                               foreach=False)
+
+
+class MasterOptimizer:
+    """A torch optimizer over ``tensors``, through fp32 master copies when they are 16-bit."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec):
+        self.tensors = list(tensors)
+        self.mixed = any(t.dtype != torch.float32 for t in self.tensors)
+        if self.mixed:
+            self.masters = [torch.nn.Parameter(t.detach().float().clone()) for t in self.tensors]
+        else:
+            # nn.Parameter shares the tensor's storage: the optimizer updates it in place
+            self.masters = [t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t.detach())
+                            for t in self.tensors]
+        self.optimizer = spec.build(self.masters)
+
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        """One optimizer step with ``grads`` (one per tensor, any dtype; None skips it), then copy back."""
+        previous = [master.grad for master in self.masters]
+        for master, grad in zip(self.masters, grads):
+            master.grad = grad if grad is None or grad.dtype == torch.float32 else grad.float()
+        self.optimizer.step()
+        for tensor, master, grad in zip(self.tensors, self.masters, previous):
+            master.grad = grad  # a model parameter stepped as its own master keeps its .grad
+            if self.mixed:
+                with torch.no_grad():
+                    tensor.copy_(master)
+
+    @property
+    def step_scalars(self) -> int:
+        """Number of Adam ``step`` tensors (one per stepped tensor)."""
+        return len(self.masters) if isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW) else 0

@@ -1,0 +1,166 @@
+"""What a training run measured, per rank and per strategy, next to the theory."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+
+@dataclass
+class RankResult:
+    rank: int
+    losses: list
+    step_times_s: list
+    model_state_bytes: dict
+    memory_bytes: dict
+    peak_bytes: int
+    peak_breakdown: dict
+    peak_where: str
+    cuda_peak_bytes: Optional[int]
+    comm_bytes_sent_per_step: float
+    comm_calls_per_step: float
+    comm_summary: list
+    comm_records: Optional[list]
+    theory_model_states: dict
+    theory_comm_bytes_per_step: float
+    params: Optional[Dict[str, torch.Tensor]]
+    param_count: int
+    trace: Optional[list] = None
+
+
+def _median_step_time(ranks: List[RankResult]) -> float:
+    """Median over steps (the first, warm-up, left out when there are more) of the slowest rank."""
+    per_step = [max(r.step_times_s[i] for r in ranks) for i in range(len(ranks[0].step_times_s))]
+    return statistics.median(per_step[1:] if len(per_step) > 1 else per_step)
+
+
+def param_difference(params: Dict[str, torch.Tensor], reference: Dict[str, torch.Tensor]) -> dict:
+    """Largest absolute and relative (to the reference's largest magnitude) parameter difference."""
+    if params.keys() != reference.keys():
+        missing = sorted(set(reference) ^ set(params))
+        raise ValueError(f"parameter names differ from the reference: {missing[:5]}")
+    abs_diff = max(float((params[k] - reference[k]).abs().max()) for k in reference)
+    scale = max(float(reference[k].abs().max()) for k in reference)
+    return {"max_abs": abs_diff, "max_rel": abs_diff / scale if scale else abs_diff}
+
+
+@dataclass
+class StrategyResult:
+    strategy: str
+    world_size: int
+    precision: str
+    optimizer: str
+    micro_batches: int
+    options: dict
+    ranks: List[RankResult]
+    losses: list
+    param_count: int
+    step_time_s_median: float
+    param_diff: Optional[dict] = None
+
+    @classmethod
+    def from_ranks(cls, job, ranks: List[RankResult], reference: Optional[RankResult]) -> "StrategyResult":
+        n = len(ranks)
+        losses = [sum(r.losses[i] for r in ranks) / n for i in range(job.steps)]
+        diff = None
+        if reference is not None and ranks[0].params is not None:
+            diff = param_difference(ranks[0].params, reference.params)
+        return cls(job.strategy, n, job.config.precision, job.config.optimizer.name, job.config.micro_batches,
+                   dict(job.options), ranks, losses, ranks[0].param_count, _median_step_time(ranks), diff)
+
+    @property
+    def max_abs_param_diff(self) -> Optional[float]:
+        return None if self.param_diff is None else self.param_diff["max_abs"]
+
+    def to_json(self) -> dict:
+        return {
+            "strategy": self.strategy,
+            "world_size": self.world_size,
+            "options": self.options,
+            "per_rank": [{
+                "rank": r.rank,
+                "model_state_bytes": r.model_state_bytes,
+                "peak_bytes": r.peak_bytes,
+                "comm_bytes_sent_per_step": r.comm_bytes_sent_per_step,
+                "comm_calls_per_step": r.comm_calls_per_step,
+                "cuda_peak_bytes": r.cuda_peak_bytes,
+            } for r in self.ranks],
+            "theory": {
+                "model_state_bytes_per_rank": self.ranks[0].theory_model_states,
+                "comm_bytes_sent_per_step": self.ranks[0].theory_comm_bytes_per_step,
+            },
+            "losses": self.losses,
+            "max_abs_param_diff_vs_reference": self.max_abs_param_diff,
+            "max_rel_param_diff_vs_reference": None if self.param_diff is None else self.param_diff["max_rel"],
+            "step_time_s_median": self.step_time_s_median,
+        }
+
+
+def _mb(x) -> str:
+    return f"{x / 2**20:8.3f}"
+
+
+@dataclass
+class Report:
+    results: List[StrategyResult]
+    reference: Optional[RankResult] = None
+
+    def __getitem__(self, key) -> StrategyResult:
+        if isinstance(key, int):
+            return self.results[key]
+        for r in self.results:
+            if r.strategy == key:
+                return r
+        raise KeyError(f"no result for strategy {key!r}; have {[r.strategy for r in self.results]}")
+
+    @property
+    def result(self) -> StrategyResult:
+        return self.results[0]
+
+    def to_json(self) -> dict:
+        first = self.results[0]
+        return {"world_size": first.world_size, "param_count": first.param_count, "precision": first.precision,
+                "optimizer": first.optimizer, "strategies": [r.to_json() for r in self.results]}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def rows(self) -> list:
+        """One row per strategy: rank 0's model states and traffic, measured and theory."""
+        rows = []
+        for r in self.results:
+            rank0 = r.ranks[0]
+            measured = sum(rank0.model_state_bytes.values())
+            rows.append({
+                "strategy": r.strategy, "N": r.world_size,
+                "model_states_measured": measured, "model_states_theory": rank0.theory_model_states["total"],
+                "comm_measured": max(x.comm_bytes_sent_per_step for x in r.ranks),
+                "comm_theory": rank0.theory_comm_bytes_per_step,
+                "peak": max(x.peak_bytes for x in r.ranks),
+                "loss": r.losses[-1], "param_diff": r.max_abs_param_diff, "step_s": r.step_time_s_median,
+            })
+        return rows
+
+    def table(self) -> str:
+        header = (f"{'strategy':<16}{'N':>3} {'states MiB':>10} {'theory':>9} {'comm MiB/step':>14} {'theory':>9} "
+                  f"{'peak MiB':>9} {'last loss':>10} {'|Δp| vs ref':>12} {'step ms':>8}")
+        lines = [header, "-" * len(header)]
+        for row in self.rows():
+            diff = "—" if row["param_diff"] is None else f"{row['param_diff']:.1e}"
+            lines.append(f"{row['strategy']:<16}{row['N']:>3} {_mb(row['model_states_measured']):>10} "
+                         f"{_mb(row['model_states_theory']):>9} {_mb(row['comm_measured']):>14} "
+                         f"{_mb(row['comm_theory']):>9} {_mb(row['peak']):>9} {row['loss']:>10.4f} "
+                         f"{diff:>12} {1000 * row['step_s']:>8.1f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def plot(self, ax=None):
+        """Per-rank stacked model-state bars, measured, next to the theory's total."""
+        from .plot import memory_bars
+
+        return memory_bars(self, ax=ax)

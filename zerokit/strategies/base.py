@@ -1,0 +1,144 @@
+"""The interface every strategy implements, and the registry ``zerokit.train`` reads.
+
+A strategy owns one rank's copy (or shard) of the model and its optimizer, and says
+how to run forward, backward and the step. The training loop (``zerokit.train``)
+drives it identically for every strategy, so their ledgers can be compared.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from .. import theory
+from ..context import RankContext
+from ..memory import MemoryLedger
+from ..optim import OptimizerSpec
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    precision: str = "fp32"
+    optimizer: OptimizerSpec = OptimizerSpec()
+    micro_batches: int = 1
+
+
+@dataclass(frozen=True)
+class Option:
+    """A strategy option: its default, a check, and what is allowed (for the error message)."""
+
+    default: Any
+    check: Any = None
+    allowed: str = ""
+
+    def validate(self, strategy: str, name: str, value):
+        if self.check is not None and not self.check(value):
+            raise ValueError(f"strategy {strategy!r}: option {name}={value!r} is not allowed; {self.allowed}")
+        return value
+
+
+def positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def boolean(x) -> bool:
+    return isinstance(x, bool)
+
+
+class Strategy:
+    """One rank's share of training. Subclasses set ``name``, ``stage`` and ``options``."""
+
+    name = "base"
+    #: the ZeRO stage whose formulas describe this strategy's model states (0 = DDP)
+    stage = 0
+    #: the data-parallel degree is the world size unless a strategy says otherwise
+    data_parallel = True
+    #: accepted keyword options: name -> Option
+    options: Dict[str, Option] = {}
+    #: strategies implemented by a peer library (torch DDP, FSDP2, DeepSpeed)
+    peer = False
+
+    def __init__(self, model: nn.Module, ctx: RankContext, config: TrainConfig, **options):
+        self.model = model
+        self.ctx = ctx
+        self.config = config
+        self.opts = self.resolve_options(options)
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> dict:
+        unknown = sorted(set(options) - set(cls.options))
+        if unknown:
+            allowed = ", ".join(sorted(cls.options)) or "none"
+            raise ValueError(f"strategy {cls.name!r} has no option {', '.join(map(repr, unknown))}; "
+                             f"allowed: {allowed}")
+        resolved = {}
+        for name, option in cls.options.items():
+            value = options.get(name, option.default)
+            resolved[name] = option.validate(cls.name, name, value)
+        return resolved
+
+    # -- training ---------------------------------------------------------------------
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally for a micro-batch that is not the last of the step."""
+        yield
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        for p in self.model.parameters():
+            p.grad = None
+
+    # -- measurement ------------------------------------------------------------------
+    def track_memory(self, ledger: MemoryLedger) -> None:
+        """Tell the memory ledger where this strategy keeps its tensors."""
+        ledger.track_model(self.model)
+
+    def full_parameters(self) -> Optional[Dict[str, torch.Tensor]]:
+        """Every parameter, whole, as fp32 on the CPU (on rank 0; other ranks may return None)."""
+        return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
+
+    def flat_units(self):
+        """Sizes of the flat buffers the strategy shards (None: it shards nothing)."""
+        return None
+
+    def optimizer_tensors(self) -> int:
+        """How many tensors the optimizer steps (Adam keeps a step scalar for each)."""
+        return 0
+
+    def theory_model_states(self, psi: int) -> theory.ModelStates:
+        return theory.model_state_bytes(self.stage, psi, self.ctx.world_size, self.config.precision,
+                                        self.config.optimizer.name, units=self.flat_units(),
+                                        optimizer_tensors=self.optimizer_tensors())
+
+    def theory_comm_bytes(self, psi: int):
+        b = theory.param_bytes_per_element(self.config.precision)
+        return theory.comm_bytes_per_step(self.stage, psi, self.ctx.world_size, b,
+                                          self.config.micro_batches, units=self.flat_units())
+
+
+REGISTRY: Dict[str, type] = {}
+
+
+def register(cls):
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get(name: str) -> type:
+    from . import load_all
+
+    load_all()
+    if name not in REGISTRY:
+        raise ValueError(f"strategy={name!r} is unknown; allowed: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]

@@ -1,0 +1,194 @@
+"""``zerokit.train``: run a workload under a strategy on N ranks and measure everything.
+
+Every strategy goes through the same loop on every rank: zero_grad, then for each of
+A micro-batches forward (phase "forward") and backward (phase "backward", under
+``no_sync`` for all but the last), then the step (phase "step"). The ledgers are read
+after the last optimizer step and before the next zero_grad. The single-process
+reference runs the same loop on the whole global batch, in this process.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import torch
+
+from . import comm, theory
+from .context import RankContext
+from .memory import MemoryLedger, cuda_peak_bytes
+from .optim import OptimizerSpec
+from .report import RankResult, Report, StrategyResult
+from .strategies import TrainConfig, get as get_strategy
+from .workloads import Workload
+
+
+@dataclass
+class Job:
+    """Everything a rank needs to train; pickled to each rank."""
+
+    workload: Workload
+    strategy: str
+    steps: int
+    config: TrainConfig
+    options: Dict[str, Any] = field(default_factory=dict)
+    #: sample memory at every module and gradient (peak); off for timing runs
+    track_peak: bool = True
+    #: return every communication record and compute span (for timelines)
+    keep_records: bool = False
+
+
+def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
+    t = t.to(device)
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
+    inputs, targets = job.workload.batch(step)
+    if data_parallel and ctx.world_size > 1:
+        per = inputs.shape[0] // ctx.world_size
+        inputs = inputs[ctx.rank * per:(ctx.rank + 1) * per]
+        targets = targets[ctx.rank * per:(ctx.rank + 1) * per]
+    a = job.config.micro_batches
+    return list(zip(inputs.chunk(a), targets.chunk(a)))
+
+
+def run_rank(ctx: RankContext, job: Job) -> RankResult:
+    """Train on this rank and return its measurements."""
+    cls = get_strategy(job.strategy)
+    dtype = torch.bfloat16 if job.config.precision == "bf16-mixed" else torch.float32
+    model = job.workload.build_model().to(ctx.device, dtype)
+    psi = sum(p.numel() for p in model.parameters())
+    ledger = comm.ledger()
+    ledger.reset()
+    strategy = cls(model, ctx, job.config, **job.options)
+    memory = MemoryLedger()
+    strategy.track_memory(memory)
+    if job.track_peak:
+        memory.instrument(model)
+    tracer = None
+    if job.keep_records:
+        from .timeline import Tracer
+
+        tracer = Tracer(ctx.rank)
+        tracer.instrument(model)
+    span = tracer.span if tracer is not None else (lambda name: nullcontext())
+    losses, times = [], []
+    for step in range(job.steps):
+        comm.set_step(step)
+        t0 = time.perf_counter()
+        strategy.zero_grad()
+        micro = _local_batch(job, ctx, step, cls.data_parallel)
+        step_loss = 0.0
+        for i, (x, y) in enumerate(micro):
+            x, y = _to_device(x, ctx.device, dtype), y.to(ctx.device)
+            sync = nullcontext() if i == len(micro) - 1 else strategy.no_sync()
+            with sync:
+                with comm.phase("forward"), memory.watch_activations(), span("forward"):
+                    loss = job.workload.loss(strategy.forward(x), y) / len(micro)
+                memory.sample("after forward")
+                with comm.phase("backward"), span("backward"):
+                    strategy.backward(loss)
+            step_loss += float(loss.detach())
+        memory.sample("after backward")
+        with comm.phase("step"), span("step"):
+            strategy.step()
+        memory.sample("after step")
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        times.append(time.perf_counter() - t0)
+        losses.append(step_loss)
+    now = memory.current()
+    comm.set_step(job.steps)
+    params = strategy.full_parameters()
+    memory.remove_hooks()
+    if tracer is not None:
+        tracer.remove_hooks()
+    per_step = ledger.bytes_sent_per_step()
+    calls = ledger.calls_per_step()
+    return RankResult(
+        rank=ctx.rank, losses=losses, step_times_s=times,
+        model_state_bytes={k: now[k] for k in ("params", "grads", "optimizer")},
+        memory_bytes=now, peak_bytes=memory.peak_total, peak_breakdown=memory.peak_breakdown,
+        peak_where=memory.peak_where, cuda_peak_bytes=cuda_peak_bytes(ctx.device),
+        comm_bytes_sent_per_step=sum(per_step.values()) / job.steps,
+        comm_calls_per_step=sum(calls.values()) / job.steps,
+        comm_summary=ledger.summary(),
+        comm_records=ledger.to_list() if job.keep_records else None,
+        trace=tracer.events() if tracer is not None else None,
+        theory_model_states=strategy.theory_model_states(psi).as_dict(),
+        theory_comm_bytes_per_step=strategy.theory_comm_bytes(psi),
+        params=params if ctx.rank == 0 else None,
+        param_count=psi,
+    )
+
+
+# --- the parent side --------------------------------------------------------------------
+
+def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
+             optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
+             keep_records: bool = False) -> Job:
+    """Check every argument and build the job, before any process starts."""
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
+    cls = get_strategy(strategy)
+    theory.check_precision(precision)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a positive integer")
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be a positive integer")
+    if cls.name == "single" and world_size != 1:
+        raise ValueError(f"strategy 'single' runs in one process; world_size must be 1, got {world_size}")
+    cls.resolve_options(options)
+    spec = OptimizerSpec(name=optimizer, lr=lr)
+    batch = workload.batch_size
+    degree = world_size if cls.data_parallel else 1
+    if batch % (degree * micro_batches):
+        raise ValueError(f"the workload's global batch of {batch} is not divisible by the data-parallel degree "
+                         f"({degree}) times micro_batches ({micro_batches}); choose a batch size that is a "
+                         f"multiple of {degree * micro_batches}")
+    return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
+               track_peak, keep_records)
+
+
+def run_reference(job: Job) -> RankResult:
+    """The single-process reference: the same loop on the whole global batch, in this process."""
+    ref = Job(job.workload, "single", job.steps, TrainConfig(job.config.precision, job.config.optimizer, 1),
+              track_peak=job.track_peak)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_rank(RankContext(0, 1, torch.device("cpu"), "none", {"world": None}), ref)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
+            backend: Optional[str] = None, timeout_s: float = 300.0) -> StrategyResult:
+    from .launcher import launch
+
+    if job.strategy == "single":
+        ranks = [run_reference(job)]
+    else:
+        ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s)
+    return StrategyResult.from_ranks(job, ranks, reference)
+
+
+def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps: int = 10,
+          precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1,
+          reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
+          track_peak: bool = True, keep_records: bool = False, **options) -> Report:
+    """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
+
+    Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
+    step times and the largest parameter difference from the single-process reference.
+    """
+    job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
+                   options, track_peak, keep_records)
+    ref = run_reference(job) if reference else None
+    result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
+    return Report([result], reference=ref)

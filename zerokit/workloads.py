@@ -1,0 +1,173 @@
+"""Workloads: a model factory, a deterministic global batch per step, and a loss.
+
+Every strategy and the single-process reference build the same model from the same
+seed and read the same global batch at each step, so their parameters can be
+compared after training. Each rank trains on its share of the global batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Workload:
+    """What to train: ``model_fn() -> nn.Module``, ``batch_fn(step) -> (inputs, targets)`` for
+    the *global* batch of that step, and ``loss_fn(outputs, targets) -> scalar`` (a mean)."""
+
+    name: str
+    model_fn: Callable[[], nn.Module]
+    batch_fn: Callable[[int], Tuple[torch.Tensor, torch.Tensor]]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    seed: int = 0
+    description: str = ""
+
+    def build_model(self) -> nn.Module:
+        """The model, initialised from ``seed`` (the same on every rank)."""
+        torch.manual_seed(self.seed)
+        return self.model_fn()
+
+    def batch(self, step: int):
+        return self.batch_fn(step)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.batch(0)[0].shape[0])
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(outputs, targets)
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.build_model().parameters())
+
+
+def _generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+# --- tiny GPT ------------------------------------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (t.view(b, s, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, d))
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLPBlock(d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-2-shaped decoder: token + position embeddings, pre-norm blocks, an untied head."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int, n_head: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def _lm_loss(logits, targets):
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 4, n_head: int = 4,
+             batch_size: int = 8, seed: int = 0) -> Workload:
+    """A tiny GPT (about 1 M parameters by default) on random tokens with a learnable pattern."""
+    for name, value in dict(vocab=vocab, seq_len=seq_len, d_model=d_model, n_layer=n_layer,
+                            n_head=n_head, batch_size=batch_size).items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"tiny_gpt: {name}={value!r} must be a positive integer")
+
+    def batch(step):
+        g = _generator(seed, step)
+        start = torch.randint(0, vocab, (batch_size, 1), generator=g)
+        stride = torch.randint(1, 8, (batch_size, 1), generator=g)
+        tokens = (start + stride * torch.arange(seq_len + 1)) % vocab
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    return Workload(
+        name=f"tiny-gpt-{n_layer}x{d_model}",
+        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head),
+        batch_fn=batch, loss_fn=_lm_loss, seed=seed,
+        description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
+                    f"sequence {seq_len}, global batch {batch_size}")
+
+
+# --- MLP -----------------------------------------------------------------------------------
+
+def mlp(sizes: Sequence[int] = (32, 64, 64, 10), batch_size: int = 16, seed: int = 0) -> Workload:
+    """An MLP classifier on Gaussian inputs; ``sizes`` are the layer widths, input first."""
+    sizes = list(sizes)
+    if len(sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"mlp: sizes={sizes!r} must be at least two positive integers")
+
+    def model():
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.Tanh())
+        return nn.Sequential(*layers)
+
+    def batch(step):
+        g = _generator(seed, step)
+        x = torch.randn(batch_size, sizes[0], generator=g)
+        y = torch.randint(0, sizes[-1], (batch_size,), generator=g)
+        return x, y
+
+    return Workload(name="mlp-" + "-".join(map(str, sizes)), model_fn=model, batch_fn=batch,
+                    loss_fn=lambda out, y: F.cross_entropy(out.float(), y), seed=seed,
+                    description=f"MLP {sizes}, global batch {batch_size}")
+
+
+BUILTIN = {"tiny-gpt": tiny_gpt, "mlp": mlp}
