@@ -398,7 +398,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
     port = _free_port()
     procs = [mpctx.Process(target=_rank_main, name=f"zerokit-rank{r}", daemon=True,
                            args=(r, world_size, chosen, port, payload, queue, statuses[r], os.getpid(),
-                                 threads_per_rank, timeout_s))
+                                 threads_per_rank, timeout_s + 60))  # our own deadline fires first
              for r in range(world_size)]
     ranks = _Ranks(procs, queue, statuses)
     sys.stdout.flush()

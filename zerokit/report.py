@@ -125,7 +125,8 @@ class Report:
 
     def to_json(self) -> dict:
         first = self.results[0]
-        return {"world_size": first.world_size, "param_count": first.param_count, "precision": first.precision,
+        world_size = max(r.world_size for r in self.results)  # the reference runs on one
+        return {"world_size": world_size, "param_count": first.param_count, "precision": first.precision,
                 "optimizer": first.optimizer, "strategies": [r.to_json() for r in self.results]}
 
     def dumps(self) -> str:
