@@ -1,0 +1,176 @@
+"""``zerokit bench ddp``: zerokit's data parallelism against torch DDP, in step-time ratios.
+
+Two parts, both interleaved (every configuration runs once per round, the order
+rotating between rounds) so that drift on a shared machine hits all alike:
+
+1. **Sweep.** The tiny GPT at each world size and bucket size: ``ddp-naive``,
+   ``ddp-bucketed``, ``ddp`` with overlap on and off, and ``torch-ddp`` with the same
+   bucket size. Reported: the median over rounds of each run's median step time, its
+   ratio to torch DDP's, and the exposed communication per step (seconds the compute
+   thread was blocked on collectives, from the ledger; torch DDP waits inside its
+   reducer, so the ledger cannot see its exposed time).
+2. **Overlap.** A communication-heavy GPT (many parameters, little compute per step):
+   ``ddp`` with overlap on and off, the exposed communication of each.
+
+Timing runs use ``track_peak=False`` and no reference. Absolute times depend on the
+machine; the ratios are the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+from . import median, ratio
+
+#: the tiny GPT of the sweep (zerokit.tiny_gpt's defaults: about 0.93 M parameters, 3.6 MiB of fp32 gradients)
+SWEEP_GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
+#: communication-heavy: 4× the parameters of the sweep's GPT, a sixteenth of its tokens per step
+HEAVY_GPT = dict(vocab=1024, seq_len=16, d_model=256, n_layer=4, n_head=4, batch_size=4)
+
+PEER = "torch-ddp"
+
+
+def sweep_configs(bucket_sizes):
+    """(label, strategy, options, bucket) for every run of one round at one world size."""
+    configs = [("ddp-naive", "ddp-naive", {}, None)]
+    for mb in bucket_sizes:
+        configs += [
+            ("ddp-bucketed", "ddp-bucketed", {"bucket_mb": mb}, mb),
+            ("ddp overlap=on", "ddp", {"bucket_mb": mb, "overlap": True}, mb),
+            ("ddp overlap=off", "ddp", {"bucket_mb": mb, "overlap": False}, mb),
+            (PEER, PEER, {"bucket_mb": mb}, mb),
+        ]
+    return configs
+
+
+def measure(workload, strategy: str, world_size: int, steps: int, options: dict, timeout_s: float) -> dict:
+    """One run: median step time of the slowest rank, exposed communication and calls per step."""
+    from ..train import train
+
+    report = train(workload, strategy, world_size=world_size, steps=steps, reference=False, track_peak=False,
+                   timeout_s=timeout_s, **options)
+    result = report.result
+    blocked = [sum(row["blocked_s"] for row in rank.comm_summary) / steps for rank in result.ranks]
+    return {"step_s": result.step_time_s_median, "exposed_s": max(blocked),
+            "calls": result.ranks[0].comm_calls_per_step, "bytes": result.ranks[0].comm_bytes_sent_per_step}
+
+
+def run_rounds(workload, world_sizes, configs_for, steps: int, rounds: int, timeout_s: float, log) -> list:
+    """Run every (world size, config) once per round, rotating the order; return one row per config."""
+    plan = [(n, c) for n in world_sizes for c in configs_for(n)]
+    samples = {i: [] for i in range(len(plan))}
+    for r in range(rounds):
+        shift = (r * max(1, len(plan) // rounds)) % len(plan)
+        order = list(range(len(plan)))[shift:] + list(range(len(plan)))[:shift]
+        for i in order:
+            n, (label, strategy, options, bucket) = plan[i]
+            samples[i].append(measure(workload, strategy, n, steps, options, timeout_s))
+            log(f"round {r + 1}/{rounds}: N={n} {label:<16} bucket={bucket} "
+                f"{1000 * samples[i][-1]['step_s']:.1f} ms")
+    rows = []
+    for i, (n, (label, strategy, options, bucket)) in enumerate(plan):
+        runs = samples[i]
+        rows.append({"world_size": n, "label": label, "strategy": strategy, "options": options,
+                     "bucket_mb": bucket, "step_s": median([s["step_s"] for s in runs]),
+                     "exposed_s": median([s["exposed_s"] for s in runs]), "calls": runs[0]["calls"],
+                     "bytes": runs[0]["bytes"], "runs": runs})
+    return rows
+
+
+def add_ratios(rows) -> None:
+    """Each row's step time over torch DDP's at the same world size and bucket size (naive: the median peer)."""
+    for row in rows:
+        peers = [p["step_s"] for p in rows if p["label"] == PEER and p["world_size"] == row["world_size"]
+                 and (row["bucket_mb"] is None or p["bucket_mb"] == row["bucket_mb"])]
+        row["vs_torch_ddp"] = ratio(row["step_s"], median(peers)) if peers else None
+
+
+def table(rows, title: str) -> str:
+    lines = [title, f"{'N':>2} {'bucket MiB':>10}  {'strategy':<16} {'step ms':>8} {'× torch-ddp':>11} "
+                    f"{'exposed ms/step':>15} {'calls/step':>10}"]
+    for row in rows:
+        bucket = "—" if row["bucket_mb"] is None else f"{row['bucket_mb']:g}"
+        vs = "—" if row.get("vs_torch_ddp") is None else f"{row['vs_torch_ddp']:.2f}"
+        exposed = "—" if row["strategy"] == PEER else f"{1000 * row['exposed_s']:.1f}"
+        lines.append(f"{row['world_size']:>2} {bucket:>10}  {row['label']:<16} {1000 * row['step_s']:>8.1f} "
+                     f"{vs:>11} {exposed:>15} {row['calls']:>10.1f}")
+    return "\n".join(lines)
+
+
+def summary(sweep, heavy) -> dict:
+    out = {}
+    ours = [r for r in sweep if r["label"] == "ddp overlap=on"]
+    if ours:
+        out["ddp_vs_torch_ddp"] = {f"N={r['world_size']} bucket={r['bucket_mb']:g}": round(r["vs_torch_ddp"], 3)
+                                   for r in ours}
+        out["ddp_vs_torch_ddp_median"] = median([r["vs_torch_ddp"] for r in ours])
+        out["ddp_vs_torch_ddp_max"] = max(r["vs_torch_ddp"] for r in ours)
+    for n in sorted({r["world_size"] for r in heavy}):
+        on = next(r for r in heavy if r["world_size"] == n and r["options"]["overlap"])
+        off = next(r for r in heavy if r["world_size"] == n and not r["options"]["overlap"])
+        out[f"heavy_N={n}"] = {"exposed_ms_on": 1000 * on["exposed_s"], "exposed_ms_off": 1000 * off["exposed_s"],
+                               "exposed_on_over_off": ratio(on["exposed_s"], off["exposed_s"]),
+                               "step_on_over_off": ratio(on["step_s"], off["step_s"])}
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerokit bench ddp", description=__doc__.split("\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--bucket-mb", type=float, nargs="+", default=[0.25, 1.0, 4.0, 32.0])
+    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    parser.add_argument("--heavy-bucket-mb", type=float, default=1.0,
+                        help="bucket size of the communication-heavy overlap comparison")
+    parser.add_argument("--no-heavy", action="store_true", help="skip the communication-heavy overlap comparison")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
+    parser.add_argument("--json", metavar="FILE", help="also write every run and the summary to FILE")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    return parser
+
+
+def main(argv=None) -> int:
+    from ..workloads import tiny_gpt
+
+    args = build_parser().parse_args(argv)
+    for mb in args.bucket_mb + [args.heavy_bucket_mb]:
+        if not mb > 0:
+            raise ValueError(f"--bucket-mb {mb:g}: bucket sizes must be positive MiB")
+    if args.steps < 2 or args.rounds < 1:
+        raise ValueError("--steps must be at least 2 and --rounds at least 1")
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    start = time.perf_counter()
+    sweep_work, heavy_work = tiny_gpt(**SWEEP_GPT), tiny_gpt(**HEAVY_GPT)
+    sweep = run_rounds(sweep_work, args.world_sizes, lambda n: sweep_configs(args.bucket_mb), args.steps,
+                       args.rounds, args.timeout, log)
+    add_ratios(sweep)
+    heavy = []
+    if not args.no_heavy:
+        mb = args.heavy_bucket_mb
+        heavy = run_rounds(heavy_work, args.world_sizes,
+                           lambda n: [("ddp overlap=on", "ddp", {"bucket_mb": mb, "overlap": True}, mb),
+                                      ("ddp overlap=off", "ddp", {"bucket_mb": mb, "overlap": False}, mb)],
+                           args.steps, args.rounds, args.timeout, log)
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(f"zerokit bench ddp — fp32 AdamW, gloo on CPU, {args.steps} steps × {args.rounds} interleaved rounds; "
+          f"{machine}")
+    print(table(sweep, f"\nsweep: {sweep_work.description}; Ψ = {sweep_work.param_count():,}"))
+    if heavy:
+        print(table(heavy, f"\ncommunication-heavy: {heavy_work.description}; Ψ = {heavy_work.param_count():,}"))
+    result = summary(sweep, heavy)
+    print("\nsummary:", json.dumps(result, indent=2))
+    print(f"bench finished in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": list(argv or []), "machine": machine, "sweep_workload": SWEEP_GPT,
+                       "heavy_workload": HEAVY_GPT, "sweep": sweep, "heavy": heavy, "summary": result}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,189 @@
+"""``ddp-naive``: data parallelism in its plainest form, and what every DDP variant shares.
+
+Every rank holds the whole model and trains on its share of the global batch. After
+backward each rank's gradients are averaged over the N ranks — here one all-reduce
+per parameter tensor — so every rank takes the same optimizer step and the replicas
+stay identical (ZeRO §2.1, "data parallelism"). A rank sends 2(N−1)/N·Ψb bytes per
+step under the ring algorithm, whatever the number of calls (FACTS §2).
+
+Averaging divides each gradient by N *before* the sum, as torch's DDP does.
+
+What the variants share lives in :class:`DataParallel`:
+
+- the start check: every rank's parameters are checksummed (float64) and all-gathered
+  in phase "setup"; ranks whose models differ fail with a clear ``ValueError``;
+- ``no_sync``: gradient accumulation over micro-batches without communication, so a
+  step reduces once however many micro-batches it has;
+- unused parameters: a parameter that requires grad but got no gradient in a step is an
+  error naming it (default), or, with ``find_unused_parameters=True``, its gradient
+  counts as zeros and is reduced like any other, so every rank issues the same
+  collectives and none waits for a peer that never comes. Parameters with
+  ``requires_grad=False`` take no part: they are never reduced nor stepped (they are
+  still checksummed at start, so they must agree);
+- ``algorithm="ring"``: the all-reduce runs on :func:`zerokit.ring.ring_all_reduce`
+  (reduce-scatter + all-gather on send/recv, 2(N−1) rounds) instead of the backend's.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import comm, theory
+from ..optim import MasterOptimizer
+from ..ring import ring_all_reduce
+from .base import Option, Strategy, boolean, register
+
+ALGORITHMS = ("torch", "ring")
+
+
+def one_of(*choices):
+    def check(value) -> bool:
+        return isinstance(value, str) and value in choices
+    return check
+
+
+def parameter_checksums(model: torch.nn.Module) -> torch.Tensor:
+    """Two float64 numbers per parameter tensor: its sum, and a position-weighted sum.
+
+    The weighted sum catches permuted values that a plain sum misses. Ranks holding the
+    same bits compute the same checksums exactly.
+    """
+    sums = []
+    with torch.no_grad():
+        for p in model.parameters():
+            x = p.detach().reshape(-1).to(torch.float64)
+            weights = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
+            sums.append(torch.stack([x.sum(), (x * weights).sum()]))
+    if not sums:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.cat(sums).cpu()
+
+
+def check_replicas_match(model: torch.nn.Module, group=None, device=None) -> None:
+    """All-gather every rank's parameter checksums (phase "setup") and fail if any rank differs from rank 0."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    n = dist.get_world_size(group)
+    if n == 1:
+        return
+    mine = parameter_checksums(model)
+    if device is not None:
+        mine = mine.to(device)
+    gathered = torch.empty(n * mine.numel(), dtype=torch.float64, device=mine.device)
+    with comm.phase("setup"):
+        comm.all_gather(gathered, mine, group=group, tag="start checksum")
+    rows = gathered.cpu().view(n, -1)
+    names = [name for name, _ in model.named_parameters()]
+    for r in range(1, n):
+        same = (rows[r] == rows[0]) | (rows[r].isnan() & rows[0].isnan())
+        if not bool(same.all()):
+            first = int((~same).nonzero()[0])
+            name = names[first // 2]
+            raise ValueError(
+                f"rank {r}'s parameters differ from rank 0's at start: {name!r} has checksum "
+                f"{float(rows[r][first]):.17g} on rank {r} but {float(rows[0][first]):.17g} on rank 0. "
+                f"Data parallelism needs identical replicas: build the model from the same seed on every "
+                f"rank, or broadcast rank 0's parameters before training.")
+
+
+@register
+class DataParallel(Strategy):
+    """``ddp-naive``: the full model on every rank; after backward one all-reduce per parameter."""
+
+    name = "ddp-naive"
+    stage = 0
+    options = {
+        "algorithm": Option("torch", one_of(*ALGORITHMS),
+                            "'torch' (the backend's all-reduce) or 'ring' (zerokit.ring on send/recv)"),
+        "find_unused_parameters": Option(False, boolean,
+                                         "True (reduce zeros for parameters that got no gradient) or False "
+                                         "(raise naming them)"),
+    }
+
+    def __init__(self, model, ctx, config, **options):
+        super().__init__(model, ctx, config, **options)
+        self.group = ctx.groups.get("world") if ctx.groups else None
+        self.world = ctx.world_size
+        check_replicas_match(model, self.group, ctx.device)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.param_names = {p: n for n, p in named}
+        self.params = [p for _, p in named]
+        self.optimizer = MasterOptimizer(self.params, config.optimizer)
+        self._sync = True
+
+    # -- the reduction ---------------------------------------------------------------
+    def average(self, tensor: torch.Tensor, tag: str = "", async_op: bool = False) -> Optional[comm.Work]:
+        """Divide by N, then sum over the ranks in place: every rank ends with the mean."""
+        tensor.div_(self.world)
+        if self.opts["algorithm"] == "ring":
+            ring_all_reduce(tensor, group=self.group, tag=tag)
+            return None
+        return comm.all_reduce(tensor, group=self.group, async_op=async_op, tag=tag)
+
+    def missing_gradients(self, params) -> List[torch.nn.Parameter]:
+        """The parameters that require grad but have none after this step's backward."""
+        return [p for p in params if p.grad is None]
+
+    def handle_unused(self, unused) -> None:
+        """Raise naming the unused parameters, or (find_unused_parameters) let them count as zeros."""
+        if not unused:
+            return
+        if not self.opts["find_unused_parameters"]:
+            names = ", ".join(repr(self.param_names[p]) for p in unused)
+            raise ValueError(
+                f"strategy {self.name!r}: rank {self.ctx.rank}: parameters {names} require grad but received "
+                f"no gradient this step (not used in forward). Pass find_unused_parameters=True to reduce zeros "
+                f"for them, or set requires_grad=False on them, or remove them from the model.")
+
+    def reduce_gradients(self) -> None:
+        unused = self.missing_gradients(self.params)
+        self.handle_unused(unused)
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.average(p.grad, tag=f"grad {self.param_names[p]}")
+
+    # -- the loop --------------------------------------------------------------------
+    def backward(self, loss):
+        loss.backward()
+        if self._sync:
+            self.reduce_gradients()
+
+    @contextmanager
+    def no_sync(self):
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def step(self):
+        self.optimizer.step([p.grad for p in self.params])
+
+    # -- measurement -----------------------------------------------------------------
+    def track_memory(self, ledger):
+        super().track_memory(ledger)
+        ledger.track_optimizer(self.optimizer.optimizer)
+
+    def optimizer_tensors(self):
+        return self.optimizer.step_scalars
+
+    def reduction_units(self) -> List[int]:
+        """Elements of each tensor one all-reduce reduces (a parameter here, a bucket in the variants)."""
+        return [p.numel() for p in self.params]
+
+    def theory_comm_bytes(self, psi):
+        """2(N−1)/N·Ψb over the parameters that require grad (frozen ones are never reduced).
+
+        The ring pads each reduced tensor to a multiple of N and counts the padding.
+        """
+        b = theory.param_bytes_per_element(self.config.precision)
+        n = self.world
+        if self.opts["algorithm"] != "ring":
+            trainable = sum(p.numel() for p in self.params)
+            return theory.comm_bytes_per_step(0, trainable, n, b, self.config.micro_batches)
+        return sum(theory.ring_bytes_sent("all_reduce", theory.padded_numel([u], n) * b, n)
+                   for u in self.reduction_units())

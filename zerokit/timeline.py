@@ -1,0 +1,161 @@
+"""Timelines: what each rank computed and communicated, when, on one time axis.
+
+A :class:`Tracer` on each rank records timestamped compute spans — the training loop's
+"forward", "backward" and "step", and every leaf module's forward and backward — as
+plain dicts. Collectives come from the communication ledger: each record's launch
+(``t_launch``), the moment the rank knew it finished (``t_end``) and how long the
+compute thread was *blocked* on it (``blocked_s``: the whole call for a synchronous
+collective, the ``wait`` for an asynchronous one). Communication that overlaps compute
+costs nothing; the blocked time is the *exposed* communication, the part that adds to
+the step time.
+
+``time.perf_counter`` is per process, so each tracer records one ``(perf_counter,
+time.time)`` pair when it starts; :func:`rank_timeline` puts every rank's spans and
+collectives on the wall-clock axis with it, and :func:`zerokit.plot.timeline` draws
+them as one Gantt row per rank.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Iterator, List, Optional
+
+import torch
+
+#: event kinds a tracer records
+KINDS = ("clock", "span", "forward", "backward")
+
+
+class Tracer:
+    """Timestamped compute events of one rank (``train(..., keep_records=True)`` makes one per rank)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.perf0 = time.perf_counter()
+        self.wall0 = time.time()
+        self._events: list = []
+        self._open: dict = {}
+        self._hooks: list = []
+
+    def _add(self, kind: str, name: str, start: float, end: float) -> None:
+        self._events.append({"rank": self.rank, "kind": kind, "name": name, "start": start, "end": end})
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Record the block as one compute span called ``name``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._add("span", name, start, time.perf_counter())
+
+    def instrument(self, model: torch.nn.Module) -> None:
+        """Record the forward and the backward of every leaf module, through module hooks."""
+        # a module whose inputs need no gradient (an embedding, a first layer) gets its
+        # backward hooks called as soon as its output's gradient exists; that is fine here
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for name, module in model.named_modules():
+            if next(module.children(), None) is not None:
+                continue
+            label = name or type(module).__name__
+            self._hooks += [
+                module.register_forward_pre_hook(lambda m, i, label=label: self._begin("forward", label)),
+                module.register_forward_hook(lambda m, i, o, label=label: self._finish("forward", label)),
+                module.register_full_backward_pre_hook(lambda m, g, label=label: self._begin("backward", label)),
+                module.register_full_backward_hook(lambda m, gi, go, label=label: self._finish("backward", label)),
+            ]
+
+    def _begin(self, kind: str, label: str) -> None:
+        self._open[(kind, label)] = time.perf_counter()
+
+    def _finish(self, kind: str, label: str) -> None:
+        start = self._open.pop((kind, label), None)
+        if start is not None:
+            self._add(kind, label, start, time.perf_counter())
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def events(self) -> list:
+        """Every event as a plain dict (picklable), the clock pair first."""
+        clock = {"rank": self.rank, "kind": "clock", "name": "origin", "start": self.perf0, "end": self.perf0,
+                 "wall": self.wall0}
+        return [clock, *(dict(e) for e in self._events)]
+
+
+# --- reading a rank's result ----------------------------------------------------------------
+
+def _records(rank_result) -> list:
+    records = getattr(rank_result, "comm_records", None)
+    if records is None:
+        raise ValueError(f"rank {rank_result.rank} kept no communication records; run zerokit.train(..., "
+                         f"keep_records=True)")
+    return records
+
+
+def exposed_comm_s(rank_result, steps: Optional[range] = None) -> float:
+    """Seconds this rank's compute thread was blocked on collectives in training (setup excluded).
+
+    That is every synchronous collective's whole duration plus every ``wait`` on an
+    asynchronous one: the communication that did not hide behind compute. Peers whose
+    library waits internally (torch DDP) record no blocked time; their exposed time is
+    not visible to the ledger.
+    """
+    return sum(r["blocked_s"] for r in _records(rank_result)
+               if r["phase"] != "setup" and (steps is None or r["step"] in steps))
+
+
+def comm_in_flight_s(rank_result, steps: Optional[range] = None) -> float:
+    """Seconds from launch to known completion, summed over the training collectives."""
+    return sum((r["t_end"] or r["t_launch"]) - r["t_launch"] for r in _records(rank_result)
+               if r["phase"] != "setup" and (steps is None or r["step"] in steps))
+
+
+def rank_timeline(rank_result) -> dict:
+    """One rank's compute spans and collectives on the wall-clock axis (seconds since the epoch).
+
+    Returns ``{"rank", "compute": [...], "modules": [...], "comm": [...], "exposed_s"}`` where
+    compute entries are the loop's spans, modules the per-module forward/backward
+    spans (both with the training ``step`` they belong to), and comm entries carry ``start``, ``end``, ``blocked_start`` (where the
+    blocked part begins) and the ledger's ``op``, ``tag``, ``phase``, ``step``.
+    """
+    trace = getattr(rank_result, "trace", None)
+    if not trace:
+        raise ValueError(f"rank {rank_result.rank} has no trace; run zerokit.train(..., keep_records=True)")
+    clock = next(e for e in trace if e["kind"] == "clock")
+    offset = clock["wall"] - clock["start"]
+    compute, step = [], 0
+    for e in trace:  # the loop's spans come in order; a step ends with its "step" span
+        if e["kind"] == "span":
+            compute.append({**e, "start": e["start"] + offset, "end": e["end"] + offset, "step": step})
+            step += e["name"] == "step"
+    ends = [c["end"] for c in compute if c["name"] == "step"]
+    modules = []
+    for e in trace:
+        if e["kind"] in ("forward", "backward"):
+            start = e["start"] + offset
+            modules.append({**e, "start": start, "end": e["end"] + offset,
+                            "step": next((k for k, end in enumerate(ends) if start <= end), len(ends))})
+    comm = []
+    for r in _records(rank_result):
+        end = r["t_end"] if r["t_end"] is not None else r["t_launch"]
+        comm.append({"op": r["op"], "tag": r["tag"], "phase": r["phase"], "step": r["step"],
+                     "algorithm": r.get("algorithm", "torch"), "bytes_sent": r["bytes_sent"],
+                     "start": r["t_launch"] + offset, "end": end + offset,
+                     "blocked_start": end - r["blocked_s"] + offset, "blocked_s": r["blocked_s"]})
+    return {"rank": rank_result.rank, "compute": compute, "modules": modules, "comm": comm,
+            "exposed_s": exposed_comm_s(rank_result)}
+
+
+def ranks_of(source) -> List:
+    """The RankResults of a Report (its first strategy), a StrategyResult, a list, or one RankResult."""
+    if hasattr(source, "results"):
+        source = source.result
+    if hasattr(source, "ranks"):
+        return list(source.ranks)
+    if isinstance(source, (list, tuple)):
+        return list(source)
+    return [source]
