@@ -50,6 +50,8 @@ class MemoryLedger:
         self.peak_total = 0
         self.peak_breakdown = {c: 0 for c in CATEGORIES}
         self.peak_where = ""
+        #: the largest value each category reached at any sample (its own peak, not at the total's)
+        self.peak_by_category = {c: 0 for c in CATEGORIES}
         self.samples = 0
         self._hooks: list = []
 
@@ -145,6 +147,8 @@ class MemoryLedger:
         """Read the current bytes and keep the peak; returns the current total."""
         now = self.current()
         self.samples += 1
+        for c in CATEGORIES:
+            self.peak_by_category[c] = max(self.peak_by_category[c], now[c])
         if now["total"] > self.peak_total:
             self.peak_total = now["total"]
             self.peak_breakdown = {c: now[c] for c in CATEGORIES}
@@ -155,6 +159,7 @@ class MemoryLedger:
         self.peak_total = 0
         self.peak_breakdown = {c: 0 for c in CATEGORIES}
         self.peak_where = ""
+        self.peak_by_category = {c: 0 for c in CATEGORIES}
 
     # -- sampling points --------------------------------------------------------------
     def instrument(self, model: torch.nn.Module) -> None:

@@ -32,6 +32,8 @@ class RankResult:
     params: Optional[Dict[str, torch.Tensor]]
     param_count: int
     trace: Optional[list] = None
+    #: each category's own peak over the samples (``peak_breakdown`` is the split at the total's peak)
+    peak_by_category: Optional[dict] = None
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:

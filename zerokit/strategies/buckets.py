@@ -63,8 +63,6 @@ class Bucket:
     buffer: torch.Tensor
     #: the slice of ``buffer`` that holds each parameter's gradient, shaped like it
     views: List[torch.Tensor] = field(default_factory=list)
-    #: parameters whose gradient is ready in this backward (overlap bookkeeping)
-    pending: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -75,9 +73,10 @@ class GradBuckets:
     """Flat gradient buffers for ``params``, laid out by :func:`assign_buckets`.
 
     ``copy_in`` / ``copy_out`` move gradients between ``p.grad`` and the buckets
-    (the ``ddp-bucketed`` way); ``attach_views`` makes every ``p.grad`` a view into its
-    bucket instead, so autograd accumulates straight into the flat buffer and no copy
-    is needed (torch's ``gradient_as_bucket_view=True``; the ``ddp`` way).
+    (the ``ddp-bucketed`` way); ``attach_view`` makes ``p.grad`` a view into its bucket
+    instead, so the gradient is copied at most once per step and autograd accumulates
+    straight into the flat buffer that is reduced (torch's ``gradient_as_bucket_view=True``;
+    the ``ddp`` way).
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], bucket_mb: float,

@@ -9,10 +9,11 @@ ends, before the optimizer step. Only what is still in flight then is *exposed*
 
 The lifecycle of one step, as in torch's reducer and picotron's DP wrapper:
 
-1. ``p.grad`` of every parameter is a view into its flat bucket
-   (torch's ``gradient_as_bucket_view``), so autograd accumulates straight into the
-   buffer that is reduced: no copy, and the buckets *are* the gradients in the memory
-   ledger (model states stay exactly 16Ψ in fp32 with AdamW).
+1. ``p.grad`` of every parameter becomes a view into its flat bucket (torch's
+   ``gradient_as_bucket_view``): the step's first gradient is copied into its slot,
+   later micro-batches accumulate straight into the buffer that is reduced, and the
+   buckets *are* the gradients in the memory ledger (model states stay exactly 16Ψ in
+   fp32 with AdamW).
 2. A post-accumulate-grad hook on each parameter counts it ready in its bucket; a full
    bucket is launched (divided by N, then summed) — but buckets launch strictly in
    index order, so every rank issues the same collectives in the same order even if a
@@ -77,13 +78,18 @@ class OverlappedDataParallel(DataParallel):
     def _on_gradient_ready(self, p) -> None:
         """Post-accumulate-grad hook: ``p.grad`` holds this backward's contribution."""
         self._seen.add(p)
+        self.buckets.attach_view(p)  # first gradient of the step: copied into its slot, then accumulated there
         if not self._sync:
             return
-        self.buckets.attach_view(p)
-        if p in self._ready_params:
+        bucket = self.buckets.where[p][0]
+        if p in self._ready_params:  # a second gradient in one backward (reentrant checkpointing, say)
+            if bucket < self._next_bucket:
+                raise RuntimeError(f"strategy 'ddp': parameter {self.param_names[p]!r} received a second gradient "
+                                   f"in one backward after its bucket's all-reduce had started; ddp reduces each "
+                                   f"gradient once per backward (use non-reentrant checkpointing)")
             return
         self._ready_params.add(p)
-        self._ready[self.buckets.where[p][0]] += 1
+        self._ready[bucket] += 1
         if not self._callback_queued:
             Variable._execution_engine.queue_callback(self._finish_backward)
             self._callback_queued = True
@@ -126,9 +132,10 @@ class OverlappedDataParallel(DataParallel):
             self._finish_backward()  # no hook fired (nothing required grad): reduce anyway, in lockstep
 
     def zero_grad(self):
-        self.buckets.zero_()
+        """Gradients to None, as torch does: the first gradient of the next step is copied into its slot
+        (cheaper than zeroing every bucket and adding into it); a parameter without one gets zeros."""
         for p in self.params:
-            self.buckets.attach_view(p)
+            p.grad = None
         self._seen.clear()
 
     def reduction_units(self):

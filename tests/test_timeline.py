@@ -1,0 +1,98 @@
+"""Timelines: per-rank compute spans and collectives on one axis, exposed communication, the Gantt chart."""
+import io
+import pickle
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import zerokit  # noqa: E402
+from zerokit import plot, timeline  # noqa: E402
+from zerokit.timeline import Tracer  # noqa: E402
+
+
+def small_gpt():
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
+
+
+def test_tracer_records_loop_spans_and_every_leaf_module_in_process():
+    work = small_gpt()
+    model = work.build_model()
+    tracer = Tracer(rank=0)
+    tracer.instrument(model)
+    x, y = work.batch(0)
+    with tracer.span("forward"):
+        loss = work.loss(model(x), y)
+    with tracer.span("backward"):
+        loss.backward()
+    tracer.remove_hooks()
+    model(x)  # no longer traced
+    events = pickle.loads(pickle.dumps(tracer.events()))
+    assert events[0]["kind"] == "clock" and "wall" in events[0]
+    leaves = {n for n, m in model.named_modules() if next(m.children(), None) is None}
+    for kind in ("forward", "backward"):
+        assert {e["name"] for e in events if e["kind"] == kind} == leaves
+        assert sum(e["kind"] == kind for e in events) == len(leaves)
+    spans = [e for e in events if e["kind"] == "span"]
+    assert [s["name"] for s in spans] == ["forward", "backward"]
+    assert all(e["start"] <= e["end"] for e in events)
+    backward = spans[1]
+    assert all(backward["start"] <= e["start"] <= e["end"] <= backward["end"]
+               for e in events if e["kind"] == "backward")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_timeline_renders_and_exposed_time_is_the_ledgers_blocked_time(n):
+    work = small_gpt()
+    report = zerokit.train(work, "ddp", world_size=n, steps=3, keep_records=True, bucket_mb=0.02, reference=False)
+    ax, exposed = plot.timeline(report, steps=range(1, 3), modules=True)
+    assert sorted(exposed) == list(range(n))
+    for rank in report.result.ranks:
+        in_steps = [r for r in rank.comm_records if r["phase"] != "setup" and r["step"] in (1, 2)]
+        assert exposed[rank.rank] == pytest.approx(sum(r["blocked_s"] for r in in_steps))
+        assert timeline.exposed_comm_s(rank) >= exposed[rank.rank] >= 0
+        line = timeline.rank_timeline(rank)
+        assert [c["name"] for c in line["compute"]] == ["forward", "backward", "step"] * 3
+        assert [c["step"] for c in line["compute"]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        for c in line["comm"]:
+            assert c["start"] <= c["blocked_start"] + 1e-9 and c["blocked_start"] <= c["end"]
+    assert len(ax.get_yticks()) == n
+    ax.figure.savefig(io.BytesIO(), format="png")
+    # the setup checksum is drawn nowhere and counted nowhere
+    rank0 = report.result.ranks[0]
+    assert any(r["phase"] == "setup" for r in rank0.comm_records)
+    assert timeline.exposed_comm_s(rank0) == pytest.approx(
+        sum(r["blocked_s"] for r in rank0.comm_records if r["phase"] != "setup"))
+
+
+def test_overlap_launches_during_backward_and_naive_blocks_for_all_of_its_communication():
+    work = small_gpt()
+    runs = {
+        "on": zerokit.train(work, "ddp", world_size=2, steps=2, keep_records=True, bucket_mb=0.02, reference=False),
+        "off": zerokit.train(work, "ddp", world_size=2, steps=2, keep_records=True, bucket_mb=0.02, overlap=False,
+                             reference=False),
+        "naive": zerokit.train(work, "ddp-naive", world_size=2, steps=2, keep_records=True, reference=False),
+    }
+    for label, report in runs.items():
+        for rank in report.result.ranks:
+            line = timeline.rank_timeline(rank)
+            # the backward of the first module (the token embedding) is the last one to run
+            last_module = max(m["start"] for m in line["modules"] if m["kind"] == "backward" and m["name"] == "tok"
+                              and m["step"] == 1)
+            launches = [c["start"] for c in line["comm"] if c["step"] == 1 and c["phase"] == "backward"]
+            assert launches
+            if label == "on":  # the last layers' buckets leave before backward reaches the embeddings
+                assert min(launches) < last_module
+            else:
+                assert min(launches) > last_module
+            if label == "naive":  # synchronous: blocked for every collective's whole duration
+                assert timeline.exposed_comm_s(rank) == pytest.approx(timeline.comm_in_flight_s(rank))
+
+
+def test_timeline_needs_records():
+    report = zerokit.train(small_gpt(), "ddp", world_size=2, steps=1, reference=False)
+    with pytest.raises(ValueError, match="keep_records=True"):
+        plot.timeline(report)
+    with pytest.raises(ValueError, match="keep_records=True"):
+        timeline.exposed_comm_s(report.result.ranks[0])

@@ -1,0 +1,287 @@
+"""``zero1``: ZeRO stage 1, optimizer-state partitioning (P_os, arXiv 1910.02054 §5.1).
+
+Every rank holds the whole model and its whole gradients, but optimizer states — and,
+in bf16 mixed precision, the fp32 master weights — only for the shard it owns. One
+step:
+
+1. The parameters live in flat *units* of at most ``reduce_bucket_size`` elements
+   (:mod:`.flat_buffer`), each padded to a multiple of N; rank r owns the r-th
+   contiguous 1/N of every unit. The gradients are views into a gradient buffer of the
+   same layout, so autograd accumulates straight into what is reduced.
+2. Gradients are reduce-scattered (divided by N first, then summed), unit by unit: in
+   the last micro-batch's backward as each unit fills (``overlap_comm``, launched
+   asynchronously in unit order, waited for when backward ends), or all after backward.
+   The reduced shard lands in place, on the rank's own slice of the gradient buffer.
+3. Each rank steps its shard of every unit (``MasterOptimizer``, through fp32 masters
+   in bf16-mixed) and the updated parameters are all-gathered, in chunks of at most
+   ``allgather_bucket_size`` elements.
+
+Per rank: params 2Ψ and grads 2Ψ (bf16) or 4Ψ + 4Ψ (fp32), padded; optimizer K·Ψ/N
+(FACTS §1). Traffic 2(N−1)/N·Ψb, the same as DDP (FACTS §2): a reduce-scatter and
+an all-gather are an all-reduce cut in half. With accumulation the gradients
+accumulate under ``no_sync`` and are reduced once per step.
+
+:class:`ShardedDataParallel` holds what ZeRO-1 and ZeRO-2 share (units, parameter
+shards, the step and the gather); ``zero2`` and ``zero2-naive`` build on it.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import List, Optional
+
+import torch
+from torch.autograd import Variable
+
+from .. import comm, theory
+from ..optim import MasterOptimizer
+from .base import Option, Strategy, boolean, register
+from .ddp_naive import check_replicas_match
+from .flat_buffer import (FlatUnit, all_gather_unit, assign_units, check_elements, check_trainable,
+                          check_world_size)
+
+#: DeepSpeed's defaults for its bucket sizes, in elements (FACTS §7)
+DEFAULT_REDUCE_BUCKET = 500_000_000
+DEFAULT_ALLGATHER_BUCKET = 500_000_000
+
+
+def positive_elements(value) -> bool:
+    try:
+        check_elements("size", value)
+    except ValueError:
+        return False
+    return True
+
+
+def stage_option(stage: int) -> Option:
+    """``stage``: only here so that a DeepSpeed config naming another stage fails loudly."""
+    return Option(stage, lambda v: v == stage and not isinstance(v, bool),
+                  f"this strategy is ZeRO stage {stage}; a DeepSpeed config for another stage needs that stage's "
+                  f"strategy (zero1, zero2 or zero3)")
+
+
+ELEMENTS = "a positive whole number of elements (DeepSpeed counts bucket sizes in elements, not bytes)"
+
+SHARED_OPTIONS = {
+    "reduce_bucket_size": Option(DEFAULT_REDUCE_BUCKET, positive_elements,
+                                 f"{ELEMENTS}: the most elements in one unit (one reduce-scatter)"),
+    "allgather_bucket_size": Option(DEFAULT_ALLGATHER_BUCKET, positive_elements,
+                                    f"{ELEMENTS}: the most elements one parameter all-gather moves"),
+    "overlap_comm": Option(True, boolean, "True (reduce each unit asynchronously during backward as it fills) or "
+                                          "False (after it, synchronously)"),
+    "reduce_scatter": Option(True, boolean, "True (reduce-scatter gradients) or False (all-reduce them and keep "
+                                            "the own shard: DeepSpeed's reduce_scatter=false)"),
+}
+
+
+class ShardedDataParallel(Strategy):
+    """Flat units of whole parameters on every rank; each rank steps its shards and all-gathers the rest."""
+
+    name = "zero-base"
+    stage = 1
+
+    def __init__(self, model, ctx, config, **options):
+        super().__init__(model, ctx, config, **options)
+        self.group = ctx.groups.get("world") if ctx.groups else None
+        self.world, self.rank = ctx.world_size, ctx.rank
+        params = check_trainable(model, self.name)
+        check_world_size(sum(p.numel() for p in params), self.world)
+        check_replicas_match(model, self.group, ctx.device)
+        names = {p: n for n, p in model.named_parameters()}
+        self.params = params
+        self.units: List[FlatUnit] = []
+        for index, members in enumerate(assign_units(params, self.unit_numel())):
+            members = [params[i] for i in members]
+            self.units.append(FlatUnit(members, self.world, self.rank, index, [names[p] for p in members]))
+        self.unit_of = {p: unit for unit in self.units for p in unit.params}
+        self.param_shards = [unit.shard(unit.data) for unit in self.units]
+        self.optimizer = MasterOptimizer(self.param_shards, config.optimizer)
+        self.allgather_numel = check_elements("allgather_bucket_size",
+                                              self.opts.get("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET))
+        self._sync = True
+
+    def unit_numel(self) -> int:
+        return check_elements("reduce_bucket_size", self.opts["reduce_bucket_size"])
+
+    # -- the reduction ---------------------------------------------------------------
+    def reduce_unit(self, unit: FlatUnit, flat: torch.Tensor, out: torch.Tensor,
+                    async_op: bool) -> Optional[comm.Work]:
+        """Average ``flat`` (this unit's gradients) over the ranks into ``out`` (this rank's shard).
+
+        Divides by N first (PREMUL_SUM fails on gloo), then sums. With
+        ``reduce_scatter=False`` the whole buffer is all-reduced and the caller keeps the
+        own slice (``out`` must then be that slice of ``flat``).
+        """
+        flat.div_(self.world)
+        if self.opts.get("reduce_scatter", True):
+            return comm.reduce_scatter(out, flat, group=self.group, async_op=async_op, tag=f"grads unit {unit.index}")
+        return comm.all_reduce(flat, group=self.group, async_op=async_op, tag=f"grads unit {unit.index}")
+
+    def grad_shards(self) -> List[torch.Tensor]:
+        raise NotImplementedError
+
+    # -- the loop --------------------------------------------------------------------
+    @contextmanager
+    def no_sync(self):
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def step(self):
+        self.optimizer.step(self.grad_shards())
+        self.gather_parameters()
+
+    def gather_parameters(self) -> None:
+        """All-gather every unit's updated shards into its full buffer (in place), asynchronously unit by unit."""
+        works = []
+        for unit, shard in zip(self.units, self.param_shards):
+            work = all_gather_unit(unit, shard, self.allgather_numel, group=self.group,
+                                   tag=f"params unit {unit.index}", async_op=True)
+            if work is not None:
+                works.append(work)
+        for work in works:
+            work.wait()
+
+    # -- measurement -----------------------------------------------------------------
+    def track_memory(self, ledger):
+        super().track_memory(ledger)
+        ledger.track_optimizer(self.optimizer.optimizer)
+
+    def flat_units(self):
+        return [unit.numel for unit in self.units]
+
+    def optimizer_tensors(self):
+        return self.optimizer.step_scalars
+
+    def theory_comm_bytes(self, psi):
+        b = theory.param_bytes_per_element(self.config.precision)
+        if self.opts.get("reduce_scatter", True):
+            return theory.comm_bytes_per_step(self.stage, psi, self.world, b, self.config.micro_batches,
+                                              units=self.flat_units())
+        # all-reduce instead of reduce-scatter: ZeRO-1 once per step, ZeRO-2 every micro-batch
+        reductions = self.config.micro_batches if self.stage == 2 else 1
+        padded = theory.padded_numel(self.flat_units(), self.world) * b
+        return (reductions * theory.ring_bytes_sent("all_reduce", padded, self.world)
+                + theory.ring_bytes_sent("all_gather", padded, self.world))
+
+
+class UnitLauncher:
+    """Launch each unit's reduction in unit order as units fill, so every rank issues the same collectives.
+
+    ``ready(unit)`` counts one parameter of the unit ready; a unit is *full* when all its
+    parameters are. Full units launch strictly in index order (a later unit that fills
+    first waits for the earlier ones), exactly as ``ddp``'s buckets do.
+    """
+
+    def __init__(self, units: List[FlatUnit], launch):
+        self.units = units
+        self.launch = launch
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = [0] * len(self.units)
+        self.seen: set = set()
+        self.next = 0
+
+    def ready(self, p) -> bool:
+        """Count ``p`` (once per backward); True when it was new."""
+        if p in self.seen:
+            return False
+        self.seen.add(p)
+        return True
+
+    def count(self, unit: FlatUnit) -> None:
+        self.counts[unit.index] += 1
+
+    def launch_full(self) -> None:
+        while self.next < len(self.units) and self.counts[self.next] == len(self.units[self.next].params):
+            self.launch(self.units[self.next])
+            self.next += 1
+
+    def launch_rest(self) -> None:
+        while self.next < len(self.units):
+            self.launch(self.units[self.next])
+            self.next += 1
+
+
+@register
+class ZeroStage1(ShardedDataParallel):
+    """ZeRO-1: full params and grads; optimizer states for the own shard; reduce-scatter, step, all-gather."""
+
+    name = "zero1"
+    stage = 1
+    options = {
+        "stage": stage_option(1),
+        **SHARED_OPTIONS,
+        "contiguous_gradients": Option(True, lambda v: v is True,
+                                       "True only: ZeRO-1's gradients are always views into contiguous flat "
+                                       "buffers (the unit layout), so autograd accumulates straight into them"),
+    }
+
+    def __init__(self, model, ctx, config, **options):
+        super().__init__(model, ctx, config, **options)
+        self.grad_buffers = [unit.new_flat() for unit in self.units]
+        self.grad_views = {p: v for unit, flat in zip(self.units, self.grad_buffers)
+                           for p, v in zip(unit.params, unit.views(flat))}
+        self.attach_grads()
+        self.launcher = UnitLauncher(self.units, self._launch)
+        self._works: list = []
+        self._callback_queued = False
+        self._finished = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.params]
+
+    def attach_grads(self) -> None:
+        """Make every ``p.grad`` its view into the unit's gradient buffer (bringing a replaced grad home)."""
+        with torch.no_grad():
+            for p, view in self.grad_views.items():
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    if p.grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(p.grad)
+                    p.grad = view
+
+    # -- during the last micro-batch's backward ------------------------------------------
+    def _on_gradient_ready(self, p) -> None:
+        if not self._sync:
+            return
+        if not self.launcher.ready(p):
+            return
+        self.launcher.count(self.unit_of[p])
+        if not self._callback_queued:
+            Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+        if self.opts["overlap_comm"]:
+            self.launcher.launch_full()
+
+    def _launch(self, unit: FlatUnit) -> None:
+        flat = self.grad_buffers[unit.index]
+        work = self.reduce_unit(unit, flat, unit.shard(flat), async_op=self.opts["overlap_comm"])
+        if work is not None:
+            self._works.append(work)
+
+    def _finish_backward(self) -> None:
+        """After the whole backward: reduce what has not been reduced, and wait for every reduction."""
+        self.attach_grads()  # a parameter that got no gradient reduces zeros
+        self.launcher.launch_rest()
+        for work in self._works:
+            work.wait()
+        self._works.clear()
+        self.launcher.reset()
+        self._callback_queued = False
+        self._finished = True
+
+    def backward(self, loss):
+        self._finished = False
+        loss.backward()
+        if self._sync and not self._finished:
+            self._finish_backward()
+
+    def zero_grad(self):
+        for flat in self.grad_buffers:
+            flat.zero_()
+        self.attach_grads()
+
+    def grad_shards(self):
+        return [unit.shard(flat) for unit, flat in zip(self.units, self.grad_buffers)]
