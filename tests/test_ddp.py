@@ -4,13 +4,18 @@ ddp-naive (one all-reduce per parameter), ddp-bucketed (flat buckets after backw
 ddp (bucket all-reduces launched from gradient hooks during backward), each with
 gradient accumulation under no_sync and on zerokit's ring.
 """
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import zerokit
-from zerokit import theory
+from zerokit import bench, theory
 from zerokit.cli import compare
 from zerokit.launcher import RankFailed
 from zerokit.report import param_difference
@@ -18,6 +23,7 @@ from zerokit.strategies import get
 from zerokit.strategies.buckets import GradBuckets, assign_buckets
 from zerokit.workloads import Workload
 
+ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["ddp-naive", "ddp-bucketed", "ddp"]
 BUCKETED = {"ddp-bucketed", "ddp", "torch-ddp"}
 #: small enough to give the odd MLP (4 KiB of fp32 gradients) three buckets
@@ -259,3 +265,35 @@ def test_ranks_whose_models_differ_at_start_are_refused():
     for name in VARIANTS:
         with pytest.raises(RankFailed, match="rank 1's parameters differ from rank 0's at start: 'bias'"):
             zerokit.train(work, name, world_size=2, steps=1, reference=False, timeout_s=60)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+def test_compare_runs_torch_ddp_with_the_same_bucket_size():
+    out = subprocess.run([sys.executable, "-m", "zerokit.cli", "compare", "--model",
+                          "tests/data/odd_workload.py:workload", "--world-size", "2",
+                          "--strategies", "single,ddp-naive,ddp-bucketed,ddp,torch-ddp",
+                          "--steps", "3", "--option", "bucket_mb=0.001", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    by_name = {s["strategy"]: s for s in json.loads(out.stdout)["strategies"]}
+    assert by_name["ddp"]["options"] == {"bucket_mb": 0.001} == by_name["torch-ddp"]["options"]
+    assert by_name["ddp-naive"]["options"] == {}
+    for name in VARIANTS:
+        assert by_name[name]["max_abs_param_diff_vs_reference"] <= 1e-6
+        for rank in by_name[name]["per_rank"]:
+            assert rank["comm_bytes_sent_per_step"] == by_name[name]["theory"]["comm_bytes_sent_per_step"]
+
+
+def test_bench_ddp_quick_run_writes_ratios(tmp_path):
+    path = tmp_path / "ddp.json"
+    assert bench.main("ddp", ["--world-sizes", "2", "--bucket-mb", "1", "--steps", "2", "--rounds", "1",
+                              "--no-heavy", "--quiet", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    labels = {row["label"] for row in data["sweep"]}
+    assert labels == {"ddp-naive", "ddp-bucketed", "ddp overlap=on", "ddp overlap=off", "torch-ddp"}
+    peer = next(row for row in data["sweep"] if row["label"] == "torch-ddp")
+    assert peer["vs_torch_ddp"] == 1.0
+    assert all(row["vs_torch_ddp"] > 0 for row in data["sweep"])
+    with pytest.raises(ValueError, match="--bucket-mb 0"):
+        bench.main("ddp", ["--bucket-mb", "0"])

@@ -190,7 +190,7 @@ def ring_steps(op: str, n: int) -> int:
 
 def comm_bytes_per_step(stage: int, psi: int, n: int, bytes_per_element: int,
                         micro_batches: int = 1, units: Sequence[int] | None = None,
-                        persistent_numel: int = 0):
+                        persistent_numel: int = 0, reshard_after_forward: bool = True):
     """Bytes a rank sends per optimizer step (ZeRO §7.2).
 
     DDP = ZeRO-1 = ZeRO-2 = 2(n−1)/n·psi·b; ZeRO-3 = 3(n−1)/n·psi·b (params gathered in
@@ -198,6 +198,8 @@ def comm_bytes_per_step(stage: int, psi: int, n: int, bytes_per_element: int,
     (no_sync) and ZeRO-1 reduce once; ZeRO-2 and ZeRO-3 reduce-scatter every micro-batch,
     and ZeRO-3 gathers twice per micro-batch. Stages 1-3 move the padded buffers.
     Stage-3 persistent parameters are all-reduced like DDP's, once per micro-batch.
+    Stage 3 with ``reshard_after_forward=False`` keeps each unit gathered from its
+    forward to its backward: one gather per micro-batch, 2(n−1)/n·psi·b (ZeRO-2's traffic).
     """
     if n <= 1:
         return 0
@@ -214,7 +216,8 @@ def comm_bytes_per_step(stage: int, psi: int, n: int, bytes_per_element: int,
         return _exact(a * half + half)
     if stage == 3:
         persistent = Fraction(2 * (n - 1) * persistent_numel * b, n)
-        return _exact(a * (3 * half + persistent))
+        gathers = 2 if reshard_after_forward else 1
+        return _exact(a * ((gathers + 1) * half + persistent))
     raise ValueError(f"stage={stage!r} is not a ZeRO stage; allowed: 0, 1, 2, 3")
 
 

@@ -14,6 +14,8 @@ into the bucket, torch's ``gradient_as_bucket_view``) and reusable by ZeRO-2.
 """
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -23,8 +25,8 @@ MIB = 2 ** 20
 
 
 def bucket_bytes(mb: float) -> int:
-    """MiB (as torch's ``bucket_cap_mb`` counts them) to bytes."""
-    return int(mb * MIB)
+    """MiB (as torch's ``bucket_cap_mb`` counts them) to bytes; ``inf``: one bucket for everything."""
+    return sys.maxsize if math.isinf(mb) else int(mb * MIB)
 
 
 def assign_buckets(params: Sequence[torch.Tensor], bucket_mb: float,
