@@ -48,15 +48,34 @@ def sweep_configs(bucket_sizes):
     return configs
 
 
-def measure(workload, strategy: str, world_size: int, steps: int, options: dict, timeout_s: float) -> dict:
-    """One run: median step time of the slowest rank, exposed communication and calls per step."""
-    from ..train import train
+def _rank_with_exposure(ctx, job):
+    """Train on this rank (``zerokit.train``'s loop), then read how long each step was blocked on collectives.
 
-    report = train(workload, strategy, world_size=world_size, steps=steps, reference=False, track_peak=False,
-                   timeout_s=timeout_s, **options)
-    result = report.result
-    blocked = [sum(row["blocked_s"] for row in rank.comm_summary) / steps for rank in result.ranks]
-    return {"step_s": result.step_time_s_median, "exposed_s": max(blocked),
+    The ledger keeps every record whether or not ``keep_records`` is set, so the
+    timing run needs no tracer (its module hooks would cost time).
+    """
+    from .. import comm
+    from ..train import run_rank
+
+    result = run_rank(ctx, job)
+    blocked = [0.0] * job.steps
+    for record in comm.ledger().select():  # setup excluded
+        blocked[record.step] += record.blocked_s
+    return result, blocked
+
+
+def measure(workload, strategy: str, world_size: int, steps: int, options: dict, timeout_s: float) -> dict:
+    """One run: median step time of the slowest rank, median exposed communication per step (averaged
+    over the ranks), calls and bytes per step; the first (warm-up) step is left out of both medians."""
+    from ..launcher import launch
+    from ..report import StrategyResult
+    from ..train import make_job
+
+    job = make_job(workload, strategy, world_size, steps, "fp32", "adamw", 1e-3, 1, options, track_peak=False)
+    out = launch(_rank_with_exposure, world_size, job, timeout_s=timeout_s)
+    result = StrategyResult.from_ranks(job, [rank for rank, _ in out], None)
+    exposed = [sum(blocked[s] for _, blocked in out) / world_size for s in range(steps)]
+    return {"step_s": result.step_time_s_median, "exposed_s": median(exposed[1:]),
             "calls": result.ranks[0].comm_calls_per_step, "bytes": result.ranks[0].comm_bytes_sent_per_step}
 
 

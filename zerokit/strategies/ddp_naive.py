@@ -17,7 +17,10 @@ What the variants share lives in :class:`DataParallel`:
 - unused parameters: a parameter that requires grad but got no gradient in a step is an
   error naming it (default), or, with ``find_unused_parameters=True``, its gradient
   counts as zeros and is reduced like any other, so every rank issues the same
-  collectives and none waits for a peer that never comes. Parameters with
+  collectives and none waits for a peer that never comes. A parameter that *no* rank
+  used is then stepped with a zero gradient (Adam's moments from earlier steps still
+  move it); torch DDP all-reduces a usage bitmap to leave such a parameter alone, and
+  the single-process reference skips it. Parameters with
   ``requires_grad=False`` take no part: they are never reduced nor stepped (they are
   still checksummed at start, so they must agree);
 - ``algorithm="ring"``: the all-reduce runs on :func:`zerokit.ring.ring_all_reduce`

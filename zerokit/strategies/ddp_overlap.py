@@ -138,5 +138,10 @@ class OverlappedDataParallel(DataParallel):
             p.grad = None
         self._seen.clear()
 
+    def track_memory(self, ledger):
+        """The buckets are the gradients, also between zero_grad and the first hook (when ``p.grad`` is None)."""
+        super().track_memory(ledger)
+        ledger.track("grads", self.buckets.buffers)
+
     def reduction_units(self):
         return self.buckets.sizes

@@ -144,6 +144,19 @@ class FlatUnit:
         """A zeroed flat tensor of this layout (a gradient bucket, say)."""
         return torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
 
+    def new_bucket(self) -> torch.Tensor:
+        """An uninitialised flat tensor of this layout with its padding zeroed: every parameter's slot is
+        written (or zeroed with :meth:`zero_slots`) before it is reduced."""
+        flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        flat[self.numel:].zero_()
+        return flat
+
+    def zero_slots(self, flat: torch.Tensor, missing) -> None:
+        """Zero the slots of the parameters in ``missing`` (they got no gradient)."""
+        for p, view in zip(self.params, self.views(flat)):
+            if p in missing:
+                view.zero_()
+
     def new_shard(self) -> torch.Tensor:
         return torch.zeros(self.shard_numel, dtype=self.dtype, device=self.device)
 

@@ -29,6 +29,7 @@ import importlib.util
 import os
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Optional
 
@@ -335,13 +336,22 @@ class _DeepSpeed(_Peer):
 
     def __init__(self, model, ctx, config, **options):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
+        # DeepSpeed reads these from the environment of a process its own launcher (or torchrun) started
+        for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size),
+                           ("LOCAL_RANK", ctx.device.index if ctx.device.type == "cuda" else ctx.rank)):
+            os.environ.setdefault(key, str(value))
         import deepspeed
         from ..config import to_deepspeed
 
         super().__init__(model, ctx, config, **options)
         self.params = list(model.parameters())
         optimizer = config.optimizer.build(self.params)
-        zero = to_deepspeed(self.stage, {k: v for k, v in self.opts.items() if k != "stage"})
+        # DeepSpeed preallocates its buckets at their full size (5e8 elements = 2 GB of fp32 by default): no bucket
+        # can hold more than the model, so the sizes are capped at Ψ
+        psi = sum(p.numel() for p in self.params)
+        capped = {k: (min(int(v), psi) if k.endswith("bucket_size") else v) for k, v in self.opts.items()}
+        zero = to_deepspeed(self.stage, {k: v for k, v in capped.items() if k != "stage"})
+        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use .*_single", category=FutureWarning)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # only its bookkeeping: zerokit feeds the batches
             "gradient_accumulation_steps": config.micro_batches,

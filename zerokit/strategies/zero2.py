@@ -85,7 +85,7 @@ class ZeroStage2(ShardedDataParallel):
     # -- during backward (every micro-batch) ---------------------------------------------
     def _bucket(self, unit) -> torch.Tensor:
         if self.buckets[unit.index] is None:
-            self.buckets[unit.index] = unit.new_flat()
+            self.buckets[unit.index] = unit.new_bucket()
         return self.buckets[unit.index]
 
     @torch.no_grad()
@@ -148,7 +148,8 @@ class ZeroStage2(ShardedDataParallel):
         """After the whole backward: a parameter without a gradient adds zeros; reduce the rest, wait for all."""
         for unit in self.units:
             if self.launcher.counts[unit.index] < len(unit.params):
-                self._bucket(unit)  # zeros where no gradient came
+                missing = {p for p in unit.params if p not in self.launcher.seen}
+                unit.zero_slots(self._bucket(unit), missing)  # zeros where no gradient came
         self.launcher.launch_rest()
         self._complete_all()
         self.launcher.reset()

@@ -271,7 +271,7 @@ class ZeroStage3(Strategy):
         if unit is None:
             return  # persistent: its gradient stays in p.grad until the end of backward
         if unit.bucket is None:
-            unit.bucket = unit.flat.new_flat()
+            unit.bucket = unit.flat.new_bucket()
         offset, numel = self.slot[p]
         view = unit.bucket[offset:offset + numel].view_as(p)
         if p in unit.arrived:
@@ -290,6 +290,8 @@ class ZeroStage3(Strategy):
         unit.reduced = True
         if unit.bucket is None:
             unit.bucket = unit.flat.new_flat()  # no gradient came: reduce zeros, in lockstep
+        elif len(unit.arrived) < len(unit.flat.params):
+            unit.flat.zero_slots(unit.bucket, set(unit.flat.params) - unit.arrived)
         if unit.state is not State.FREE:
             self._free(unit)
         i = unit.index

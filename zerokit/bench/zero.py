@@ -1,0 +1,113 @@
+"""``zerokit bench zero``: zerokit's ZeRO stages against their peers, in step-time ratios.
+
+Every configuration runs once per round, the order rotating between rounds, so drift
+on a shared machine hits all alike (the runner is ``zerokit.bench.ddp``'s). On the tiny
+GPT at each world size:
+
+- ``zero1`` against ``torch-zero1`` (ZeroRedundancyOptimizer on torch DDP);
+- ``zero2`` against ``fsdp2-zero2`` (fully_shard, reshard_after_forward=False) and
+  ``deepspeed-zero2``;
+- ``zero3`` against ``fsdp2-zero3`` and ``deepspeed-zero3``, all three on the same units
+  (zerokit's ``zero3`` units get ``fully_shard``; DeepSpeed gathers per module anyway);
+- ``zero3`` with ``prefetch=False``: the exposed communication per step (seconds the
+  compute thread was blocked on collectives, from the ledger) with and without prefetch.
+
+DeepSpeed runs only if it is installed. Timing runs use ``track_peak=False`` and no
+reference. Reported: the median over rounds of each run's median step time, and the
+ratios zerokit / peer (below 1.0 is faster). Absolute times depend on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+from . import median, ratio
+from .ddp import SWEEP_GPT, run_rounds
+
+#: (zerokit's strategy, its peers)
+PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
+         ("zero3", ["fsdp2-zero3", "deepspeed-zero3"])]
+
+
+def configs(with_deepspeed: bool):
+    """(label, strategy, options, note) for every run of one round."""
+    out = []
+    for ours, peers in PAIRS:
+        out.append((ours, ours, {}, None))
+        out += [(p, p, {}, None) for p in peers if with_deepspeed or not p.startswith("deepspeed")]
+    out.append(("zero3 prefetch=off", "zero3", {"prefetch": False}, None))
+    return out
+
+
+def add_ratios(rows) -> dict:
+    ratios = {}
+    for n in sorted({r["world_size"] for r in rows}):
+        at = {r["label"]: r for r in rows if r["world_size"] == n}
+        for ours, peers in PAIRS:
+            for peer in peers:
+                if ours in at and peer in at:
+                    ratios[f"N={n} {ours}/{peer}"] = round(ratio(at[ours]["step_s"], at[peer]["step_s"]), 3)
+        if "zero3" in at and "zero3 prefetch=off" in at:
+            on, off = at["zero3"], at["zero3 prefetch=off"]
+            ratios[f"N={n} zero3 exposed ms/step prefetch on/off"] = [round(1000 * on["exposed_s"], 2),
+                                                                     round(1000 * off["exposed_s"], 2)]
+    return ratios
+
+
+def table(rows, title: str) -> str:
+    lines = [title, f"{'N':>2}  {'strategy':<20} {'step ms':>8} {'exposed ms/step':>15} {'calls/step':>10} "
+                    f"{'MiB sent/step':>13}"]
+    for row in rows:
+        exposed = "—" if row["strategy"] not in ("zero1", "zero2", "zero3") else f"{1000 * row['exposed_s']:.1f}"
+        lines.append(f"{row['world_size']:>2}  {row['label']:<20} {1000 * row['step_s']:>8.1f} {exposed:>15} "
+                     f"{row['calls']:>10.1f} {row['bytes'] / 2 ** 20:>13.3f}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerokit bench zero", description=__doc__.split("\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    parser.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed peers")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
+    parser.add_argument("--json", metavar="FILE", help="also write every run and the ratios to FILE")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    return parser
+
+
+def main(argv=None) -> int:
+    from ..strategies.peers_sharded import deepspeed_available
+    from ..workloads import tiny_gpt
+
+    args = build_parser().parse_args(argv)
+    if args.steps < 2 or args.rounds < 1:
+        raise ValueError("--steps must be at least 2 and --rounds at least 1")
+    with_deepspeed = deepspeed_available() and not args.no_deepspeed
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    start = time.perf_counter()
+    work = tiny_gpt(**SWEEP_GPT)
+    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed), args.steps, args.rounds,
+                      args.timeout, log)
+    ratios = add_ratios(rows)
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds; {machine}"
+          + ("" if with_deepspeed else "; DeepSpeed not installed"))
+    print(table(rows, f"\n{work.description}; Ψ = {work.param_count():,}"))
+    print("\nratios (zerokit / peer; exposed communication with prefetch on / off):",
+          json.dumps(ratios, indent=2))
+    print(f"bench finished in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": list(argv or []), "machine": machine, "workload": SWEEP_GPT, "rows": rows,
+                       "ratios": ratios}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

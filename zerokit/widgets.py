@@ -1,0 +1,511 @@
+"""The course's interactive panels, and the small tables and pictures its notebooks show.
+
+A panel is an ipywidgets box that runs real, small jobs through :func:`zerokit.train`
+(so through :func:`zerokit.launch`) whenever a control changes or Run is clicked, and
+shows what the ledgers measured as a picture, next to :mod:`zerokit.theory`:
+
+- :class:`MemoryPanel`: strategies, world size, precision → per-rank memory bars,
+  measured (stacked) vs the formula (a black tick);
+- :class:`TimelinePanel`: a strategy's options (bucket size, overlap, prefetch,
+  reshard_after_forward) → per-rank timeline with the exposed communication shaded,
+  and optionally the peak memory per rank.
+
+Panels draw into an ``ipywidgets.Image`` and print nothing, so no text leaks into a
+cell's output under nbval (FACTS §9). Their callbacks are plain methods: a test sets a
+control's ``value`` or calls ``run_button.click()`` and reads ``last_report``.
+"""
+from __future__ import annotations
+
+import html
+import io
+import math
+import time
+from typing import Callable, Dict, Iterable, Optional, Sequence
+
+from . import theory
+
+#: pixels per inch of every picture the panels and helpers render (small files)
+DPI = 80
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+def _format(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+class Table:
+    """Rows of dicts shown as an HTML table in a notebook and as aligned text elsewhere."""
+
+    def __init__(self, rows: Sequence[dict], columns: Optional[Sequence[str]] = None, title: str = ""):
+        self.rows = [dict(r) for r in rows]
+        self.columns = list(columns) if columns is not None else list(self.rows[0]) if self.rows else []
+        self.title = title
+
+    def cells(self) -> list:
+        return [[_format(r.get(c)) for c in self.columns] for r in self.rows]
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>"
+                       for row in self.cells())
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __repr__(self) -> str:
+        cells = self.cells()
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(self.columns)]
+        lines = [self.title] if self.title else []
+        lines.append("  ".join(c.rjust(w) for c, w in zip(self.columns, widths)))
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
+
+def table(rows: Sequence[dict], columns: Optional[Sequence[str]] = None, title: str = "") -> Table:
+    """A table of ``rows`` (dicts); ``columns`` picks and orders the keys shown."""
+    return Table(rows, columns, title)
+
+
+def model_state_rows(report) -> list:
+    """One row per strategy and rank: model-state bytes measured and the theory's, by category."""
+    rows = []
+    for result in report.results:
+        for rank in result.ranks:
+            t = rank.theory_model_states
+            for category in ("params", "grads", "optimizer"):
+                rows.append({"strategy": result.strategy, "N": result.world_size, "rank": rank.rank,
+                             "category": category, "measured B": rank.model_state_bytes[category],
+                             "theory B": t[category]})
+            rows.append({"strategy": result.strategy, "N": result.world_size, "rank": rank.rank,
+                         "category": "total", "measured B": sum(rank.model_state_bytes.values()),
+                         "theory B": t["total"]})
+    return rows
+
+
+def summary_rows(report) -> list:
+    """One row per strategy: rank 0's model states and every rank's traffic, measured vs theory."""
+    rows = []
+    for result in report.results:
+        rank0 = result.ranks[0]
+        rows.append({"strategy": result.strategy, "N": result.world_size, "precision": result.precision,
+                     "model states B": sum(rank0.model_state_bytes.values()),
+                     "theory B": rank0.theory_model_states["total"],
+                     "sent B/step": max(r.comm_bytes_sent_per_step for r in result.ranks),
+                     "theory sent B/step": rank0.theory_comm_bytes_per_step,
+                     "calls/step": rank0.comm_calls_per_step,
+                     "peak B": max(r.peak_bytes for r in result.ranks),
+                     "|Δparam| vs single": result.max_abs_param_diff})
+    return rows
+
+
+# --- pictures ---------------------------------------------------------------------------------
+
+def new_figure(width: float, height: float, ncols: int = 1, width_ratios=None):
+    """A matplotlib Figure not registered with pyplot (so a cell never shows it by accident), and its axes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    if ncols == 1:
+        return fig, fig.add_subplot(1, 1, 1)
+    return fig, fig.subplots(1, ncols, gridspec_kw={"width_ratios": width_ratios} if width_ratios else None)
+
+
+def png(fig) -> bytes:
+    """The figure as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def peak_bars(report, ax=None):
+    """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a tick."""
+    from .plot import CATEGORY_COLORS
+
+    if ax is None:
+        _, ax = new_figure(max(4, 1.2 * sum(len(r.ranks) for r in report.results)), 3.5)
+    labels, x = [], 0
+    for result in report.results:
+        for rank in result.ranks:
+            bottom = 0.0
+            for category, color in CATEGORY_COLORS.items():
+                value = rank.peak_breakdown.get(category, 0) / 2**20
+                ax.bar(x, value, bottom=bottom, color=color, label=category if x == 0 else None)
+                bottom += value
+            ax.plot([x - 0.4, x + 0.4], [rank.theory_model_states["total"] / 2**20] * 2, color="black", lw=2,
+                    label="theory: model states" if x == 0 else None)
+            labels.append(f"{result.strategy}\nr{rank.rank}")
+            x += 1
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("MiB per rank at its peak")
+    ax.set_title("peak memory per rank, by category (measured)", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def ring_schedule_figure(n: int, op: str = "all_reduce"):
+    """The ring's rounds as a grid: one row per rank, one column per round, the chunk each rank sends.
+
+    Drawn from :func:`zerokit.ring.ring_schedule`: reduce-scatter rounds in orange,
+    all-gather rounds in green; an arrow means "sends this chunk to rank r+1".
+    """
+    from .ring import ring_phase, ring_schedule
+
+    rounds = len(ring_schedule(op, n, 0))
+    fig, ax = new_figure(1.2 + 0.9 * rounds, 0.6 + 0.5 * n)
+    colors = {"reduce_scatter": "#DD8452", "all_gather": "#55A868"}
+    for rank in range(n):
+        y = n - 1 - rank
+        for step in ring_schedule(op, n, rank):
+            phase = ring_phase(op, n, step.round)
+            ax.add_patch(_rectangle(step.round, y, colors[phase]))
+            ax.text(step.round + 0.5, y + 0.5, f"c{step.send_chunk} → r{(rank + 1) % n}", ha="center",
+                    va="center", fontsize=8)
+    ax.set_xlim(0, rounds)
+    ax.set_ylim(0, n)
+    ax.set_xticks([k + 0.5 for k in range(rounds)], [str(k + 1) for k in range(rounds)], fontsize=8)
+    ax.set_yticks([n - 1 - r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
+    ax.set_xlabel("round")
+    halves = " + ".join(p.replace("_", "-") for p in ("reduce_scatter", "all_gather")
+                        if any(ring_phase(op, n, k) == p for k in range(rounds)))
+    ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds ({halves})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _rectangle(x, y, color):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x + 0.04, y + 0.08), 0.92, 0.84, color=color, alpha=0.6)
+
+
+def volume_figure(series: Dict[str, dict], ylabel: str = "bytes sent per rank", title: str = ""):
+    """Measured points (markers) and theory (line) against the world size, one series per name.
+
+    ``series[name] = {"N": [...], "measured": [...], "theory": [...]}``.
+    """
+    fig, ax = new_figure(5.5, 3.2)
+    for i, (name, s) in enumerate(series.items()):
+        color = f"C{i}"
+        ax.plot(s["N"], s["theory"], color=color, lw=1.5, label=f"{name}: theory")
+        ax.plot(s["N"], s["measured"], "o", color=color, ms=6, label=f"{name}: measured")
+    ax.set_xlabel("world size N")
+    ax.set_xticks(sorted({n for s in series.values() for n in s["N"]}))
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def fit_latency_bandwidth(points: Iterable[dict]) -> dict:
+    """Least-squares fit of t = rounds·α + bytes_sent/β to measured collectives.
+
+    Each point has ``op``, ``n``, ``payload_bytes`` and ``seconds``; rounds and bytes
+    sent come from :func:`zerokit.theory.ring_steps` and :func:`~zerokit.theory.ring_bytes_sent`.
+    Returns ``{"alpha_s": latency per round, "beta_Bps": bandwidth}`` (the α-β model).
+    """
+    import numpy as np
+
+    points = list(points)
+    a = np.array([[theory.ring_steps(p["op"], p["n"]), theory.ring_bytes_sent(p["op"], p["payload_bytes"], p["n"])]
+                  for p in points], dtype=float)
+    t = np.array([p["seconds"] for p in points], dtype=float)
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, t, rcond=None)
+    return {"alpha_s": float(alpha), "beta_Bps": float(1 / inv_beta) if inv_beta > 0 else math.inf}
+
+
+def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
+    """Measured seconds against payload size per world size, with the α-β fit as lines (log-log)."""
+    fig, ax = new_figure(5.5, 3.2)
+    by_n: dict = {}
+    for p in points:
+        by_n.setdefault(p["n"], []).append(p)
+    for i, (n, pts) in enumerate(sorted(by_n.items())):
+        pts = sorted(pts, key=lambda p: p["payload_bytes"])
+        sizes = [p["payload_bytes"] for p in pts]
+        model = [theory.ring_steps(p["op"], n) * fit["alpha_s"]
+                 + theory.ring_bytes_sent(p["op"], p["payload_bytes"], n) / fit["beta_Bps"] for p in pts]
+        ax.plot(sizes, [1e3 * p["seconds"] for p in pts], "o", color=f"C{i}", label=f"N={n} measured")
+        ax.plot(sizes, [1e3 * m for m in model], color=f"C{i}", lw=1, label=f"N={n} α-β fit")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("all-reduce payload S (bytes)")
+    ax.set_ylabel("ms per call")
+    ax.set_title(f"fit: α = {1e6 * fit['alpha_s']:.0f} µs per round, β = {fit['beta_Bps'] / 2**20:.0f} MiB/s",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def machine_summary(world_sizes: Sequence[int] = (1, 2, 4)) -> str:
+    """Which backend and device :func:`zerokit.launch` gives each world size on this machine."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    lines = [f"torch {torch.__version__.split('+')[0]}; CUDA devices visible: {gpus}"]
+    for n in world_sizes:
+        where = "NCCL, one GPU per rank" if gpus >= n else "gloo, CPU ranks"
+        lines.append(f"  world_size={n}: {where}")
+    if gpus == 1:
+        lines.append("  one GPU: single-rank cells run on it; every multi-rank cell uses CPU ranks (gloo)")
+    return "\n".join(lines)
+
+
+# --- panels -----------------------------------------------------------------------------------
+
+def _widgets():
+    import ipywidgets
+
+    return ipywidgets
+
+
+class _Panel:
+    """What both panels share: progress, status, the picture, and running jobs one by one."""
+
+    def _build_common(self):
+        w = _widgets()
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        self.run_button.on_click(lambda _: self.run())
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="jobs", layout=w.Layout(width="260px"))
+        self.status = w.HTML(value="")
+        self.image = w.Image(format="png")
+        self.details = w.HTML(value="")
+        self.last_report = None
+        self.last_error: Optional[str] = None
+        #: how many times the panel has run (a test reads it)
+        self.runs = 0
+
+    def _train_all(self, jobs: Sequence[tuple]) -> Optional[object]:
+        """Run ``(strategy, world_size, kwargs)`` jobs through zerokit.train, advancing the progress bar."""
+        from .report import Report
+        from .train import train
+
+        self.progress.max = len(jobs)
+        self.progress.value = 0
+        self.run_button.disabled = True
+        results, start = [], time.perf_counter()
+        try:
+            for i, (strategy, n, kwargs) in enumerate(jobs):
+                self.status.value = f"running <b>{html.escape(strategy)}</b> on {n} ranks ({i + 1}/{len(jobs)})…"
+                results.append(train(self.workload, strategy, world_size=n, reference=False, **kwargs).result)
+                self.progress.value = i + 1
+        except Exception as exc:  # shown in the panel: a callback's exception would go to a log nobody reads
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.status.value = f"<span style='color:#C44E52'>{html.escape(self.last_error)}</span>"
+            return None
+        finally:
+            self.run_button.disabled = False
+        self.last_error = None
+        self.status.value = f"{len(jobs)} job(s) in {time.perf_counter() - start:.1f} s"
+        return Report(results)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__} for {self.workload.name}: an interactive panel — run this notebook in "
+                f"Jupyter to use it")
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
+
+
+class MemoryPanel(_Panel):
+    """Strategies × world size × precision → per-rank memory bars, measured vs :mod:`zerokit.theory`.
+
+    ``view`` "model states" draws params, grads and optimizer states after the last
+    step (exact, against the formula); "peak" draws each rank's peak by category,
+    activations and buffers included.
+    """
+
+    VIEWS = ("model states", "peak")
+
+    def __init__(self, workload, strategies: Sequence[str] = ("ddp", "zero1", "zero2", "zero3"),
+                 world_sizes: Sequence[int] = (1, 2, 4), precisions: Sequence[str] = theory.PRECISIONS,
+                 world_size: Optional[int] = None, precision: Optional[str] = None, steps: int = 2,
+                 view: str = "model states", auto_run: bool = False, run: bool = True):
+        w = _widgets()
+        self.workload, self.steps, self.auto_run = workload, steps, auto_run
+        self._build_common()
+        self.strategies = w.SelectMultiple(options=list(strategies), value=tuple(strategies), description="strategies",
+                                           rows=min(len(strategies), 6))
+        if world_size is None:
+            world_size = 2 if 2 in world_sizes else world_sizes[0]
+        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
+                                            continuous_update=False)
+        self.precision = w.ToggleButtons(options=list(precisions), value=precision or precisions[0],
+                                         description="precision")
+        self.view = w.ToggleButtons(options=list(self.VIEWS), value=view, description="show")
+        for control in (self.strategies, self.world_size, self.precision):
+            control.observe(self._changed, names="value")
+        self.view.observe(lambda _: self.draw(), names="value")
+        controls = w.HBox([w.VBox([self.world_size, self.precision, self.view]), self.strategies])
+        self.box = w.VBox([controls, w.HBox([self.run_button, self.progress, self.status]), self.image,
+                           self.details])
+        if run:
+            self.run()
+
+    def _changed(self, change) -> None:
+        if self.auto_run:
+            self.run()
+
+    def run(self):
+        """Train every selected strategy at the chosen world size and precision, then draw."""
+        jobs = [(s, self.world_size.value, dict(steps=self.steps, precision=self.precision.value))
+                for s in self.strategies.value]
+        report = self._train_all(jobs)
+        if report is not None:
+            self.last_report = report
+            self.runs += 1
+            self.draw()
+        return report
+
+    def draw(self) -> None:
+        report = self.last_report
+        if report is None:
+            return
+        from .plot import memory_bars
+
+        bars = sum(len(r.ranks) for r in report.results)
+        fig, ax = new_figure(max(4.5, 0.9 * bars + 1.5), 3.4)
+        if self.view.value == "peak":
+            peak_bars(report, ax=ax)
+        else:
+            memory_bars(report, ax=ax)
+            ax.title.set_fontsize(9)
+        first = report.results[0]
+        ax.set_xlabel(f"{self.workload.name}, Ψ = {first.param_count:,}, N = {first.world_size}, {first.precision}",
+                      fontsize=8)
+        fig.tight_layout()
+        self.image.value = png(fig)
+        self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", "sent B/step",
+                                                          "theory sent B/step", "peak B"])._repr_html_()
+
+
+def _option_control(name: str, spec, w):
+    if isinstance(spec, bool):
+        return w.Checkbox(value=spec, description=name, indent=False)
+    choices = list(spec)
+    return w.SelectionSlider(options=choices, value=choices[len(choices) // 2], description=name,
+                             continuous_update=False, style={"description_width": "initial"},
+                             layout=w.Layout(width="420px"))
+
+
+class TimelinePanel(_Panel):
+    """A strategy's options → the per-rank timeline, exposed communication shaded (and peak memory).
+
+    ``controls`` maps option names to a sequence of choices (a slider) or a bool (a
+    checkbox), e.g. ``{"bucket_mb": [0.01, 0.03, 0.1], "overlap": True}``. With several
+    ``strategies`` a dropdown picks one; a control the chosen strategy does not accept is
+    disabled. Every change re-runs the job and redraws.
+    """
+
+    def __init__(self, workload, strategies: Sequence[str] | str = "ddp", controls: Optional[Dict] = None,
+                 world_size: int = 2, steps: int = 3, precision: str = "fp32", show_memory: bool = False,
+                 draw_steps: Optional[range] = None, fixed: Optional[Dict] = None, auto_run: bool = True,
+                 run: bool = True):
+        from .strategies import get
+
+        w = _widgets()
+        self.workload, self.world_size, self.steps, self.precision = workload, world_size, steps, precision
+        self.show_memory, self.auto_run = show_memory, auto_run
+        self.fixed = dict(fixed or {})
+        #: steps drawn: the last one by default (the first has warm-up, and ZeRO-3 prefetch starts at step 2)
+        self.draw_steps = draw_steps if draw_steps is not None else range(steps - 1, steps)
+        names = [strategies] if isinstance(strategies, str) else list(strategies)
+        for name in names:
+            get(name)
+        self._build_common()
+        self.strategy = w.Dropdown(options=names, value=names[-1], description="strategy")
+        self.controls = {name: _option_control(name, spec, w) for name, spec in (controls or {}).items()}
+        self.strategy.observe(self._changed, names="value")
+        for control in self.controls.values():
+            control.observe(self._changed, names="value")
+        self._enable_controls()
+        top = ([self.strategy] if len(names) > 1 else []) + list(self.controls.values())
+        self.box = w.VBox([w.HBox(top, layout=w.Layout(flex_flow="row wrap")),
+                           w.HBox([self.run_button, self.progress, self.status]), self.image, self.details])
+        if run:
+            self.run()
+
+    def _accepted(self) -> set:
+        from .strategies import get
+
+        return set(get(self.strategy.value).options)
+
+    def _enable_controls(self) -> None:
+        accepted = self._accepted()
+        for name, control in self.controls.items():
+            control.disabled = name not in accepted
+
+    def _changed(self, change) -> None:
+        self._enable_controls()
+        if self.auto_run:
+            self.run()
+
+    def options(self) -> dict:
+        """The options the chosen strategy gets from the controls (and ``fixed``)."""
+        accepted = self._accepted()
+        chosen = {**self.fixed, **{name: c.value for name, c in self.controls.items()}}
+        return {k: v for k, v in chosen.items() if k in accepted}
+
+    def run(self):
+        """Train the chosen strategy with the controls' options, keeping records, then draw."""
+        kwargs = dict(steps=self.steps, precision=self.precision, keep_records=True, **self.options())
+        report = self._train_all([(self.strategy.value, self.world_size, kwargs)])
+        if report is not None:
+            self.last_report = report
+            self.runs += 1
+            self.draw()
+        return report
+
+    def draw(self) -> None:
+        from .plot import timeline
+
+        report = self.last_report
+        n = len(report.result.ranks)
+        if self.show_memory:
+            fig, (ax, mem) = new_figure(11, 1.6 + 0.9 * n, ncols=2, width_ratios=[4, 1])
+        else:
+            fig, ax = new_figure(10, 1.6 + 0.9 * n)
+        _, exposed = timeline(report, ax=ax, steps=self.draw_steps)
+        if self.show_memory:
+            peaks = [r.peak_bytes / 2**20 for r in report.result.ranks]
+            mem.bar(range(n), peaks, color="#8172B3")
+            mem.set_xticks(range(n), [f"r{r.rank}" for r in report.result.ranks], fontsize=8)
+            mem.set_ylabel("peak MiB", fontsize=8)
+            mem.set_title("peak memory", fontsize=9)
+        fig.tight_layout()
+        self.image.value = png(fig)
+        self.last_exposed_s = exposed
+        self.details.value = table(timeline_rows(report, self.draw_steps))._repr_html_()
+
+
+def timeline_rows(report, steps: Optional[range] = None) -> list:
+    """Per rank: calls and bytes per step (measured, theory), exposed communication, step time, peak."""
+    from .timeline import exposed_comm_s
+
+    result = report.result
+    steps = steps if steps is not None else range(len(result.ranks[0].step_times_s))
+    rows = []
+    for rank in result.ranks:
+        rows.append({"strategy": result.strategy, "rank": rank.rank,
+                     "calls/step": rank.comm_calls_per_step,
+                     "sent B/step": rank.comm_bytes_sent_per_step,
+                     "theory B/step": rank.theory_comm_bytes_per_step,
+                     "exposed ms/step": round(1e3 * exposed_comm_s(rank, steps=steps) / len(steps), 2),
+                     "step ms": round(1e3 * sum(rank.step_times_s[s] for s in steps) / len(steps), 2),
+                     "peak B": rank.peak_bytes})
+    return rows
