@@ -72,12 +72,27 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata["language_info"] = {"name": "python"}
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        cell["outputs"] = merge_streams(cell.get("outputs", [])) if cell.cell_type == "code" else cell.get("outputs")
+        if cell.cell_type != "code":
+            cell.pop("outputs", None)
         for output in cell.get("outputs", []):
             data = output.get("data")
             if data is not None and WIDGET_VIEW in data:
                 del data[WIDGET_VIEW]
             output.get("metadata", {}).pop("execution", None)
     return nb
+
+
+def merge_streams(outputs: list) -> list:
+    """Join consecutive stream outputs of the same stream (nbclient keeps one per message)."""
+    merged = []
+    for output in outputs:
+        if (merged and output.get("output_type") == "stream" and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == output.get("name")):
+            merged[-1]["text"] += output["text"]
+        else:
+            merged.append(output)
+    return merged
 
 
 def build(path: Path, run: bool = True) -> float:

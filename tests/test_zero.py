@@ -162,8 +162,7 @@ def test_tiny_gpt_stages_are_bit_identical_to_ddp_at_two_ranks():
             assert states(rank) == theory_states(rank), name
             assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step, name
     psi = work.param_count()
-    mixed = theory.model_state_bytes(3, psi, 2, "fp32", "adamw", units=None)
-    assert sum(states(report["zero3"].ranks[0]).values()) >= mixed.total  # per-unit padding only adds
+    assert sum(states(report["zero3"].ranks[0]).values()) >= 16 * psi / 2  # 16Ψ/N; per-unit padding only adds
 
 
 # --- accumulation and gradient memory --------------------------------------------------------------

@@ -137,6 +137,7 @@ def peak_bars(report, ax=None):
     if ax is None:
         _, ax = new_figure(max(4, 1.2 * sum(len(r.ranks) for r in report.results)), 3.5)
     labels, x = [], 0
+    mixed = len({r.precision for r in report.results}) > 1
     for result in report.results:
         for rank in result.ranks:
             bottom = 0.0
@@ -146,7 +147,7 @@ def peak_bars(report, ax=None):
                 bottom += value
             ax.plot([x - 0.4, x + 0.4], [rank.theory_model_states["total"] / 2**20] * 2, color="black", lw=2,
                     label="theory: model states" if x == 0 else None)
-            labels.append(f"{result.strategy}\nr{rank.rank}")
+            labels.append(f"{result.strategy}\n{result.precision + ' ' if mixed else ''}r{rank.rank}")
             x += 1
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("MiB per rank at its peak")
@@ -155,34 +156,35 @@ def peak_bars(report, ax=None):
     return ax
 
 
-def ring_schedule_figure(n: int, op: str = "all_reduce"):
+def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
     """The ring's rounds as a grid: one row per rank, one column per round, the chunk each rank sends.
 
     Drawn from :func:`zerokit.ring.ring_schedule`: reduce-scatter rounds in orange,
-    all-gather rounds in green; an arrow means "sends this chunk to rank r+1".
+    all-gather rounds in green; "c2 → r1" means "sends chunk 2 to rank 1". Returns the
+    figure (a new one unless ``ax`` is given).
     """
     from .ring import ring_phase, ring_schedule
 
     rounds = len(ring_schedule(op, n, 0))
-    fig, ax = new_figure(1.2 + 0.9 * rounds, 0.6 + 0.5 * n)
+    if ax is None:
+        fig, ax = new_figure(1.2 + 0.9 * rounds, 0.6 + 0.5 * n)
     colors = {"reduce_scatter": "#DD8452", "all_gather": "#55A868"}
     for rank in range(n):
         y = n - 1 - rank
         for step in ring_schedule(op, n, rank):
-            phase = ring_phase(op, n, step.round)
-            ax.add_patch(_rectangle(step.round, y, colors[phase]))
+            ax.add_patch(_rectangle(step.round, y, colors[ring_phase(op, n, step.round)]))
             ax.text(step.round + 0.5, y + 0.5, f"c{step.send_chunk} → r{(rank + 1) % n}", ha="center",
-                    va="center", fontsize=8)
+                    va="center", fontsize=7 if rounds > 8 else 8)
     ax.set_xlim(0, rounds)
     ax.set_ylim(0, n)
     ax.set_xticks([k + 0.5 for k in range(rounds)], [str(k + 1) for k in range(rounds)], fontsize=8)
     ax.set_yticks([n - 1 - r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
-    ax.set_xlabel("round")
+    ax.set_xlabel("round", fontsize=8)
     halves = " + ".join(p.replace("_", "-") for p in ("reduce_scatter", "all_gather")
                         if any(ring_phase(op, n, k) == p for k in range(rounds)))
     ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds ({halves})", fontsize=9)
-    fig.tight_layout()
-    return fig
+    ax.figure.tight_layout()
+    return ax.figure
 
 
 def _rectangle(x, y, color):
@@ -191,18 +193,23 @@ def _rectangle(x, y, color):
     return Rectangle((x + 0.04, y + 0.08), 0.92, 0.84, color=color, alpha=0.6)
 
 
-def volume_figure(series: Dict[str, dict], ylabel: str = "bytes sent per rank", title: str = ""):
+def volume_figure(series: Dict[str, dict], ylabel: str = "bytes sent per rank", title: str = "",
+                  reference: Optional[tuple] = None):
     """Measured points (markers) and theory (line) against the world size, one series per name.
 
-    ``series[name] = {"N": [...], "measured": [...], "theory": [...]}``.
+    ``series[name] = {"N": [...], "measured": [...], "theory": [...]}``, with optionally
+    ``"theory_N"`` when the theory line is drawn at other world sizes than the measurements.
+    ``reference = (value, label)`` adds a dashed horizontal line (an asymptote).
     """
     fig, ax = new_figure(5.5, 3.2)
     for i, (name, s) in enumerate(series.items()):
         color = f"C{i}"
-        ax.plot(s["N"], s["theory"], color=color, lw=1.5, label=f"{name}: theory")
+        ax.plot(s.get("theory_N", s["N"]), s["theory"], color=color, lw=1.5, label=f"{name}: theory")
         ax.plot(s["N"], s["measured"], "o", color=color, ms=6, label=f"{name}: measured")
+    if reference is not None:
+        ax.axhline(reference[0], color="#999999", ls="--", lw=1, label=reference[1])
     ax.set_xlabel("world size N")
-    ax.set_xticks(sorted({n for s in series.values() for n in s["N"]}))
+    ax.set_xticks(sorted({n for s in series.values() for n in s.get("theory_N", s["N"])}))
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=9)
@@ -211,12 +218,55 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes sent per rank", 
     return fig
 
 
+def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> list:
+    """On each rank: the fastest of ``repeats`` ring all-reduces per payload, and the bytes it sent."""
+    import torch
+    import torch.distributed as dist
+
+    from . import comm
+    from .ring import ring_all_reduce
+
+    out = []
+    for size in payload_bytes:
+        x = torch.ones(size // 4)
+        ring_all_reduce(x)  # warm-up: the first call of a size allocates
+        best = math.inf
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            ring_all_reduce(x)
+            best = min(best, time.perf_counter() - start)
+        record = comm.ledger().records[-1]
+        out.append({"payload_bytes": record.payload_bytes, "bytes_sent": record.bytes_sent, "seconds": best})
+    return out
+
+
+def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int], repeats: int = 3) -> list:
+    """Time :func:`zerokit.ring.ring_all_reduce` of fp32 tensors on each world size, through zerokit.launch.
+
+    Returns one point per (world size, payload): ``op``, ``n``, ``payload_bytes``, the
+    ``bytes_sent`` the ring really sent (rank 0's ledger) and ``seconds``, the slowest
+    rank's fastest call.
+    """
+    from .launcher import launch
+
+    points = []
+    for n in world_sizes:
+        per_rank = launch(_time_ring_all_reduce, n, list(payload_bytes), repeats)
+        for i, point in enumerate(per_rank[0]):
+            points.append({"op": "all_reduce", "n": n, "payload_bytes": point["payload_bytes"],
+                           "bytes_sent": point["bytes_sent"],
+                           "seconds": max(rank[i]["seconds"] for rank in per_rank)})
+    return points
+
+
 def fit_latency_bandwidth(points: Iterable[dict]) -> dict:
     """Least-squares fit of t = rounds·α + bytes_sent/β to measured collectives.
 
     Each point has ``op``, ``n``, ``payload_bytes`` and ``seconds``; rounds and bytes
     sent come from :func:`zerokit.theory.ring_steps` and :func:`~zerokit.theory.ring_bytes_sent`.
-    Returns ``{"alpha_s": latency per round, "beta_Bps": bandwidth}`` (the α-β model).
+    Residuals are relative, so the small calls that fix α count as much as the large
+    ones that fix β. Returns ``{"alpha_s": latency per round, "beta_Bps": bandwidth}``.
     """
     import numpy as np
 
@@ -224,8 +274,17 @@ def fit_latency_bandwidth(points: Iterable[dict]) -> dict:
     a = np.array([[theory.ring_steps(p["op"], p["n"]), theory.ring_bytes_sent(p["op"], p["payload_bytes"], p["n"])]
                   for p in points], dtype=float)
     t = np.array([p["seconds"] for p in points], dtype=float)
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a, t, rcond=None)
+    # relative residuals: small calls (latency) and large ones (bandwidth) weigh alike
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
     return {"alpha_s": float(alpha), "beta_Bps": float(1 / inv_beta) if inv_beta > 0 else math.inf}
+
+
+def modelled_seconds(fit: dict, op: str, payload_bytes: int, n: int) -> dict:
+    """The α-β model's time for one collective, split into its latency and bandwidth terms."""
+    latency = theory.ring_steps(op, n) * fit["alpha_s"]
+    bandwidth = theory.ring_bytes_sent(op, payload_bytes, n) / fit["beta_Bps"]
+    return {"latency_s": latency, "bandwidth_s": bandwidth, "total_s": latency + bandwidth,
+            "latency_share": latency / (latency + bandwidth)}
 
 
 def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
@@ -237,8 +296,7 @@ def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
     for i, (n, pts) in enumerate(sorted(by_n.items())):
         pts = sorted(pts, key=lambda p: p["payload_bytes"])
         sizes = [p["payload_bytes"] for p in pts]
-        model = [theory.ring_steps(p["op"], n) * fit["alpha_s"]
-                 + theory.ring_bytes_sent(p["op"], p["payload_bytes"], n) / fit["beta_Bps"] for p in pts]
+        model = [modelled_seconds(fit, p["op"], p["payload_bytes"], n)["total_s"] for p in pts]
         ax.plot(sizes, [1e3 * p["seconds"] for p in pts], "o", color=f"C{i}", label=f"N={n} measured")
         ax.plot(sizes, [1e3 * m for m in model], color=f"C{i}", lw=1, label=f"N={n} α-β fit")
     ax.set_xscale("log")
@@ -247,7 +305,7 @@ def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
     ax.set_ylabel("ms per call")
     ax.set_title(f"fit: α = {1e6 * fit['alpha_s']:.0f} µs per round, β = {fit['beta_Bps'] / 2**20:.0f} MiB/s",
                  fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
 
@@ -392,6 +450,116 @@ class MemoryPanel(_Panel):
         self.image.value = png(fig)
         self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", "sent B/step",
                                                           "theory sent B/step", "peak B"])._repr_html_()
+
+
+def _ring_collective(ctx, op: str, numel: int) -> dict:
+    """On each rank: one ring ``op`` of ``numel`` fp32 elements; its rounds, bytes sent and seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from . import comm, ring
+
+    n = ctx.world_size
+    rounds = []
+    count = lambda k, send, recv, phase: rounds.append(phase)  # noqa: E731
+    dist.barrier()
+    start = time.perf_counter()
+    if op == "all_reduce":
+        ring.ring_all_reduce(torch.ones(numel), on_step=count)
+    elif op == "reduce_scatter":
+        ring.ring_reduce_scatter(torch.empty(numel // n), torch.ones(numel), on_step=count)
+    else:
+        ring.ring_all_gather(torch.empty(numel), torch.ones(numel // n), on_step=count)
+    seconds = time.perf_counter() - start
+    record = comm.ledger().records[-1]
+    return {"rank": ctx.rank, "rounds": len(rounds), "payload_bytes": record.payload_bytes,
+            "bytes_sent": record.bytes_sent, "seconds": seconds}
+
+
+class CollectivePanel(_Panel):
+    """Collective × world size × payload → the ring's rounds, and the bytes each rank really sent.
+
+    Runs :mod:`zerokit.ring` on send/recv through :func:`zerokit.launch`, so the bytes are
+    counted as they are sent; the picture puts them next to
+    :func:`zerokit.theory.ring_bytes_sent`. The trade-off it shows: more ranks mean more
+    rounds (latency), while the bytes per rank stay under 2× the payload (bandwidth).
+    """
+
+    def __init__(self, ops: Sequence[str] = ("all_reduce", "reduce_scatter", "all_gather"),
+                 world_sizes: Sequence[int] = (2, 3, 4, 6, 8), payload_kib: Sequence[int] = (4, 64, 1024),
+                 world_size: int = 4, auto_run: bool = True, run: bool = True):
+        w = _widgets()
+        self.auto_run = auto_run
+        self._build_common()
+        self.progress.description = "ranks"
+        self.op = w.ToggleButtons(options=list(ops), value=ops[0], description="collective")
+        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
+                                            continuous_update=False)
+        self.payload_kib = w.SelectionSlider(options=list(payload_kib), value=payload_kib[len(payload_kib) // 2],
+                                             description="payload KiB", continuous_update=False)
+        for control in (self.op, self.world_size, self.payload_kib):
+            control.observe(self._changed, names="value")
+        self.box = w.VBox([self.op, w.HBox([self.world_size, self.payload_kib]),
+                           w.HBox([self.run_button, self.progress, self.status]), self.image, self.details])
+        #: per-rank results of the last run
+        self.last_result: Optional[list] = None
+        if run:
+            self.run()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}: an interactive panel — run this notebook in Jupyter to use it"
+
+    def _changed(self, change) -> None:
+        if self.auto_run:
+            self.run()
+
+    def run(self):
+        from .launcher import launch
+
+        op, n = self.op.value, self.world_size.value
+        numel = max(n, (self.payload_kib.value * 1024 // 4) // n * n)
+        self.progress.max, self.progress.value = 1, 0
+        self.status.value = f"running a ring {op} on {n} ranks…"
+        start = time.perf_counter()
+        try:
+            result = launch(_ring_collective, n, op, numel)
+        except Exception as exc:  # shown in the panel rather than lost in a callback
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.status.value = f"<span style='color:#C44E52'>{html.escape(self.last_error)}</span>"
+            return None
+        self.last_error = None
+        self.progress.value = 1
+        self.status.value = f"{n} ranks in {time.perf_counter() - start:.1f} s"
+        self.last_result = result
+        self.runs += 1
+        self.draw()
+        return result
+
+    def draw(self) -> None:
+        result, op, n = self.last_result, self.op.value, self.world_size.value
+        rounds = _rounds(op, n)
+        fig, (left, right) = new_figure(min(14, 3.5 + 0.8 * rounds), 1.0 + 0.45 * n, ncols=2,
+                                        width_ratios=[max(3, rounds / 2), 1.2])
+        ring_schedule_figure(n, op, ax=left)
+        payload = result[0]["payload_bytes"]
+        expected = theory.ring_bytes_sent(op, payload, n)
+        right.bar(range(n), [r["bytes_sent"] / 1024 for r in result], color="#4C72B0", label="measured")
+        right.plot([-0.4, n - 0.6], [expected / 1024] * 2, color="black", lw=2, label="theory")
+        right.plot([-0.4, n - 0.6], [payload / 1024] * 2, color="#999999", lw=1, ls="--", label="payload S")
+        right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=8)
+        right.set_ylabel("KiB sent per rank", fontsize=8)
+        right.set_title(f"{result[0]['rounds']} rounds", fontsize=9)
+        right.legend(fontsize=7)
+        fig.tight_layout()
+        self.image.value = png(fig)
+        rows = [{"rank": r["rank"], "rounds": r["rounds"], "theory rounds": _rounds(op, n),
+                 "sent B": r["bytes_sent"], "theory sent B": expected, "ms": round(1e3 * r["seconds"], 2)}
+                for r in result]
+        self.details.value = table(rows)._repr_html_()
+
+
+def _rounds(op: str, n: int) -> int:
+    return theory.ring_steps(op, n)
 
 
 def _option_control(name: str, spec, w):

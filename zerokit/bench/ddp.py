@@ -9,16 +9,18 @@ rotating between rounds) so that drift on a shared machine hits all alike:
    ratio to torch DDP's, and the exposed communication per step (seconds the compute
    thread was blocked on collectives, from the ledger; torch DDP waits inside its
    reducer, so the ledger cannot see its exposed time).
-2. **Overlap.** A communication-heavy GPT (many parameters, little compute per step):
-   ``ddp`` with overlap on and off, the exposed communication of each.
+2. **Overlap.** A communication-heavy GPT (four times the parameters for half the
+   tokens): ``ddp`` with overlap on and off, the exposed communication of each.
 
 Timing runs use ``track_peak=False`` and no reference. Absolute times depend on the
-machine; the ratios are the result.
+machine; the ratios are the result. Ratios to torch DDP are paired round by round
+(:func:`add_ratios`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -29,8 +31,9 @@ from . import median, ratio
 
 #: the tiny GPT of the sweep (zerokit.tiny_gpt's defaults: about 0.93 M parameters, 3.6 MiB of fp32 gradients)
 SWEEP_GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
-#: communication-heavy: 4× the parameters of the sweep's GPT, a sixteenth of its tokens per step
-HEAVY_GPT = dict(vocab=1024, seq_len=16, d_model=256, n_layer=4, n_head=4, batch_size=4)
+#: communication-heavy: 4× the parameters (and bytes reduced) of the sweep's GPT for half its tokens per step,
+#: so about twice the bytes per FLOP, with enough backward left to hide a bucket's all-reduce behind
+HEAVY_GPT = dict(vocab=1024, seq_len=32, d_model=256, n_layer=4, n_head=4, batch_size=8)
 
 PEER = "torch-ddp"
 
@@ -102,11 +105,22 @@ def run_rounds(workload, world_sizes, configs_for, steps: int, rounds: int, time
 
 
 def add_ratios(rows) -> None:
-    """Each row's step time over torch DDP's at the same world size and bucket size (naive: the median peer)."""
+    """Each row's step time over torch DDP's at the same world size and bucket size (naive: the median peer).
+
+    The ratio is paired: round by round, this configuration's time over the peer's in the same round
+    (they ran minutes apart at most), and the median of those ratios, so slow drift of a shared machine
+    cancels. ``vs_torch_ddp_of_medians`` is the plain ratio of the two medians, for comparison.
+    """
     for row in rows:
-        peers = [p["step_s"] for p in rows if p["label"] == PEER and p["world_size"] == row["world_size"]
+        peers = [p for p in rows if p["label"] == PEER and p["world_size"] == row["world_size"]
                  and (row["bucket_mb"] is None or p["bucket_mb"] == row["bucket_mb"])]
-        row["vs_torch_ddp"] = ratio(row["step_s"], median(peers)) if peers else None
+        if not peers:
+            row["vs_torch_ddp"] = row["vs_torch_ddp_of_medians"] = None
+            continue
+        per_round = [ratio(run["step_s"], median([p["runs"][r]["step_s"] for p in peers]))
+                     for r, run in enumerate(row["runs"])]
+        row["vs_torch_ddp"] = median(per_round)
+        row["vs_torch_ddp_of_medians"] = ratio(row["step_s"], median([p["step_s"] for p in peers]))
 
 
 def table(rows, title: str) -> str:
@@ -130,11 +144,12 @@ def summary(sweep, heavy) -> dict:
         out["ddp_vs_torch_ddp_median"] = median([r["vs_torch_ddp"] for r in ours])
         out["ddp_vs_torch_ddp_max"] = max(r["vs_torch_ddp"] for r in ours)
     for n in sorted({r["world_size"] for r in heavy}):
-        on = next(r for r in heavy if r["world_size"] == n and r["options"]["overlap"])
-        off = next(r for r in heavy if r["world_size"] == n and not r["options"]["overlap"])
+        on = next(r for r in heavy if r["world_size"] == n and r["label"] == "ddp overlap=on")
+        off = next(r for r in heavy if r["world_size"] == n and r["label"] == "ddp overlap=off")
         out[f"heavy_N={n}"] = {"exposed_ms_on": 1000 * on["exposed_s"], "exposed_ms_off": 1000 * off["exposed_s"],
                                "exposed_on_over_off": ratio(on["exposed_s"], off["exposed_s"]),
-                               "step_on_over_off": ratio(on["step_s"], off["step_s"])}
+                               "step_on_over_off": ratio(on["step_s"], off["step_s"]),
+                               "ddp_vs_torch_ddp": on.get("vs_torch_ddp")}
     return out
 
 
@@ -173,9 +188,11 @@ def main(argv=None) -> int:
         mb = args.heavy_bucket_mb
         heavy = run_rounds(heavy_work, args.world_sizes,
                            lambda n: [("ddp overlap=on", "ddp", {"bucket_mb": mb, "overlap": True}, mb),
-                                      ("ddp overlap=off", "ddp", {"bucket_mb": mb, "overlap": False}, mb)],
+                                      ("ddp overlap=off", "ddp", {"bucket_mb": mb, "overlap": False}, mb),
+                                      (PEER, PEER, {"bucket_mb": mb}, mb)],
                            args.steps, args.rounds, args.timeout, log)
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        add_ratios(heavy)
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, 1 thread per rank, torch {torch.__version__}"
     print(f"zerokit bench ddp — fp32 AdamW, gloo on CPU, {args.steps} steps × {args.rounds} interleaved rounds; "
           f"{machine}")
     print(table(sweep, f"\nsweep: {sweep_work.description}; Ψ = {sweep_work.param_count():,}"))

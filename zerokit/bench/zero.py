@@ -34,14 +34,17 @@ PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"
          ("zero3", ["fsdp2-zero3", "deepspeed-zero3"])]
 
 
-def configs(with_deepspeed: bool):
-    """(label, strategy, options, note) for every run of one round."""
+def configs(with_deepspeed: bool, unit_size: int = 0, only=None):
+    """(label, strategy, options, note) for every run of one round; ``unit_size`` goes to zero3 and FSDP2."""
+    def options(name):
+        return {"unit_size": unit_size} if unit_size and (name == "zero3" or name.startswith("fsdp2")) else {}
+
     out = []
     for ours, peers in PAIRS:
-        out.append((ours, ours, {}, None))
-        out += [(p, p, {}, None) for p in peers if with_deepspeed or not p.startswith("deepspeed")]
-    out.append(("zero3 prefetch=off", "zero3", {"prefetch": False}, None))
-    return out
+        out.append((ours, ours, options(ours), None))
+        out += [(p, p, options(p), None) for p in peers if with_deepspeed or not p.startswith("deepspeed")]
+    out.append(("zero3 prefetch=off", "zero3", {**options("zero3"), "prefetch": False}, None))
+    return [c for c in out if only is None or c[0] in only]
 
 
 def add_ratios(rows) -> dict:
@@ -75,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed peers")
+    parser.add_argument("--unit-size", type=int, default=0,
+                        help="zero3's and FSDP2's unit_size in elements (0: every module with parameters is a unit)")
+    parser.add_argument("--only", nargs="+", metavar="LABEL", help="run only these configurations (labels)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
     parser.add_argument("--json", metavar="FILE", help="also write every run and the ratios to FILE")
     parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
@@ -86,17 +92,20 @@ def main(argv=None) -> int:
     from ..workloads import tiny_gpt
 
     args = build_parser().parse_args(argv)
+    if args.unit_size < 0:
+        raise ValueError(f"--unit-size {args.unit_size}: must be 0 or a positive number of elements")
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
     with_deepspeed = deepspeed_available() and not args.no_deepspeed
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     start = time.perf_counter()
     work = tiny_gpt(**SWEEP_GPT)
-    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed), args.steps, args.rounds,
+    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps, args.rounds,
                       args.timeout, log)
     ratios = add_ratios(rows)
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds; {machine}"
+    print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds, "
+          f"unit_size {args.unit_size}; {machine}"
           + ("" if with_deepspeed else "; DeepSpeed not installed"))
     print(table(rows, f"\n{work.description}; Ψ = {work.param_count():,}"))
     print("\nratios (zerokit / peer; exposed communication with prefetch on / off):",

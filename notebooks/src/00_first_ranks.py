@@ -1,0 +1,155 @@
+# %% [markdown]
+# # 00 · Set-up and first ranks
+#
+# **The question.** The seed interview opens with *"数据并行与模型并行的区别是什么？"* — what
+# is the difference between data and model parallelism? Before either can be answered we
+# need the three words every answer uses: a **rank**, a **process group** and a
+# **collective**. What are they, and what happens to the whole job when one rank fails?
+#
+# **What you will see.** A function defined in this notebook runs on 4 processes at once;
+# the ranks add up a tensor together with one all-reduce, and the communication ledger
+# counts the bytes each rank sends, next to the ring formula; then one rank raises, and
+# the launcher tells us which one, while no process is left behind.
+#
+# Everything runs on a laptop CPU: each rank is a process, and they talk through **gloo**
+# over the loopback interface. On a machine with a GPU per rank, the same cells run on
+# **NCCL** unchanged.
+
+# %%
+%matplotlib inline
+import multiprocessing
+
+import matplotlib
+import torch
+
+import zerokit
+from zerokit import theory, widgets
+
+matplotlib.rcParams["figure.dpi"] = widgets.DPI
+print(widgets.machine_summary(world_sizes=(1, 2, 4)))
+
+# %% [markdown]
+# `machine_summary` says which backend `zerokit.launch` will pick for each world size on
+# this machine: NCCL when every rank can have its own GPU, gloo on CPU ranks otherwise.
+# With a single GPU, one-rank cells could use it and every multi-rank cell of the course
+# runs on CPU ranks — the numbers (bytes, memory) are the same; only times differ.
+#
+# ## A rank
+#
+# A **rank** is one process of the job, numbered `0 … world_size − 1`. `zerokit.launch(fn, N)`
+# starts N of them, joins them into a **process group** (the set of ranks that can talk to
+# each other, here the whole world), calls `fn(ctx)` on each — `ctx` tells the rank who it
+# is — and returns what every rank returned, in rank order. Whatever a rank prints appears
+# here prefixed with its rank.
+
+# %%
+def hello(ctx):
+    print(f"rank {ctx.rank} of {ctx.world_size}: backend {ctx.backend}, device {ctx.device}")
+    return ctx.rank ** 2
+
+
+results = zerokit.launch(hello, 4)
+results
+
+# %%
+assert results == [rank ** 2 for rank in range(4)]
+
+# %% [markdown]
+# The ranks printed in whatever order they reached `print`: they run at the same time,
+# each in its own process, with nothing shared. That is the point — and it is why they
+# need collectives to agree on anything.
+#
+# ## A collective
+#
+# A **collective** is an operation that *every* rank of a group calls; it completes only
+# when all of them have. **All-reduce** is the one data parallelism lives on: every rank
+# brings a tensor, every rank leaves with the sum. `zerokit.comm.all_reduce` is
+# `torch.distributed.all_reduce` plus a **ledger** entry: the op, the payload, and the bytes
+# this rank sends under the ring algorithm (lesson 01 runs that ring step by step).
+
+# %%
+def sum_of_ranks(ctx, numel):
+    x = torch.full((numel,), float(ctx.rank))
+    zerokit.comm.all_reduce(x)  # every rank calls it; every rank gets the sum
+    record = zerokit.comm.ledger().records[-1]
+    return {"rank": ctx.rank, "x[0] after": x[0].item(), "payload B": record.payload_bytes,
+            "sent B (ledger)": record.bytes_sent}
+
+
+world = 4
+rows = zerokit.launch(sum_of_ranks, world, 1024)
+for row in rows:
+    row["theory: sent B"] = theory.ring_bytes_sent("all_reduce", row["payload B"], world)
+widgets.table(rows)
+
+# %% [markdown]
+# Every rank holds `0 + 1 + 2 + 3` afterwards. Each sent `2(N−1)/N` of the 4 KiB tensor —
+# not `N − 1` copies of it, as sending the tensor to everyone would: the ring cuts the
+# tensor into N chunks and passes chunks along, so the work is spread evenly.
+
+# %%
+for row in rows:
+    assert row["x[0] after"] == sum(range(world))
+    assert row["sent B (ledger)"] == row["theory: sent B"] == theory.ring_bytes_sent("all_reduce", 4 * 1024, world)
+
+# %% [markdown]
+# ## When a rank fails
+#
+# A collective waits for every rank. So if rank 1 raises before it reaches the all-reduce,
+# ranks 0 and 2 are left waiting for a peer that will never come; when its process exits,
+# their connection to it closes and they fail too. Which failure matters? The **first**
+# one: `zerokit.launch` collects every rank's error with a timestamp and raises
+# `zerokit.RankFailed` for the rank that failed first, with *its* traceback — and kills
+# and reaps every other rank, so nothing keeps running in the background.
+
+# %%
+def fails_on_rank_1(ctx):
+    x = torch.ones(4)
+    if ctx.rank == 1:
+        raise ValueError("rank 1 found a bad batch")
+    zerokit.comm.all_reduce(x)  # ranks 0 and 2 wait here for rank 1
+    return x.sum().item()
+
+
+try:
+    zerokit.launch(fails_on_rank_1, 3, timeout_s=60)
+except zerokit.RankFailed as error:
+    failure = error
+
+print(f"first rank to fail: {failure.rank} (exit code {failure.exitcode})")
+print("its error:", failure.traceback.strip().splitlines()[-1])
+print("ranks that failed after it, because a peer vanished:", [rank for rank, _ in failure.others])
+print("processes still running:", multiprocessing.active_children())
+
+# %%
+assert failure.rank == 1
+assert "rank 1 found a bad batch" in failure.traceback
+assert sorted(rank for rank, _ in failure.others) == [0, 2]
+assert multiprocessing.active_children() == []
+
+# %% [markdown]
+# A rank that never fails but never arrives either — it skipped a collective, or waits on
+# a different one — is a **hang**, the other classic failure: `launch(..., timeout_s=…)`
+# then raises `zerokit.RankTimeout`, naming the ranks still running and the last collective
+# each entered.
+#
+# ## Summary
+#
+# - A **rank** is one process; `zerokit.launch(fn, N)` runs `fn(ctx)` on N of them, from a
+#   notebook cell, and returns their results by rank.
+# - A **process group** is the set of ranks that talk; a **collective** is called by all of
+#   them and completes only when all have called it.
+# - All-reduce leaves the sum on every rank; under the ring each rank sends `2(N−1)/N` of
+#   the tensor, measured above next to `theory.ring_bytes_sent`.
+# - One failing rank takes the others down; the launcher blames the first to fail.
+#
+# ## Interview questions
+#
+# 1. *With 4 ranks, how many bytes does each rank send to all-reduce a 4 KiB tensor with
+#    the ring algorithm?* — 2·3/4·4096 = 6144 B: the table above.
+# 2. *One rank of a data-parallel job raises in step 1000. What do the other ranks see, and
+#    how do you find the culprit?* — they block in the next collective, then fail with
+#    "connection closed by peer"; the culprit is the earliest failure, not the first rank
+#    `join()` happens to report (the `RankFailed` cell).
+# 3. *What must every rank do identically for a collective to complete?* — call the same
+#    collective, in the same order, with tensors of the same size; otherwise it hangs.

@@ -1,0 +1,190 @@
+# %% [markdown]
+# # 01 · Collectives: all-reduce = reduce-scatter + all-gather
+#
+# **The question.** The seed lists ZeRO's communication as *"分组AllGather/Reduce"* and says
+# ZeRO *"将AllReduce拆分为多个小通信操作"* — splits the all-reduce into smaller operations.
+# What *is* an all-reduce made of, how many bytes does each rank send for one, and why is it
+# bandwidth, not latency, that sets its cost for gradients?
+#
+# **What you will see.** The ring algorithm drawn round by round; a ring reduce-scatter
+# followed by a ring all-gather, run on real ranks over send/recv, giving exactly
+# `torch.distributed.all_reduce`'s result; the bytes each phase really sent, `(N−1)/N` of the
+# tensor, next to the formula; the traffic per rank against the world size; and the time
+# of an all-reduce against its size, fitted by the latency–bandwidth (α-β) model.
+
+# %%
+%matplotlib inline
+import matplotlib
+import torch
+
+import zerokit
+from zerokit import ring, theory, widgets
+
+matplotlib.rcParams["figure.dpi"] = widgets.DPI
+
+# %% [markdown]
+# ## The ring, round by round
+#
+# Cut the tensor into N chunks. In every round, each rank sends one chunk to its right
+# neighbour and receives one from its left.
+#
+# - **Reduce-scatter** (N−1 rounds): the received chunk is *added* into the local one;
+#   after N−1 rounds, rank r holds the full sum of chunk r — one N-th of the result.
+# - **All-gather** (N−1 rounds): the received chunk is *copied*; after N−1 rounds every rank
+#   holds every summed chunk.
+#
+# So an all-reduce is a reduce-scatter followed by an all-gather, `2(N−1)` rounds. Which
+# chunk moves when is plain data, `zerokit.ring.ring_schedule(op, n, rank)`:
+
+# %%
+widgets.ring_schedule_figure(4, "all_reduce")
+
+# %%
+for rank in range(4):
+    assert len(ring.ring_schedule("all_reduce", 4, rank)) == theory.ring_steps("all_reduce", 4) == 2 * (4 - 1)
+    assert len(ring.ring_schedule("reduce_scatter", 4, rank)) == theory.ring_steps("reduce_scatter", 4)
+
+# %% [markdown]
+# ## The two halves on real ranks
+#
+# `ring.ring_reduce_scatter` and `ring.ring_all_gather` run that schedule on
+# `torch.distributed` send/recv and count every byte they send. Run one after the other and
+# compare with torch's own all-reduce of the same tensors:
+
+# %%
+def all_reduce_in_two_halves(ctx, numel):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))
+    shard, out = torch.empty(numel // ctx.world_size), torch.empty(numel)
+    ring.ring_reduce_scatter(shard, x)   # rank r now holds the sum of chunk r
+    ring.ring_all_gather(out, shard)     # every rank now holds every summed chunk
+    expected = x.clone()
+    torch.distributed.all_reduce(expected)
+    rs, ag = zerokit.comm.ledger().records[-2:]
+    return {"rank": ctx.rank, "payload B": rs.payload_bytes, "reduce-scatter sent B": rs.bytes_sent,
+            "all-gather sent B": ag.bytes_sent, "max |ring − torch|": (out - expected).abs().max().item()}
+
+
+world, numel = 4, 3 * 4096
+rows = zerokit.launch(all_reduce_in_two_halves, world, numel)
+for row in rows:
+    row["theory: each half B"] = theory.ring_bytes_sent("reduce_scatter", row["payload B"], world)
+widgets.table(rows)
+
+# %%
+for row in rows:
+    assert row["max |ring − torch|"] < 1e-5  # same sum, another order of additions
+    assert row["reduce-scatter sent B"] == row["all-gather sent B"] == row["theory: each half B"]
+    assert row["reduce-scatter sent B"] + row["all-gather sent B"] == theory.ring_bytes_sent(
+        "all_reduce", row["payload B"], world)
+
+# %% [markdown]
+# Each half sends `(N−1)/N·S` — here 3/4 of the 48 KiB tensor — and together they send what
+# an all-reduce sends, `2(N−1)/N·S`. This is why ZeRO can replace DDP's all-reduce by a
+# reduce-scatter of the gradients and, later, an all-gather of the parameters **without
+# sending one byte more** (lessons 04–05).
+#
+# ## Traffic per rank against the world size
+#
+# Time the ring all-reduce on 2, 3 and 4 ranks over payloads from 96 B to 6 MiB, and run the
+# largest on 6 and 8 ranks too; every call records the bytes it really sent.
+
+# %%
+payloads = [96 * 4 ** k for k in range(9)]  # 96 B … 6 MiB: whole chunks on 2, 3, 4, 6 and 8 ranks
+points = widgets.time_ring_all_reduce([2, 3, 4], payloads, repeats=3)
+largest = max(payloads)
+at_largest = [p for p in points if p["payload_bytes"] == largest]
+at_largest += widgets.time_ring_all_reduce([6, 8], [largest], repeats=1)  # bytes only: 8 ranks share 2 cores
+series = {"ring all-reduce": {
+    "N": [p["n"] for p in at_largest], "measured": [p["bytes_sent"] / 2**20 for p in at_largest],
+    "theory_N": list(range(2, 9)),
+    "theory": [theory.ring_bytes_sent("all_reduce", largest, n) / 2**20 for n in range(2, 9)]}}
+widgets.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest / 2**20, "2S"),
+                      title=f"all-reduce of S = {largest / 2**20:.0f} MiB: bytes per rank approach 2S")
+
+# %%
+for p in points + at_largest:
+    assert p["bytes_sent"] == theory.ring_bytes_sent("all_reduce", p["payload_bytes"], p["n"])
+growth = {f"{a} → {b} ranks": {"bytes per rank": theory.ring_bytes_sent("all_reduce", largest, b)
+                                                 / theory.ring_bytes_sent("all_reduce", largest, a),
+                               "rounds": theory.ring_steps("all_reduce", b) / theory.ring_steps("all_reduce", a)}
+          for a, b in [(2, 4), (8, 64)]}
+widgets.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3), "rounds ×": round(v["rounds"], 2)}
+               for k, v in growth.items()])
+
+# %% [markdown]
+# `2(N−1)/N·S` grows from `S` at N = 2 towards `2S`: adding ranks barely adds bytes per
+# rank. The ring is *bandwidth-optimal* — no all-reduce can send less per rank. What grows
+# with N is the number of rounds, `2(N−1)`, each paying a fixed latency.
+#
+# ## Latency or bandwidth?
+#
+# The α-β model prices one collective as *rounds × α + bytes sent per rank / β*: α is the
+# fixed cost of a round (a message's start-up), β the link's bandwidth. Fit it to the
+# timings above (`widgets.fit_latency_bandwidth` takes the rounds and bytes from
+# `zerokit.theory`):
+
+# %%
+fit = widgets.fit_latency_bandwidth(points)
+widgets.latency_bandwidth_figure(points, fit)
+
+# %% [markdown]
+# Small calls sit on the flat part of the curve: their time is rounds × α, whatever their
+# size. Large calls sit on the rising part: their time is bytes / β. Where does a gradient
+# fall? Ask the fitted model about this notebook's tiny GPT (its fp32 gradient), about one
+# of torch DDP's default 25 MiB buckets, and about the bf16 gradient of a 1.5 B-parameter
+# GPT-2, all at N = 4:
+
+# %%
+psi_tiny = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2).param_count()
+cases = {"tiny GPT, fp32 gradient": 4 * psi_tiny, "one 25 MiB DDP bucket": 25 * 2**20,
+         "GPT-2 1.5B, bf16 gradient": 2 * 1_500_000_000}
+rows = []
+for name, size in cases.items():
+    model = widgets.modelled_seconds(fit, "all_reduce", size, 4)
+    rows.append({"payload": name, "S (B)": size, "latency ms": round(1e3 * model["latency_s"], 2),
+                 "bandwidth ms": round(1e3 * model["bandwidth_s"], 2),
+                 "latency share": f"{100 * model['latency_share']:.1f} %"})
+widgets.table(rows)
+
+# %%
+largest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == largest}
+smallest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == min(payloads)}
+for n in largest_points:  # 65 536 × the bytes take longer, on every world size
+    assert largest_points[n] > smallest_points[n]
+shares = [widgets.modelled_seconds(fit, "all_reduce", size, 4)["latency_share"] for size in cases.values()]
+assert shares == sorted(shares, reverse=True)  # the larger the payload, the smaller latency's share
+
+# %% [markdown]
+# Your α and β are this machine's (processes on one CPU, Python in every round), not a
+# cluster's — but the shape holds everywhere: a gradient of real size is deep in the
+# bandwidth regime, so the cost of data parallelism is *bytes per rank per step*, and that
+# is what the rest of the course counts. Latency matters for many small calls — which is
+# why DDP packs gradients into buckets (lesson 03).
+#
+# ## Try it
+#
+# Pick a collective, a world size and a payload; the panel runs the ring on that many ranks
+# and shows the rounds and the bytes each rank sent. Watch the rounds grow with N while the
+# bytes per rank stay below the payload (reduce-scatter, all-gather) or twice it (all-reduce).
+
+# %%
+widgets.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
+
+# %% [markdown]
+# ## Summary
+#
+# - All-reduce = reduce-scatter + all-gather: the ring runs N−1 rounds of each, `2(N−1)` in all.
+# - Each half sends `(N−1)/N·S` per rank, the all-reduce `2(N−1)/N·S` — measured on send/recv
+#   above, equal to `theory.ring_bytes_sent`. Bytes per rank are nearly flat in N.
+# - Time = rounds·α + bytes/β. Real gradients are bandwidth-bound; latency is fought with
+#   fewer, larger calls (buckets).
+#
+# ## Interview questions
+#
+# 1. *Why is an all-reduce the same traffic as a reduce-scatter plus an all-gather?* — it *is*
+#    one: the ring all-reduce runs a reduce-scatter then an all-gather, `(N−1)/N·S` each.
+# 2. *Going from 8 to 64 GPUs, how much more does each GPU send per all-reduce?* — barely
+#    more (the "8 → 64" row above): bytes per rank approach 2S, while the rounds grow 9×,
+#    which only matters for small messages.
+# 3. *Why does DDP bucket gradients instead of all-reducing each tensor?* — each call pays
+#    `2(N−1)·α`; many small tensors are latency-bound, one large bucket is bandwidth-bound.

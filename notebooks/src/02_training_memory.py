@@ -1,0 +1,180 @@
+# %% [markdown]
+# # 02 · Anatomy of training memory
+#
+# **The question.** The seed's next interview question: *"大模型训练中显存占用的主要来源有哪些？"* —
+# where does the memory of training go? How many bytes per parameter does Adam cost, and
+# does bf16 mixed precision halve it?
+#
+# **What you will see.** A tiny GPT trained with data parallelism on 2 ranks, in fp32 and in
+# bf16 mixed precision; the **memory ledger** of each rank — parameters, gradients,
+# optimizer states, activations, read from tensor storages — next to `zerokit.theory`'s
+# value, to the byte: 16 bytes per parameter either way, split differently. Then the
+# activations, which grow with the batch, against the Korthikanti et al. estimate.
+
+# %%
+%matplotlib inline
+import matplotlib
+import matplotlib.pyplot as plt
+
+import zerokit
+from zerokit import plot, theory, widgets
+
+matplotlib.rcParams["figure.dpi"] = widgets.DPI
+work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+psi = work.param_count()
+tensors = len(list(work.build_model().parameters()))
+print(f"{work.description}\nΨ = {psi:,} parameters in {tensors} tensors")
+
+# %% [markdown]
+# ## Model states: what every rank of DDP holds
+#
+# The ZeRO paper (§3.1) calls them **model states**: the parameters, their gradients, and
+# the optimizer's states. With Adam, in plain **fp32**, a parameter costs 4 bytes, its
+# gradient 4, and Adam's two moments m and v 8: **16Ψ**. In **bf16 mixed precision** the
+# model computes in bf16 — parameters 2 bytes, gradients 2 — but the optimizer keeps an fp32
+# master copy of every parameter plus m and v: 12 bytes, K = 12 in the paper. Also **16Ψ**.
+#
+# torch's Adam keeps one more thing per parameter *tensor*: a 4-byte `step` counter. The
+# ledger counts it under "optimizer", and the theory adds it, stated separately.
+#
+# Train 2 steps on 2 ranks, in each precision; the ledger is read after the last step.
+
+# %%
+runs = {precision: zerokit.train(work, "ddp", world_size=2, steps=2, precision=precision)
+        for precision in theory.PRECISIONS}
+rows = []
+for precision, report in runs.items():
+    expected = theory.model_state_bytes(0, psi, 2, precision, "adamw", optimizer_tensors=tensors)
+    for category in ("params", "grads", "optimizer"):
+        measured = report.result.ranks[0].model_state_bytes[category]
+        rows.append({"precision": precision, "category": category, "measured B (rank 0)": measured,
+                     "theory B": expected.as_dict()[category], "bytes per parameter": round(measured / psi, 3)})
+widgets.table(rows)
+
+# %%
+for precision, report in runs.items():
+    expected = theory.model_state_bytes(0, psi, 2, precision, "adamw", optimizer_tensors=tensors)
+    for rank in report.result.ranks:
+        assert rank.model_state_bytes == {"params": expected.params, "grads": expected.grads,
+                                          "optimizer": expected.optimizer}
+        # without Adam's step scalars: 16 bytes per parameter, in both precisions
+        assert sum(rank.model_state_bytes.values()) - expected.step_scalars == 16 * psi
+    assert report.result.max_abs_param_diff is not None
+assert runs["bf16-mixed"].result.ranks[0].model_state_bytes["params"] == theory.param_bytes_per_element("bf16-mixed") * psi
+assert (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values()) - 4 * tensors
+        == theory.paper_model_state_bytes(0, psi, 2))  # the paper's (2 + 2 + K)Ψ with K = 12
+
+# %% [markdown]
+# Mixed precision does **not** halve model-state memory: it moves 4 bytes per parameter
+# from the 16-bit copies into the fp32 master. What it halves is the parameters and
+# gradients the model computes with — and, below, the activations.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
+for ax, (precision, report) in zip(axes, runs.items()):
+    plot.memory_bars(report, ax=ax)
+    ax.set_title(f"DDP, {precision}", fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# DeepSpeed's own memory estimator counts **18** bytes per parameter for mixed precision:
+# it keeps fp32 gradients (4 bytes) where the ledger above holds bf16 ones (2 bytes). Same
+# model, a different gradient dtype — know which one an estimate assumes.
+
+# %%
+widgets.table([{"counted by": "zerokit ledger, bf16-mixed, Adam",
+                "bytes per parameter": (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values())
+                                        - 4 * tensors) / psi},
+               {"counted by": "DeepSpeed estimator (fp32 gradients)",
+                "bytes per parameter": theory.deepspeed_estimator_bytes_per_param()}])
+
+# %% [markdown]
+# The same formula at the scale of real models — what plain data parallelism asks of every
+# GPU, before a single activation:
+
+# %%
+widgets.table([{"model": name, "Ψ": size, "DDP model states per GPU (GB)":
+                theory.paper_model_state_bytes(0, size, 8) / 1e9}
+               for name, size in {"GPT-2 1.5B": 1_500_000_000, "LLaMA 7B": 7_000_000_000}.items()])
+
+# %% [markdown]
+# ## Activations
+#
+# Model states are fixed by Ψ. **Activations** — the tensors autograd saves in forward to
+# compute the gradients in backward — are set by the batch: they grow with batch × sequence
+# × width × layers, and live from forward until backward has used them. The ledger sees
+# them through saved-tensor hooks (each storage once; parameters saved for backward are
+# already counted as parameters). The peak of a DDP step is right after forward:
+
+# %%
+rows = []
+for precision, report in runs.items():
+    rank0 = report.result.ranks[0]
+    rows.append({"precision": precision, "peak at": rank0.peak_where, "peak B": rank0.peak_bytes,
+                 **{f"{c} B": rank0.peak_breakdown[c] for c in ("params", "grads", "optimizer", "activations")}})
+widgets.table(rows)
+
+# %%
+widgets.peak_bars(zerokit.Report([runs["fp32"].result, runs["bf16-mixed"].result])).figure
+
+# %% [markdown]
+# Korthikanti et al. (§4) estimate a transformer layer's activations in 16-bit as
+# `s·b·h·(34 + 5·a·s/h)` bytes (sequence s, micro-batch b, hidden h, heads a; with
+# dropout). Our tiny GPT has no dropout but keeps its logits in fp32 for the loss — the
+# estimate is approximate, so the check below allows 25 %. What is exact is the shape:
+# double the batch, double the activations.
+
+# %%
+batches = [4, 8, 16]
+sweep = {b: zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=b),
+                          "ddp", world_size=2, steps=2, precision="bf16-mixed", reference=False)
+         for b in batches}
+rows = []
+for b, report in sweep.items():
+    local = b // 2
+    estimate = 2 * theory.activation_bytes_per_layer(s=16, b=local, h=32, a=2)  # two layers
+    measured = report.result.ranks[0].peak_breakdown["activations"]
+    rows.append({"global batch": b, "per-rank batch": local, "activations B (measured)": measured,
+                 "Korthikanti estimate B": estimate, "measured / estimate": round(measured / estimate, 3)})
+widgets.table(rows)
+
+# %%
+for row in rows:
+    assert abs(row["measured / estimate"] - 1) < 0.25
+measured = [row["activations B (measured)"] for row in rows]
+for small, large in zip(measured, measured[1:]):
+    assert 1.9 < large / small < 2.1  # twice the batch, twice the activations
+for precision in theory.PRECISIONS:  # model states don't depend on the batch
+    assert runs[precision].result.ranks[0].model_state_bytes == runs[precision].result.ranks[1].model_state_bytes
+assert sweep[8].result.ranks[0].model_state_bytes == runs["bf16-mixed"].result.ranks[0].model_state_bytes
+
+# %% [markdown]
+# ## Try it
+#
+# Choose the world size and the precision; the panel trains zerokit's DDP and torch's own
+# DDP side by side and draws each rank's memory. However many ranks you add, every rank of
+# data parallelism holds all 16Ψ: the redundancy ZeRO removes, from lesson 04 on. Switch
+# "show" to *peak* to see the activations on top.
+
+# %%
+widgets.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4), steps=2)
+
+# %% [markdown]
+# ## Summary
+#
+# - Model states with Adam cost **16 bytes per parameter** on every data-parallel rank: 4 + 4 + 8
+#   in fp32, 2 + 2 + 12 in bf16 mixed precision (fp32 master + m + v) — plus 4 bytes per
+#   tensor for Adam's step counters. Measured to the byte above.
+# - Mixed precision saves on compute copies and activations, not on optimizer states.
+# - Activations scale with the batch (measured: ×2 per doubling) and peak after forward;
+#   the 16-bit estimate `s·b·h·(34 + 5as/h)` per layer is close for this model.
+#
+# ## Interview questions
+#
+# 1. *A 7 B model, Adam, bf16 mixed precision, plain DDP: how much memory per GPU before
+#    activations?* — 16 bytes per parameter (the table above): more than an 80 GB GPU holds,
+#    whatever the number of GPUs.
+# 2. *Why doesn't mixed precision halve the memory of training?* — the optimizer keeps an
+#    fp32 master copy and fp32 m and v, 12 of the 16 bytes (the table above).
+# 3. *DeepSpeed's estimator says 18 bytes per parameter, you measured 16 — who is wrong?* —
+#    neither: it assumes fp32 gradients.
