@@ -119,8 +119,9 @@ def rank_timeline(rank_result) -> dict:
 
     Returns ``{"rank", "compute": [...], "modules": [...], "comm": [...], "exposed_s"}`` where
     compute entries are the loop's spans, modules the per-module forward/backward
-    spans (both with the training ``step`` they belong to), and comm entries carry ``start``, ``end``, ``blocked_start`` (where the
-    blocked part begins) and the ledger's ``op``, ``tag``, ``phase``, ``step``.
+    spans (both with the training ``step`` they belong to), and comm entries carry
+    ``start``, ``end``, ``blocked_start`` (where the blocked part begins) and the
+    ledger's ``op``, ``tag``, ``phase``, ``step``.
     """
     trace = getattr(rank_result, "trace", None)
     if not trace:

@@ -661,6 +661,25 @@ class TimelinePanel(_Panel):
         self.details.value = table(timeline_rows(report, self.draw_steps))._repr_html_()
 
 
+def comm_launch_positions(rank_result, step: int) -> dict:
+    """How many of a step's collectives a rank launched while backward was still computing, and after.
+
+    "Computing" ends with the last leaf module's backward of that step (from the tracer of
+    ``train(..., keep_records=True)``): a collective launched before then can hide behind
+    the rest of backward; one launched after can only be waited for.
+    """
+    from .timeline import rank_timeline
+
+    line = rank_timeline(rank_result)
+    ends = [m["end"] for m in line["modules"] if m["kind"] == "backward" and m["step"] == step]
+    if not ends:
+        raise ValueError(f"rank {rank_result.rank} traced no module backward in step {step}")
+    backward_end = max(ends)
+    launches = [c["start"] for c in line["comm"] if c["step"] == step and c["phase"] != "setup"]
+    during = sum(t < backward_end for t in launches)
+    return {"during backward": during, "after backward": len(launches) - during}
+
+
 def timeline_rows(report, steps: Optional[range] = None) -> list:
     """Per rank: calls and bytes per step (measured, theory), exposed communication, step time, peak."""
     from .timeline import exposed_comm_s
