@@ -40,6 +40,8 @@ def _format(value) -> str:
             return "0"
         if value.is_integer() and abs(value) < 1e15:
             return f"{int(value):,}"
+        if abs(value) >= 1000:
+            return f"{value:,.1f}"
         return f"{value:.4g}"
     return str(value)
 
@@ -678,6 +680,23 @@ def comm_launch_positions(rank_result, step: int) -> dict:
     launches = [c["start"] for c in line["comm"] if c["step"] == step and c["phase"] != "setup"]
     during = sum(t < backward_end for t in launches)
     return {"during backward": during, "after backward": len(launches) - during}
+
+
+def max_in_flight(rank_result, op: str, step: int) -> int:
+    """The most ``op`` collectives a rank had in flight at once in ``step`` (launch to known completion).
+
+    1 means each was waited for before the next was launched; more means the next ones
+    were launched ahead (ZeRO-3's prefetch, DDP's overlapped buckets).
+    """
+    records = [r for r in rank_result.comm_records if r["op"] == op and r["step"] == step and r["phase"] != "setup"]
+    events = sorted([(r["t_launch"], 1) for r in records] +
+                    [(r["t_end"] if r["t_end"] is not None else r["t_launch"], -1) for r in records],
+                    key=lambda e: (e[0], e[1]))
+    most = current = 0
+    for _, change in events:
+        current += change
+        most = max(most, current)
+    return most
 
 
 def timeline_rows(report, steps: Optional[range] = None) -> list:

@@ -1,0 +1,196 @@
+# %% [markdown]
+# # 05 · ZeRO-2: sharding the gradients — and why "all-reduce then drop" isn't it
+#
+# **The question.** The seed describes ZeRO-2 with this code:
+#
+# ```python
+# for param in params:
+#     dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+#     if not is_owner(param):  # 非本设备负责的梯度不保留
+#         param.grad = None
+# ```
+#
+# — all-reduce every gradient, then drop the ones this rank doesn't own. Is that ZeRO-2?
+# What does ZeRO-2 hold, when does it communicate, and what does it send?
+#
+# **What you will see.** ZeRO-2 (`zero2`: reduce-scatter each bucket during backward, then
+# free it) next to the seed's version (`zero2-naive`) and ZeRO-1, on 4 ranks: the model
+# states after a step (the same), the **peak** (not the same: the naive version holds every
+# gradient), the traffic (the naive version sends 1.5× as much), the timeline, and gradient
+# accumulation, where ZeRO-2 pays a reduce-scatter per micro-batch.
+
+# %%
+%matplotlib inline
+import matplotlib
+import matplotlib.pyplot as plt
+
+import zerokit
+from zerokit import plot, theory, widgets
+from zerokit.cli import compare
+
+matplotlib.rcParams["figure.dpi"] = widgets.DPI
+work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
+psi = work.param_count()
+bucket = 4096  # elements per gradient bucket (DeepSpeed's reduce_bucket_size counts elements)
+b = theory.param_bytes_per_element("bf16-mixed")
+print(f"{work.description}\nΨ = {psi:,} parameters")
+
+# %% [markdown]
+# ## ZeRO-2 in the paper
+#
+# ZeRO-2 (§5.2, P_os+g) shards the gradients as well as the optimizer states. A rank needs
+# the averaged gradient of its own shard only, so the paper **reduces each bucket to its
+# owners during backward** — a reduce-scatter, launched as soon as the bucket is full — and
+# frees the bucket. No rank ever holds all the gradients. The seed's version all-reduces
+# everything after backward (so every rank holds all of it, averaged) and only then drops
+# what it doesn't own.
+
+# %%
+n = 4
+sharded = ("zero1", "zero2")
+report = compare(work, n, ["single", "zero1", "zero2-naive", "zero2"], steps=2, precision="bf16-mixed",
+                 keep_records=True, options_for=lambda name: {"reduce_bucket_size": bucket} if name in sharded else {})
+stage = {"zero1": 1, "zero2-naive": 2, "zero2": 2}
+rows = []
+for result in report.results[1:]:
+    rank0 = result.ranks[0]
+    rows.append({"strategy": result.strategy, "model states B": sum(rank0.model_state_bytes.values()),
+                 "theory B": rank0.theory_model_states["total"],
+                 "paper's formula B": theory.paper_model_state_bytes(stage[result.strategy], psi, n),
+                 "peak grads B": rank0.peak_breakdown["grads"], "peak B": rank0.peak_bytes,
+                 "sent B/step": rank0.comm_bytes_sent_per_step, "theory sent B/step": rank0.theory_comm_bytes_per_step})
+widgets.table(rows)
+
+# %%
+naive, zero2, zero1 = report["zero2-naive"], report["zero2"], report["zero1"]
+for result in (zero1, naive, zero2):
+    assert result.param_diff["max_rel"] <= 1e-2  # the same training, to bf16 rounding
+    for rank in result.ranks:
+        assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
+        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+states = {name: sum(report[name].ranks[0].model_state_bytes.values()) for name in ("zero2-naive", "zero2")}
+for name, total in states.items():  # at rest both are ZeRO-2, within the padding of their shards
+    assert abs(total - theory.paper_model_state_bytes(2, psi, n)) / total < 0.01
+full_gradients = b * theory.padded_numel([psi], n)
+for rank in naive.ranks:
+    assert rank.peak_breakdown["grads"] == full_gradients  # the naive version holds every gradient
+    # an all-reduce and an all-gather: 3(N−1)/N·Ψb, what ZeRO-3 sends
+    assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(3, psi, n, b, units=[psi])
+for rank in zero2.ranks:
+    assert rank.peak_breakdown["grads"] < full_gradients
+    ddp_bytes = theory.comm_bytes_per_step(0, psi, n, b)
+    assert ddp_bytes <= rank.comm_bytes_sent_per_step < 1.01 * ddp_bytes  # DDP's traffic, up to padding
+assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.ranks)
+
+# %% [markdown]
+# After the step both are ZeRO-2 — `2Ψ + 14Ψ/N` (ZeRO-1: `4Ψ + 12Ψ/N`), the table's first
+# columns. On the way there they are not:
+#
+# - **memory**: the naive version's gradients peak at the full padded buffer, on every
+#   rank; ZeRO-2's never exceed the own shard plus the buckets in flight;
+# - **traffic**: the naive version all-reduces (`2(N−1)/N·Ψb`) *and* all-gathers the
+#   updated parameters (`(N−1)/N·Ψb`): `3(N−1)/N·Ψb`, as much as ZeRO-3 will send, for
+#   ZeRO-2's memory. ZeRO-2 proper sends DDP's `2(N−1)/N·Ψb`.
+#
+# Each rank at its peak, by category:
+
+# %%
+widgets.peak_bars(zerokit.Report([zero1, naive, zero2])).figure
+
+# %% [markdown]
+# ## When they communicate
+#
+# The ledger records the phase of every collective. ZeRO-2 reduce-scatters bucket by
+# bucket *during* backward; the naive version waits for backward to end:
+
+# %%
+rows = []
+for name in ("zero1", "zero2-naive", "zero2"):
+    rank0 = report[name].ranks[0]
+    launched = widgets.comm_launch_positions(rank0, step=1)
+    for row in rank0.comm_summary:
+        rows.append({"strategy": name, "phase": row["phase"], "op": row["op"], "calls (2 steps)": row["calls"],
+                     "sent B (2 steps)": row["bytes_sent"]})
+    rows.append({"strategy": name, "phase": "2nd step", "op": "launched during / after backward",
+                 "calls (2 steps)": f"{launched['during backward']} / {launched['after backward']}"})
+widgets.table(rows)
+
+# %%
+assert widgets.comm_launch_positions(naive.ranks[0], step=1)["during backward"] == 0
+assert widgets.comm_launch_positions(zero2.ranks[0], step=1)["during backward"] > 0
+assert {(r["phase"], r["op"]) for r in zero2.ranks[0].comm_summary} == {("backward", "reduce_scatter"),
+                                                                        ("step", "all_gather")}
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 5.4))
+for ax, name in zip(axes, ["zero2-naive", "zero2"]):
+    plot.timeline(report[name], ax=ax, steps=range(1, 2))
+    ax.set_title(f"{name}: " + ax.get_title(), fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# ## Gradient accumulation
+#
+# With A micro-batches per step, DDP (`no_sync`) and ZeRO-1 accumulate the full gradients
+# locally and reduce once. ZeRO-2 cannot: the gradients it doesn't own are freed after each
+# reduce-scatter, so it reduce-scatters **every micro-batch** — `(A + 1)(N−1)/N·Ψb` per step
+# with the final all-gather, against ZeRO-1's `2(N−1)/N·Ψb`. Memory for bytes:
+
+# %%
+accumulation = compare(work, 2, ["zero1", "zero2"], steps=2, micro_batches=3, precision="bf16-mixed",
+                       options_for=lambda name: {"reduce_bucket_size": bucket})
+rows = []
+for result in accumulation.results:
+    rank0 = result.ranks[0]
+    rows.append({"strategy": result.strategy, "micro-batches": 3, "sent B/step": rank0.comm_bytes_sent_per_step,
+                 "theory B/step": rank0.theory_comm_bytes_per_step,
+                 "÷ DDP's 2(N−1)/N·Ψb": round(rank0.comm_bytes_sent_per_step / theory.comm_bytes_per_step(0, psi, 2, b), 3),
+                 "model states B": sum(rank0.model_state_bytes.values())})
+widgets.table(rows)
+
+# %%
+for result in accumulation.results:
+    for rank in result.ranks:
+        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+z1, z2 = (accumulation[name].ranks[0].comm_bytes_sent_per_step for name in ("zero1", "zero2"))
+assert z2 / z1 == (3 + 1) / 2  # (A + 1) halves against 2
+
+# %% [markdown]
+# ## Try it
+#
+# The bucket size and overlap of ZeRO-2's reduce-scatters: smaller buckets launch earlier
+# and hold less, more calls cost more latency; with `overlap_comm` off each reduce-scatter
+# blocks backward where it is launched. The timeline shades what is exposed; the bars on
+# the right are each rank's peak.
+
+# %%
+widgets.TimelinePanel(work, "zero2", controls={"reduce_bucket_size": [1024, 2048, 4096, 16384, 500_000_000],
+                                               "overlap_comm": True},
+                      world_size=2, steps=3, precision="bf16-mixed", show_memory=True)
+
+# %% [markdown]
+# And the memory of the three, by stage, world size and precision — switch "show" to *peak*
+# to see the naive version's full gradients:
+
+# %%
+widgets.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_sizes=(2, 3, 4), world_size=4,
+                    precision="bf16-mixed", steps=2, view="peak")
+
+# %% [markdown]
+# ## Summary
+#
+# - ZeRO-2 shards gradients and optimizer states: `2Ψ + 14Ψ/N` per rank, measured.
+# - It gets there by reduce-scattering each bucket *during* backward and freeing it; no rank
+#   ever holds all gradients, and it sends what DDP sends.
+# - "All-reduce, then drop" ends with the same model states but peaks at the full
+#   gradients and sends `3(N−1)/N·Ψb` — ZeRO-3's traffic for ZeRO-2's memory.
+# - With accumulation, ZeRO-2 reduce-scatters every micro-batch: `(A + 1)/2` × DDP's bytes.
+#
+# ## Interview questions
+#
+# 1. *"ZeRO-2 = all-reduce the gradients, then drop the ones you don't own" — right?* — no:
+#    that peaks at full gradients and sends 1.5× DDP; ZeRO-2 reduce-scatters during backward.
+# 2. *Does ZeRO-2 communicate more than DDP?* — not per step without accumulation; with A
+#    micro-batches it sends `(A + 1)/2` × as much (the accumulation table).
+# 3. *When would you pick ZeRO-1 over ZeRO-2?* — with many micro-batches per step and memory
+#    to spare for full gradients: ZeRO-1 reduces once per step.
