@@ -200,7 +200,7 @@ def jupyterlab(tmp_path):
                 time.sleep(0.3)
         else:
             pytest.fail("JupyterLab did not start listening within 90 s")
-        yield url, token
+        yield url, token, tmp_path
     finally:
         try:
             os.killpg(server.pid, signal.SIGTERM)
@@ -218,6 +218,17 @@ def jupyterlab(tmp_path):
 _LAST_IMAGE_JS = "([...document.querySelectorAll('.jp-OutputArea-output img.widget-image')].pop() || {src: ''}).src"
 
 
+def _accept_dialogs(page, wait_s: float = 3.0) -> None:
+    """Accept any modal dialog JupyterLab shows (kernel selection), with its default button."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        button = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
+        if button.count():
+            button.first.click()
+            deadline = time.monotonic() + wait_s
+        page.wait_for_timeout(250)
+
+
 def _figure_source(page) -> str:
     return page.evaluate(f"() => {_LAST_IMAGE_JS}")
 
@@ -228,16 +239,18 @@ def _figure_source(page) -> str:
 def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(jupyterlab):
     from playwright.sync_api import sync_playwright
 
-    url, token = jupyterlab
+    url, token, workdir = jupyterlab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{url}/lab/tree/03_data_parallel.ipynb?token={token}", timeout=60_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            _accept_dialogs(page)  # a fresh JupyterLab may ask which kernel to use: the notebook's own
             page.click(".lm-MenuBar-itemLabel:text-is('Run')")
             page.click("li[data-command='runmenu:run-all']")
+            _accept_dialogs(page)
             # the panel is the notebook's last widget: wait until it has run once and drawn its picture
             status = page.locator(".widget-html").filter(has_text="job(s) in").last
             status.wait_for(state="attached", timeout=240_000)
@@ -257,5 +270,10 @@ def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(jupyte
             assert readout.inner_text() != value_before, "the slider did not move"
             after = _figure_source(page)
             assert after.startswith("blob:") and after != before, "the figure did not change when the slider moved"
+        except Exception:
+            page.screenshot(path=str(workdir / "failure.png"), full_page=True)
+            log = (workdir / "jupyterlab.log").read_text()[-4000:]
+            print(f"screenshot: {workdir / 'failure.png'}\nJupyterLab log (end):\n{log}")
+            raise
         finally:
             browser.close()
