@@ -92,7 +92,7 @@ def _noise_patterns() -> dict:
         "windows path": r"\b[A-Za-z]:\\\\",
         "ipykernel temp file": r"ipykernel_\d+",
         "process id": r"\bpid\b\s*[=:]?\s*\d+",
-        "loopback port": r"127\.0\.0\.1:\d+",
+        "loopback port": r"127\.0\.0\.1\]?:\d+",
         "memory address": r"\bat 0x[0-9a-f]{6,}",
     }
     host = socket.gethostname()

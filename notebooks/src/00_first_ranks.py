@@ -93,6 +93,26 @@ for row in rows:
     assert row["sent B (ledger)"] == row["theory: sent B"] == theory.ring_bytes_sent("all_reduce", 4 * 1024, world)
 
 # %% [markdown]
+# Does that hold for any number of ranks? Run the same all-reduce on 2 to 6 ranks and put
+# the bytes each rank sent next to the formula:
+
+# %%
+by_world = {n: zerokit.launch(sum_of_ranks, n, 1024) for n in (2, 3, 4, 6)}
+payload = 4 * 1024
+widgets.volume_figure(
+    {"all-reduce": {"N": list(by_world), "measured": [rows[0]["sent B (ledger)"] for rows in by_world.values()],
+                    "theory_N": list(range(2, 9)),
+                    "theory": [theory.ring_bytes_sent("all_reduce", payload, n) for n in range(2, 9)]}},
+    ylabel="bytes sent per rank", reference=(2 * payload, "2S"),
+    title="all-reduce of S = 4 KiB: bytes each rank sends, by world size")
+
+# %%
+for n, rows_n in by_world.items():
+    for row in rows_n:
+        assert row["x[0] after"] == sum(range(n))
+        assert row["sent B (ledger)"] == theory.ring_bytes_sent("all_reduce", payload, n)
+
+# %% [markdown]
 # ## When a rank fails
 #
 # A collective waits for every rank. So if rank 1 raises before it reaches the all-reduce,
@@ -126,6 +146,16 @@ assert failure.rank == 1
 assert "rank 1 found a bad batch" in failure.traceback
 assert sorted(rank for rank, _ in failure.others) == [0, 2]
 assert multiprocessing.active_children() == []
+
+# %% [markdown]
+# ## Try it
+#
+# The same ring, on as many ranks as you like: choose a collective, a world size and a
+# payload. The panel runs it (on send/recv, lesson 01 explains the rounds) and shows what
+# each rank sent. More ranks, more rounds — but never more than twice the payload per rank.
+
+# %%
+widgets.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 
 # %% [markdown]
 # A rank that never fails but never arrives either — it skipped a collective, or waits on

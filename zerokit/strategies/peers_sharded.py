@@ -227,6 +227,9 @@ class _FSDP2(_Peer):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         super().__init__(model, ctx, config, **options)
+        # The workloads split a Linear's output into views (q, k, v) and never write into them
+        # in place, which is the case this warning is about; silence it so each rank's output stays readable.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         policy = MixedPrecisionPolicy()
         if config.precision == "bf16-mixed":
