@@ -230,13 +230,15 @@ def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> li
 
     out = []
     for size in payload_bytes:
-        x = torch.ones(size // 4)
+        x = torch.ones(size // 4, device=ctx.device)
         ring_all_reduce(x)  # warm-up: the first call of a size allocates
         best = math.inf
         for _ in range(repeats):
             dist.barrier()
             start = time.perf_counter()
             ring_all_reduce(x)
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
             best = min(best, time.perf_counter() - start)
         record = comm.ledger().records[-1]
         out.append({"payload_bytes": record.payload_bytes, "bytes_sent": record.bytes_sent, "seconds": best})
@@ -335,7 +337,7 @@ def _widgets():
 
 
 class _Panel:
-    """What both panels share: progress, status, the picture, and running jobs one by one."""
+    """What every panel shares: a Run button, progress, status, the picture, and running jobs one by one."""
 
     def _build_common(self):
         w = _widgets()
@@ -425,6 +427,9 @@ class MemoryPanel(_Panel):
         """Train every selected strategy at the chosen world size and precision, then draw."""
         jobs = [(s, self.world_size.value, dict(steps=self.steps, precision=self.precision.value))
                 for s in self.strategies.value]
+        if not jobs:
+            self.status.value = "choose at least one strategy"
+            return None
         report = self._train_all(jobs)
         if report is not None:
             self.last_report = report
@@ -466,12 +471,17 @@ def _ring_collective(ctx, op: str, numel: int) -> dict:
     count = lambda k, send, recv, phase: rounds.append(phase)  # noqa: E731
     dist.barrier()
     start = time.perf_counter()
+    device = ctx.device
     if op == "all_reduce":
-        ring.ring_all_reduce(torch.ones(numel), on_step=count)
+        ring.ring_all_reduce(torch.ones(numel, device=device), on_step=count)
     elif op == "reduce_scatter":
-        ring.ring_reduce_scatter(torch.empty(numel // n), torch.ones(numel), on_step=count)
+        ring.ring_reduce_scatter(torch.empty(numel // n, device=device), torch.ones(numel, device=device),
+                                 on_step=count)
     else:
-        ring.ring_all_gather(torch.empty(numel), torch.ones(numel // n), on_step=count)
+        ring.ring_all_gather(torch.empty(numel, device=device), torch.ones(numel // n, device=device),
+                             on_step=count)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     record = comm.ledger().records[-1]
     return {"rank": ctx.rank, "rounds": len(rounds), "payload_bytes": record.payload_bytes,

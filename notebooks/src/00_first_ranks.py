@@ -69,7 +69,7 @@ assert results == [rank ** 2 for rank in range(4)]
 
 # %%
 def sum_of_ranks(ctx, numel):
-    x = torch.full((numel,), float(ctx.rank))
+    x = torch.full((numel,), float(ctx.rank), device=ctx.device)  # ctx.device: a GPU under NCCL
     zerokit.comm.all_reduce(x)  # every rank calls it; every rank gets the sum
     record = zerokit.comm.ledger().records[-1]
     return {"rank": ctx.rank, "x[0] after": x[0].item(), "payload B": record.payload_bytes,
@@ -124,7 +124,7 @@ for n, rows_n in by_world.items():
 
 # %%
 def fails_on_rank_1(ctx):
-    x = torch.ones(4)
+    x = torch.ones(4, device=ctx.device)
     if ctx.rank == 1:
         raise ValueError("rank 1 found a bad batch")
     zerokit.comm.all_reduce(x)  # ranks 0 and 2 wait here for rank 1
@@ -148,6 +148,12 @@ assert sorted(rank for rank, _ in failure.others) == [0, 2]
 assert multiprocessing.active_children() == []
 
 # %% [markdown]
+# A rank that never fails but never arrives either — it skipped a collective, or waits on
+# a different one — is a **hang**, the other classic failure: `launch(..., timeout_s=…)`
+# then raises `zerokit.RankTimeout`, naming the ranks still running and the last collective
+# each entered.
+
+# %% [markdown]
 # ## Try it
 #
 # The same ring, on as many ranks as you like: choose a collective, a world size and a
@@ -158,11 +164,6 @@ assert multiprocessing.active_children() == []
 widgets.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 
 # %% [markdown]
-# A rank that never fails but never arrives either — it skipped a collective, or waits on
-# a different one — is a **hang**, the other classic failure: `launch(..., timeout_s=…)`
-# then raises `zerokit.RankTimeout`, naming the ranks still running and the last collective
-# each entered.
-#
 # ## Summary
 #
 # - A **rank** is one process; `zerokit.launch(fn, N)` runs `fn(ctx)` on N of them, from a

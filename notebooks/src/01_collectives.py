@@ -53,8 +53,8 @@ for rank in range(4):
 
 # %%
 def all_reduce_in_two_halves(ctx, numel):
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank))
-    shard, out = torch.empty(numel // ctx.world_size), torch.empty(numel)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device)
+    shard, out = x.new_empty(numel // ctx.world_size), x.new_empty(numel)
     ring.ring_reduce_scatter(shard, x)   # rank r now holds the sum of chunk r
     ring.ring_all_gather(out, shard)     # every rank now holds every summed chunk
     expected = x.clone()

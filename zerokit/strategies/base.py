@@ -66,6 +66,8 @@ class Strategy:
         self.ctx = ctx
         self.config = config
         self.opts = self.resolve_options(options)
+        #: False inside ``no_sync``: gradients accumulate locally, nothing is reduced
+        self._sync = True
 
     @classmethod
     def resolve_options(cls, options: dict) -> dict:
@@ -90,7 +92,11 @@ class Strategy:
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally for a micro-batch that is not the last of the step."""
-        yield
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
 
     def step(self) -> None:
         raise NotImplementedError

@@ -368,18 +368,9 @@ class _DeepSpeed(_Peer):
             deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
             self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                      config=ds_config)
-        self._sync = True
 
     def run_forward(self, inputs):
         return self.engine(inputs)
-
-    @contextmanager
-    def no_sync(self):
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     def run_backward(self, loss):
         self.engine.set_gradient_accumulation_boundary(self._sync)

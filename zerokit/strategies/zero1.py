@@ -26,7 +26,6 @@ shards, the step and the gather); ``zero2`` and ``zero2-naive`` build on it.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
@@ -97,7 +96,6 @@ class ShardedDataParallel(Strategy):
         self.optimizer = MasterOptimizer(self.param_shards, config.optimizer)
         self.allgather_numel = check_elements("allgather_bucket_size",
                                               self.opts.get("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET))
-        self._sync = True
 
     def unit_numel(self) -> int:
         return check_elements("reduce_bucket_size", self.opts["reduce_bucket_size"])
@@ -120,14 +118,6 @@ class ShardedDataParallel(Strategy):
         raise NotImplementedError
 
     # -- the loop --------------------------------------------------------------------
-    @contextmanager
-    def no_sync(self):
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
-
     def step(self):
         self.optimizer.step(self.grad_shards())
         self.gather_parameters()

@@ -17,7 +17,6 @@ owners *during* backward and frees it right away.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 import torch
 
@@ -62,14 +61,6 @@ class NaiveZeroStage2(ShardedDataParallel):
         for p in self.params:
             p.grad = None
         free_storage(self.grad_buffer)
-
-    @contextmanager
-    def no_sync(self):
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     def zero_grad(self):
         self.grad_shard = None
