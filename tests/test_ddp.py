@@ -26,7 +26,7 @@ from zerokit.workloads import Workload
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["ddp-naive", "ddp-bucketed", "ddp"]
 BUCKETED = {"ddp-bucketed", "ddp", "torch-ddp"}
-#: small enough to give the odd MLP (4 KiB of fp32 gradients) three buckets
+#: small enough to give the odd MLP (7.3 KB of fp32 gradients) two buckets
 BUCKET_MB = 0.001
 
 
