@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,notebooks]'
+	$(PY) -m pip install -q -e '.[test,notebooks,peers]' torch==2.13.0 deepspeed==0.19.8
 	touch $(STAMP)
 
 install: $(STAMP)
