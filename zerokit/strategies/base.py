@@ -16,7 +16,7 @@ import torch.nn as nn
 from .. import theory
 from ..context import RankContext
 from ..memory import MemoryLedger
-from ..optim import OptimizerSpec
+from ..optim import MasterOptimizer, OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,26 @@ class Strategy:
         b = theory.param_bytes_per_element(self.config.precision)
         return theory.comm_bytes_per_step(self.stage, psi, self.ctx.world_size, b,
                                           self.config.micro_batches, units=self.flat_units())
+
+
+class Replicated(Strategy):
+    """Every rank holds every parameter and steps it whole (single, DDP and its variants)."""
+
+    def __init__(self, model: nn.Module, ctx: RankContext, config: TrainConfig, **options):
+        super().__init__(model, ctx, config, **options)
+        #: parameters with requires_grad=False are neither reduced nor stepped
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = MasterOptimizer(self.params, config.optimizer)
+
+    def step(self) -> None:
+        self.optimizer.step([p.grad for p in self.params])
+
+    def track_memory(self, ledger: MemoryLedger) -> None:
+        super().track_memory(ledger)
+        ledger.track_optimizer(self.optimizer.optimizer)
+
+    def optimizer_tensors(self) -> int:
+        return self.optimizer.step_scalars
 
 
 REGISTRY: Dict[str, type] = {}

@@ -28,16 +28,14 @@ What the variants share lives in :class:`DataParallel`:
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import comm, theory
-from ..optim import MasterOptimizer
 from ..ring import ring_all_reduce
-from .base import Option, Strategy, boolean, register
+from .base import Option, Replicated, boolean, register
 
 ALGORITHMS = ("torch", "ring")
 
@@ -93,7 +91,7 @@ def check_replicas_match(model: torch.nn.Module, group=None, device=None) -> Non
 
 
 @register
-class DataParallel(Strategy):
+class DataParallel(Replicated):
     """``ddp-naive``: the full model on every rank; after backward one all-reduce per parameter."""
 
     name = "ddp-naive"
@@ -111,11 +109,7 @@ class DataParallel(Strategy):
         self.group = ctx.groups.get("world") if ctx.groups else None
         self.world = ctx.world_size
         check_replicas_match(model, self.group, ctx.device)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.param_names = {p: n for n, p in named}
-        self.params = [p for _, p in named]
-        self.optimizer = MasterOptimizer(self.params, config.optimizer)
-        self._sync = True
+        self.param_names = {p: n for n, p in model.named_parameters() if p.requires_grad}
 
     # -- the reduction ---------------------------------------------------------------
     def average(self, tensor: torch.Tensor, tag: str = "", async_op: bool = False) -> Optional[comm.Work]:
@@ -155,25 +149,7 @@ class DataParallel(Strategy):
         if self._sync:
             self.reduce_gradients()
 
-    @contextmanager
-    def no_sync(self):
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
-
-    def step(self):
-        self.optimizer.step([p.grad for p in self.params])
-
     # -- measurement -----------------------------------------------------------------
-    def track_memory(self, ledger):
-        super().track_memory(ledger)
-        ledger.track_optimizer(self.optimizer.optimizer)
-
-    def optimizer_tensors(self):
-        return self.optimizer.step_scalars
-
     def reduction_units(self) -> List[int]:
         """Elements of each tensor one all-reduce reduces (a parameter here, a bucket in the variants)."""
         return [p.numel() for p in self.params]

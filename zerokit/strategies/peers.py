@@ -14,8 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import comm
-from ..optim import MasterOptimizer
-from .base import Option, Strategy, boolean, positive_number, register
+from .base import Option, Replicated, boolean, positive_number, register
 
 
 def _ledgered_allreduce_hook(process_group, bucket):
@@ -34,7 +33,7 @@ def _ledgered_allreduce_hook(process_group, bucket):
 
 
 @register
-class TorchDDP(Strategy):
+class TorchDDP(Replicated):
     """torch.nn.parallel.DistributedDataParallel: the first peer."""
 
     name = "torch-ddp"
@@ -51,8 +50,6 @@ class TorchDDP(Strategy):
             model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             bucket_cap_mb=self.opts["bucket_mb"], gradient_as_bucket_view=self.opts["gradient_as_bucket_view"])
         self.ddp.register_comm_hook(None, _ledgered_allreduce_hook)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = MasterOptimizer(self.params, config.optimizer)
 
     def forward(self, inputs):
         return self.ddp(inputs)
@@ -62,12 +59,3 @@ class TorchDDP(Strategy):
         with self.ddp.no_sync():
             yield
 
-    def step(self):
-        self.optimizer.step([p.grad for p in self.params])
-
-    def track_memory(self, ledger):
-        super().track_memory(ledger)
-        ledger.track_optimizer(self.optimizer.optimizer)
-
-    def optimizer_tensors(self):
-        return self.optimizer.step_scalars
