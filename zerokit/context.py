@@ -8,7 +8,7 @@ slot*, a small piece of shared memory the parent reads when a rank hangs, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 

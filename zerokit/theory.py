@@ -13,7 +13,7 @@ elements is ``ceil(u / n)`` elements; pass the unit sizes to get exact figures.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Sequence
 

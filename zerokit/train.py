@@ -8,7 +8,6 @@ reference runs the same loop on the whole global batch, in this process.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field

@@ -6,8 +6,7 @@ compared after training. Each rank trains on its share of the global batch.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence, Tuple
 
 import torch

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from . import median, ratio
+from . import ratio
 from .ddp import SWEEP_GPT, run_rounds
 
 #: (zerokit's strategy, its peers)

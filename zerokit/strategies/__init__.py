@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import REGISTRY, Option, Strategy, TrainConfig, get, register
+from .base import REGISTRY, Option, Strategy, TrainConfig, get, register  # noqa: F401 - the package's API
 
 #: modules that register strategies, in the order a learner meets them
 MODULES = ["single", "peers", "ddp_naive", "ddp_bucketed", "ddp_overlap",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 

@@ -31,7 +31,6 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Optional
 
 import torch
 import torch.distributed as dist

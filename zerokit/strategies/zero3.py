@@ -45,7 +45,7 @@ from .. import comm, theory
 from ..optim import MasterOptimizer
 from .base import Option, Strategy, boolean, register
 from .ddp_naive import check_replicas_match
-from .flat_buffer import FlatUnit, check_elements, check_trainable, check_world_size
+from .flat_buffer import FlatUnit, check_trainable, check_world_size
 from .zero1 import DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
 
 #: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)
