@@ -8,7 +8,13 @@ shows what the ledgers measured as a picture, next to :mod:`zerokit.theory`:
   measured (stacked) vs the formula (a black tick);
 - :class:`TimelinePanel`: a strategy's options (bucket size, overlap, prefetch,
   reshard_after_forward) → per-rank timeline with the exposed communication shaded,
-  and optionally the peak memory per rank.
+  and optionally the peak memory per rank;
+- :class:`CollectivePanel`: collective, world size, payload → the ring's rounds and the
+  bytes each rank sent on send/recv (:mod:`zerokit.ring`).
+
+The helpers below them (``table``, ``summary_rows``, ``peak_bars``, ``ring_schedule_figure``,
+``volume_figure``, ``fit_latency_bandwidth``, ``comm_launch_positions``, ``max_in_flight``)
+read reports and ledgers; none of them trains or re-types a formula.
 
 Panels draw into an ``ipywidgets.Image`` and print nothing, so no text leaks into a
 cell's output under nbval (FACTS §9). Their callbacks are plain methods: a test sets a
@@ -20,7 +26,7 @@ import html
 import io
 import math
 import time
-from typing import Callable, Dict, Iterable, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
 from . import theory
 
@@ -444,7 +450,7 @@ class MemoryPanel(_Panel):
         from .plot import memory_bars
 
         bars = sum(len(r.ranks) for r in report.results)
-        fig, ax = new_figure(max(4.5, 0.9 * bars + 1.5), 3.4)
+        fig, ax = new_figure(min(11.0, max(4.5, 0.6 * bars + 1.5)), 3.4)
         if self.view.value == "peak":
             peak_bars(report, ax=ax)
         else:

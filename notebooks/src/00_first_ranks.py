@@ -144,7 +144,7 @@ print("processes still running:", multiprocessing.active_children())
 # %%
 assert failure.rank == 1
 assert "rank 1 found a bad batch" in failure.traceback
-assert sorted(rank for rank, _ in failure.others) == [0, 2]
+assert {rank for rank, _ in failure.others} <= {0, 2}  # blamed after rank 1, if they failed before being stopped
 assert multiprocessing.active_children() == []
 
 # %% [markdown]
