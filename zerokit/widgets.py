@@ -382,6 +382,15 @@ class _Panel:
         self.status.value = f"{len(jobs)} job(s) in {time.perf_counter() - start:.1f} s"
         return Report(results)
 
+    def _run_and_draw(self, jobs: Sequence[tuple]) -> Optional[object]:
+        """Run the jobs; on success keep the report, count the run and redraw the picture."""
+        report = self._train_all(jobs)
+        if report is not None:
+            self.last_report = report
+            self.runs += 1
+            self.draw()
+        return report
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__} for {self.workload.name}: an interactive panel — run this notebook in "
                 f"Jupyter to use it")
@@ -436,12 +445,7 @@ class MemoryPanel(_Panel):
         if not jobs:
             self.status.value = "choose at least one strategy"
             return None
-        report = self._train_all(jobs)
-        if report is not None:
-            self.last_report = report
-            self.runs += 1
-            self.draw()
-        return report
+        return self._run_and_draw(jobs)
 
     def draw(self) -> None:
         report = self.last_report
@@ -650,12 +654,7 @@ class TimelinePanel(_Panel):
     def run(self):
         """Train the chosen strategy with the controls' options, keeping records, then draw."""
         kwargs = dict(steps=self.steps, precision=self.precision, keep_records=True, **self.options())
-        report = self._train_all([(self.strategy.value, self.world_size, kwargs)])
-        if report is not None:
-            self.last_report = report
-            self.runs += 1
-            self.draw()
-        return report
+        return self._run_and_draw([(self.strategy.value, self.world_size, kwargs)])
 
     def draw(self) -> None:
         from .plot import timeline
