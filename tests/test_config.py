@@ -4,7 +4,7 @@ import json
 import pytest
 
 from zerokit import cli
-from zerokit.config import from_deepspeed, to_deepspeed
+from zerokit.zero.config import from_deepspeed, to_deepspeed
 
 ODD_WORKLOAD = "tests/data/odd_workload.py"
 

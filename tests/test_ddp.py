@@ -17,10 +17,10 @@ import torch.nn.functional as F
 import zerokit
 from zerokit import bench, theory
 from zerokit.cli import compare
-from zerokit.launcher import RankFailed
+from zerokit.runtime.launcher import RankFailed
 from zerokit.report import param_difference
 from zerokit.strategies import get
-from zerokit.strategies.buckets import GradBuckets, assign_buckets
+from zerokit.data_parallel.buckets import GradBuckets, assign_buckets
 from zerokit.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 
 from zerokit import theory
-from zerokit.memory import MemoryLedger
+from zerokit.runtime.memory import MemoryLedger
 from zerokit.optim import MasterOptimizer, OptimizerSpec
 
 

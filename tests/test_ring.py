@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 import zerokit
 from zerokit import comm, theory
-from zerokit.ring import (RING_COLLECTIVES, ring_all_gather, ring_all_reduce, ring_phase,
+from zerokit.runtime.ring import (RING_COLLECTIVES, ring_all_gather, ring_all_reduce, ring_phase,
                           ring_reduce_scatter, ring_schedule)
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import zerokit  # noqa: E402
 from zerokit import plot, timeline  # noqa: E402
-from zerokit.timeline import Tracer  # noqa: E402
+from zerokit.runtime.timeline import Tracer  # noqa: E402
 
 
 def small_gpt():

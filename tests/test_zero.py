@@ -14,12 +14,12 @@ import torch.nn as nn
 import zerokit
 from zerokit import theory
 from zerokit.cli import compare
-from zerokit.context import RankContext
-from zerokit.launcher import RankFailed
+from zerokit.runtime.context import RankContext
+from zerokit.runtime.launcher import RankFailed
 from zerokit.report import param_difference
 from zerokit.strategies import TrainConfig, get
-from zerokit.strategies.flat_buffer import FlatUnit, all_gather_unit, assign_units, check_world_size
-from zerokit.strategies.zero3 import form_units
+from zerokit.zero.flat_buffer import FlatUnit, all_gather_unit, assign_units, check_world_size
+from zerokit.zero.stage3 import form_units
 
 STAGES = ["zero1", "zero2", "zero2-naive", "zero3"]
 #: elements: gives the odd MLP (1,830 parameters) several units in zero1 / zero2
@@ -253,7 +253,7 @@ def test_zero3_options_keep_exact_ledgers_and_results():
 
 def _state_dict_roundtrip(ctx, name, options):
     from zerokit.optim import OptimizerSpec
-    from zerokit.state_dict import full_state_dict, load_full_state_dict
+    from zerokit.zero.state_dict import full_state_dict, load_full_state_dict
 
     model = odd_mlp().build_model()
     strategy = get(name)(model, ctx, TrainConfig("fp32", OptimizerSpec()), **options)

@@ -9,7 +9,7 @@ import pytest
 import zerokit
 from zerokit.cli import compare
 from zerokit.report import param_difference
-from zerokit.strategies.peers_sharded import deepspeed_available
+from zerokit.peers.sharded import deepspeed_available
 
 TORCH_PEERS = ["torch-zero1", "fsdp2-zero2", "fsdp2-zero3"]
 DEEPSPEED_PEERS = ["deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"]

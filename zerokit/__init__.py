@@ -4,14 +4,15 @@ Data parallelism, ZeRO stages 1-3 and their peers on torch.distributed, each ste
 measured by a memory ledger and a communication ledger and held against the
 formulas of :mod:`zerokit.theory` and a single-process reference.
 """
-from . import comm, theory
-from .context import RankContext, current
-from .launcher import RankFailed, RankTimeout, launch
-from .memory import MemoryLedger
+from . import theory
+from .runtime import comm, ring, timeline
+from .runtime.context import RankContext, current
+from .runtime.launcher import RankFailed, RankTimeout, launch
+from .runtime.memory import MemoryLedger
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 
-__all__ = ["launch", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
+__all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report"]
 __version__ = "0.1.0"

@@ -65,7 +65,7 @@ def _strategy_options(args):
         options[key] = json.loads(value) if value not in ("true", "false") else value == "true"
     config = {}
     if getattr(args, "deepspeed_config", None):
-        from .config import from_deepspeed
+        from .zero.config import from_deepspeed
 
         config = from_deepspeed(args.deepspeed_config)
 

@@ -51,7 +51,7 @@ def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from .timeline import exposed_comm_s, rank_timeline, ranks_of
+    from .runtime.timeline import exposed_comm_s, rank_timeline, ranks_of
 
     ranks = ranks_of(report_or_result)
     lines = [rank_timeline(r) for r in ranks]

@@ -15,9 +15,10 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from . import comm, theory
-from .context import RankContext
-from .memory import MemoryLedger, cuda_peak_bytes
+from . import theory
+from .runtime import comm
+from .runtime.context import RankContext
+from .runtime.memory import MemoryLedger, cuda_peak_bytes
 from .optim import OptimizerSpec
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
@@ -69,7 +70,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         memory.instrument(model)
     tracer = None
     if job.keep_records:
-        from .timeline import Tracer
+        from .runtime.timeline import Tracer
 
         tracer = Tracer(ctx.rank)
         tracer.instrument(model)
@@ -169,7 +170,7 @@ def run_reference(job: Job) -> RankResult:
 
 def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
             backend: Optional[str] = None, timeout_s: float = 300.0) -> StrategyResult:
-    from .launcher import launch
+    from .runtime.launcher import launch
 
     if job.strategy == "single":
         ranks = [run_reference(job)]

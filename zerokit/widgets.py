@@ -171,7 +171,7 @@ def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
     all-gather rounds in green; "c2 → r1" means "sends chunk 2 to rank 1". Returns the
     figure (a new one unless ``ax`` is given).
     """
-    from .ring import ring_phase, ring_schedule
+    from .runtime.ring import ring_phase, ring_schedule
 
     rounds = len(ring_schedule(op, n, 0))
     if ax is None:
@@ -231,8 +231,8 @@ def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> li
     import torch
     import torch.distributed as dist
 
-    from . import comm
-    from .ring import ring_all_reduce
+    from .runtime import comm
+    from .runtime.ring import ring_all_reduce
 
     out = []
     for size in payload_bytes:
@@ -258,7 +258,7 @@ def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int
     ``bytes_sent`` the ring really sent (rank 0's ledger) and ``seconds``, the slowest
     rank's fastest call.
     """
-    from .launcher import launch
+    from .runtime.launcher import launch
 
     points = []
     for n in world_sizes:
@@ -474,7 +474,7 @@ def _ring_collective(ctx, op: str, numel: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from . import comm, ring
+    from .runtime import comm, ring
 
     n = ctx.world_size
     rounds = []
@@ -536,7 +536,7 @@ class CollectivePanel(_Panel):
             self.run()
 
     def run(self):
-        from .launcher import launch
+        from .runtime.launcher import launch
 
         op, n = self.op.value, self.world_size.value
         numel = max(n, (self.payload_kib.value * 1024 // 4) // n * n)
@@ -685,7 +685,7 @@ def comm_launch_positions(rank_result, step: int) -> dict:
     ``train(..., keep_records=True)``): a collective launched before then can hide behind
     the rest of backward; one launched after can only be waited for.
     """
-    from .timeline import rank_timeline
+    from .runtime.timeline import rank_timeline
 
     line = rank_timeline(rank_result)
     ends = [m["end"] for m in line["modules"] if m["kind"] == "backward" and m["step"] == step]
@@ -716,7 +716,7 @@ def max_in_flight(rank_result, op: str, step: int) -> int:
 
 def timeline_rows(report, steps: Optional[range] = None) -> list:
     """Per rank: calls and bytes per step (measured, theory), exposed communication, step time, peak."""
-    from .timeline import exposed_comm_s
+    from .runtime.timeline import exposed_comm_s
 
     result = report.result
     steps = steps if steps is not None else range(len(result.ranks[0].step_times_s))

@@ -92,9 +92,15 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A GPT-2-shaped decoder: token + position embeddings, pre-norm blocks, an untied head."""
+    """A GPT-2-shaped decoder: token + position embeddings, pre-norm blocks, a head.
 
-    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int, n_head: int):
+    ``tie_weights=True`` shares one tensor between the token embedding and the output
+    head, as GPT-2 does: the parameter appears in two modules, used at both ends of the
+    model, and gets its gradient from both.
+    """
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int, n_head: int,
+                 tie_weights: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
@@ -106,6 +112,8 @@ class TinyGPT(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
+        if tie_weights:
+            self.head.weight = self.tok.weight
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -120,8 +128,11 @@ def _lm_loss(logits, targets):
 
 
 def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 4, n_head: int = 4,
-             batch_size: int = 8, seed: int = 0) -> Workload:
-    """A tiny GPT (about 1 M parameters by default) on random tokens with a learnable pattern."""
+             batch_size: int = 8, seed: int = 0, tie_weights: bool = False) -> Workload:
+    """A tiny GPT (about 1 M parameters by default) on random tokens with a learnable pattern;
+    ``tie_weights=True`` shares the token embedding with the output head (GPT-2)."""
+    if not isinstance(tie_weights, bool):
+        raise ValueError(f"tiny_gpt: tie_weights={tie_weights!r} must be True or False")
     for name, value in dict(vocab=vocab, seq_len=seq_len, d_model=d_model, n_layer=n_layer,
                             n_head=n_head, batch_size=batch_size).items():
         if not isinstance(value, int) or value < 1:
@@ -135,11 +146,12 @@ def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: i
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     return Workload(
-        name=f"tiny-gpt-{n_layer}x{d_model}",
-        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head),
+        name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else ""),
+        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights),
         batch_fn=batch, loss_fn=_lm_loss, seed=seed,
         description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
-                    f"sequence {seq_len}, global batch {batch_size}")
+                    f"sequence {seq_len}, global batch {batch_size}"
+                    + (", embedding tied to the head" if tie_weights else ""))
 
 
 # --- MLP -----------------------------------------------------------------------------------

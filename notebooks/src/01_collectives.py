@@ -34,7 +34,7 @@ matplotlib.rcParams["figure.dpi"] = widgets.DPI
 #   holds every summed chunk.
 #
 # So an all-reduce is a reduce-scatter followed by an all-gather, `2(N−1)` rounds. Which
-# chunk moves when is plain data, `zerokit.ring.ring_schedule(op, n, rank)`:
+# chunk moves when is plain data, `zerokit.runtime.ring.ring_schedule(op, n, rank)`:
 
 # %%
 widgets.ring_schedule_figure(4, "all_reduce")

@@ -99,7 +99,7 @@ widgets.table(rows, ["strategy", "rank", "calls/step", "launched during backward
                      "exposed ms/step", "step ms"])
 
 # %%
-from zerokit.timeline import comm_in_flight_s, exposed_comm_s
+from zerokit.runtime.timeline import comm_in_flight_s, exposed_comm_s
 
 for rank in range(2):
     assert positions["ddp-naive"][rank]["during backward"] == 0       # everything waits for backward to end

@@ -6,8 +6,10 @@ import importlib
 from .base import REGISTRY, Option, Strategy, TrainConfig, get, register  # noqa: F401 - the package's API
 
 #: modules that register strategies, in the order a learner meets them
-MODULES = ["single", "peers", "ddp_naive", "ddp_bucketed", "ddp_overlap",
-           "zero1", "zero2_naive", "zero2", "zero3", "peers_sharded"]
+MODULES = ["zerokit.strategies.single", "zerokit.peers.torch_ddp",
+           "zerokit.data_parallel.naive", "zerokit.data_parallel.bucketed", "zerokit.data_parallel.overlap",
+           "zerokit.zero.stage1", "zerokit.zero.stage2_naive", "zerokit.zero.stage2", "zerokit.zero.stage3",
+           "zerokit.peers.sharded"]
 
 _loaded = False
 
@@ -17,11 +19,10 @@ def load_all() -> None:
     if _loaded:
         return
     for module in MODULES:
-        name = f"{__name__}.{module}"
         try:
-            importlib.import_module(name)
+            importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name != name:  # a module that exists but fails to import is a real error
+            if e.name != module:  # a module that exists but fails to import is a real error
                 raise
     _loaded = True
 

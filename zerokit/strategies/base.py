@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 
 from .. import theory
-from ..context import RankContext
-from ..memory import MemoryLedger
+from ..runtime.context import RankContext
+from ..runtime.memory import MemoryLedger
 from ..optim import MasterOptimizer, OptimizerSpec
 
 

@@ -2,7 +2,7 @@
 
 After backward each rank copies its gradients into flat buckets of about
 ``bucket_mb`` MiB (reverse registration order, like torch's reducer:
-:mod:`zerokit.strategies.buckets`), all-reduces one bucket per call and copies the
+:mod:`zerokit.data_parallel.buckets`), all-reduces one bucket per call and copies the
 averaged bucket back into ``p.grad``. Every call pays a latency, so fewer, larger calls
 are faster; the bytes sent stay 2(N−1)/N·Ψb for every bucket size (FACTS §2).
 
@@ -11,9 +11,9 @@ ledger; ``ddp`` removes that copy by making the gradients views into the buckets
 """
 from __future__ import annotations
 
-from .base import Option, positive_number, register
+from ..strategies.base import Option, positive_number, register
 from .buckets import GradBuckets
-from .ddp_naive import DataParallel
+from .naive import DataParallel
 
 
 @register

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm, theory
-from .base import register
+from .. import theory
+from ..runtime import comm
+from ..strategies.base import register
 from .flat_buffer import alloc_storage, free_storage
-from .zero1 import ShardedDataParallel, stage_option
+from .stage1 import ShardedDataParallel, stage_option
 
 
 @register

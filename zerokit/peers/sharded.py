@@ -37,11 +37,12 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import comm, theory
-from .base import Option, Strategy, boolean, register
-from .peers import _ledgered_allreduce_hook
-from .zero1 import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
-from .zero3 import DEFAULT_PREFETCH_BUCKET, form_units, non_negative_elements
+from .. import theory
+from ..runtime import comm
+from ..strategies.base import Option, Strategy, boolean, register
+from .torch_ddp import _ledgered_allreduce_hook
+from ..zero.stage1 import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from ..zero.stage3 import DEFAULT_PREFETCH_BUCKET, form_units, non_negative_elements
 
 # --- counting a library's collectives -----------------------------------------------------------
 

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import comm
-from .base import Option, Replicated, boolean, positive_number, register
+from ..runtime import comm
+from ..strategies.base import Option, Replicated, boolean, positive_number, register
 
 
 def _ledgered_allreduce_hook(process_group, bucket):

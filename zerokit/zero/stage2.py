@@ -33,8 +33,8 @@ from typing import List, Optional
 import torch
 from torch.autograd import Variable
 
-from .base import Option, boolean, register
-from .zero1 import SHARED_OPTIONS, ShardedDataParallel, UnitLauncher, stage_option
+from ..strategies.base import Option, boolean, register
+from .stage1 import SHARED_OPTIONS, ShardedDataParallel, UnitLauncher, stage_option
 
 
 class _InFlight:

@@ -33,9 +33,10 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import comm, theory
-from ..ring import ring_all_reduce
-from .base import Option, Replicated, boolean, register
+from .. import theory
+from ..runtime import comm
+from ..runtime.ring import ring_all_reduce
+from ..strategies.base import Option, Replicated, boolean, register
 
 ALGORITHMS = ("torch", "ring")
 

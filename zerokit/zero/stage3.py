@@ -41,12 +41,13 @@ import torch.nn as nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten
 
-from .. import comm, theory
+from .. import theory
+from ..runtime import comm
 from ..optim import MasterOptimizer
-from .base import Option, Strategy, boolean, register
-from .ddp_naive import check_replicas_match
+from ..strategies.base import Option, Strategy, boolean, register
+from ..data_parallel.naive import check_replicas_match
 from .flat_buffer import FlatUnit, check_trainable, check_world_size
-from .zero1 import DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from .stage1 import DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
 
 #: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)
 DEFAULT_PREFETCH_BUCKET = 50_000_000

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from . import theory
+from .. import theory
 from .comm import CommRecord, ledger
 from .context import note_collective
 

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
-from . import comm
+from ..runtime import comm
 
 
 def _is_distributed() -> bool:

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from torch.autograd import Variable
 
-from .base import Option, boolean, positive_number, register
+from ..strategies.base import Option, boolean, positive_number, register
 from .buckets import GradBuckets
-from .ddp_naive import DataParallel
+from .naive import DataParallel
 
 
 def none_or_positive(x) -> bool:

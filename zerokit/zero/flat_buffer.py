@@ -187,7 +187,7 @@ def all_gather_unit(unit: FlatUnit, shard: torch.Tensor, bucket_numel: int, grou
     most ``bucket_numel`` elements. The bytes sent are (N−1)/N of the padded buffer
     either way. Returns the Work of an async single call, else None.
     """
-    from .. import comm
+    from ..runtime import comm
 
     n = unit.world_size
     if unit.padded_numel <= bucket_numel:

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Union
 
-from .strategies.flat_buffer import check_elements
+from .flat_buffer import check_elements
 
 #: DeepSpeed key -> zerokit option name, for keys that map one to one
 MAPPED = {

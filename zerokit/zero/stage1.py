@@ -31,10 +31,11 @@ from typing import List, Optional
 import torch
 from torch.autograd import Variable
 
-from .. import comm, theory
+from .. import theory
+from ..runtime import comm
 from ..optim import MasterOptimizer
-from .base import Option, Strategy, boolean, register
-from .ddp_naive import check_replicas_match
+from ..strategies.base import Option, Strategy, boolean, register
+from ..data_parallel.naive import check_replicas_match
 from .flat_buffer import (FlatUnit, all_gather_unit, assign_units, check_elements, check_trainable,
                           check_world_size)
 

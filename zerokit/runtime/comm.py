@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from . import theory
+from .. import theory
 from .context import note_collective
 
 PHASES = ("setup", "forward", "backward", "step")
