@@ -344,7 +344,7 @@ class _DeepSpeed(_Peer):
                            ("LOCAL_RANK", ctx.device.index if ctx.device.type == "cuda" else ctx.rank)):
             os.environ.setdefault(key, str(value))
         import deepspeed
-        from ..config import to_deepspeed
+        from ..zero.config import to_deepspeed
 
         super().__init__(model, ctx, config, **options)
         self.params = list(model.parameters())

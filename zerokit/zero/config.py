@@ -56,7 +56,7 @@ BOOLEANS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather
 NOT_IMPLEMENTED = {
     "stage3_max_live_parameters": "zerokit bounds gathered parameters with prefetch_bucket_size only",
     "stage3_max_reuse_distance": "zerokit frees every unit after its forward (or backward) and never reuses it",
-    "stage3_gather_16bit_weights_on_model_save": "use zerokit.state_dict.full_state_dict",
+    "stage3_gather_16bit_weights_on_model_save": "use zerokit.zero.state_dict.full_state_dict",
     "sub_group_size": "zerokit steps each unit's shard as one tensor",
     "round_robin_gradients": "zerokit's shards are contiguous, never round-robin",
     "elastic_checkpoint": "zerokit has no checkpoint format of its own",
