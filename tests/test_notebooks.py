@@ -143,7 +143,7 @@ def test_notebook_reads_as_a_lesson(name):
     assert 2 <= len(questions) <= 3
     code = [_source(c) for c in cells if c["cell_type"] == "code"]
     assert any(src.lstrip().startswith(("for ", "assert ")) and "assert" in src for src in code), "no assertion cell"
-    assert any(re.search(r"widgets\.\w+Panel\(", src) for src in code), "no interactive panel"
+    assert any(re.search(r"course\.\w+Panel\(", src) for src in code), "no interactive panel"
 
 
 # --- a real browser ---------------------------------------------------------------------------

@@ -23,10 +23,10 @@ import matplotlib
 import torch
 
 import zerokit
-from zerokit import theory, widgets
+from zerokit import course, theory
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
-print(widgets.machine_summary(world_sizes=(1, 2, 4)))
+matplotlib.rcParams["figure.dpi"] = course.DPI
+print(course.machine_summary(world_sizes=(1, 2, 4)))
 
 # %% [markdown]
 # `machine_summary` says which backend `zerokit.launch` will pick for each world size on
@@ -80,7 +80,7 @@ world = 4
 rows = zerokit.launch(sum_of_ranks, world, 1024)
 for row in rows:
     row["theory: sent B"] = theory.ring_bytes_sent("all_reduce", row["payload B"], world)
-widgets.table(rows)
+course.table(rows)
 
 # %% [markdown]
 # Every rank holds `0 + 1 + 2 + 3` afterwards. Each sent `2(N−1)/N` of the 4 KiB tensor —
@@ -99,7 +99,7 @@ for row in rows:
 # %%
 by_world = {n: zerokit.launch(sum_of_ranks, n, 1024) for n in (2, 3, 4, 6)}
 payload = 4 * 1024
-widgets.volume_figure(
+course.volume_figure(
     {"all-reduce": {"N": list(by_world), "measured": [rows[0]["sent B (ledger)"] for rows in by_world.values()],
                     "theory_N": list(range(2, 9)),
                     "theory": [theory.ring_bytes_sent("all_reduce", payload, n) for n in range(2, 9)]}},
@@ -161,7 +161,7 @@ assert multiprocessing.active_children() == []
 # each rank sent. More ranks, more rounds — but never more than twice the payload per rank.
 
 # %%
-widgets.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
+course.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 
 # %% [markdown]
 # ## Summary

@@ -18,9 +18,9 @@ import matplotlib
 import torch
 
 import zerokit
-from zerokit import ring, theory, widgets
+from zerokit import course, ring, theory
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 
 # %% [markdown]
 # ## The ring, round by round
@@ -37,7 +37,7 @@ matplotlib.rcParams["figure.dpi"] = widgets.DPI
 # chunk moves when is plain data, `zerokit.runtime.ring.ring_schedule(op, n, rank)`:
 
 # %%
-widgets.ring_schedule_figure(4, "all_reduce")
+course.ring_schedule_figure(4, "all_reduce")
 
 # %%
 for rank in range(4):
@@ -68,7 +68,7 @@ world, numel = 4, 3 * 4096
 rows = zerokit.launch(all_reduce_in_two_halves, world, numel)
 for row in rows:
     row["theory: each half B"] = theory.ring_bytes_sent("reduce_scatter", row["payload B"], world)
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for row in rows:
@@ -90,16 +90,16 @@ for row in rows:
 
 # %%
 payloads = [96 * 4 ** k for k in range(9)]  # 96 B … 6 MiB: whole chunks on 2, 3, 4, 6 and 8 ranks
-points = widgets.time_ring_all_reduce([2, 3, 4], payloads, repeats=3)
+points = course.time_ring_all_reduce([2, 3, 4], payloads, repeats=3)
 largest = max(payloads)
 at_largest = [p for p in points if p["payload_bytes"] == largest]
-at_largest += widgets.time_ring_all_reduce([6, 8], [largest], repeats=1)  # bytes only: 8 ranks share 2 cores
+at_largest += course.time_ring_all_reduce([6, 8], [largest], repeats=1)  # bytes only: 8 ranks share 2 cores
 series = {"ring all-reduce": {
     "N": [p["n"] for p in at_largest], "measured": [p["bytes_sent"] / 2**20 for p in at_largest],
     "theory_N": list(range(2, 9)),
     "theory": [theory.ring_bytes_sent("all_reduce", largest, n) / 2**20 for n in range(2, 9)]}}
-widgets.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest / 2**20, "2S"),
-                      title=f"all-reduce of S = {largest / 2**20:.0f} MiB: bytes per rank approach 2S")
+course.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest / 2**20, "2S"),
+                     title=f"all-reduce of S = {largest / 2**20:.0f} MiB: bytes per rank approach 2S")
 
 # %%
 for p in points + at_largest:
@@ -108,8 +108,8 @@ growth = {f"{a} → {b} ranks": {"bytes per rank": theory.ring_bytes_sent("all_r
                                                  / theory.ring_bytes_sent("all_reduce", largest, a),
                                "rounds": theory.ring_steps("all_reduce", b) / theory.ring_steps("all_reduce", a)}
           for a, b in [(2, 4), (8, 64)]}
-widgets.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3), "rounds ×": round(v["rounds"], 2)}
-               for k, v in growth.items()])
+course.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3), "rounds ×": round(v["rounds"], 2)}
+              for k, v in growth.items()])
 
 # %% [markdown]
 # `2(N−1)/N·S` grows from `S` at N = 2 towards `2S`: adding ranks barely adds bytes per
@@ -120,12 +120,12 @@ widgets.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3)
 #
 # The α-β model prices one collective as *rounds × α + bytes sent per rank / β*: α is the
 # fixed cost of a round (a message's start-up), β the link's bandwidth. Fit it to the
-# timings above (`widgets.fit_latency_bandwidth` takes the rounds and bytes from
+# timings above (`course.fit_latency_bandwidth` takes the rounds and bytes from
 # `zerokit.theory`):
 
 # %%
-fit = widgets.fit_latency_bandwidth(points)
-widgets.latency_bandwidth_figure(points, fit)
+fit = course.fit_latency_bandwidth(points)
+course.latency_bandwidth_figure(points, fit)
 
 # %% [markdown]
 # Small calls sit on the flat part of the curve: their time is rounds × α, whatever their
@@ -140,18 +140,18 @@ cases = {"tiny GPT, fp32 gradient": 4 * psi_tiny, "one 25 MiB DDP bucket": 25 * 
          "GPT-2 1.5B, bf16 gradient": 2 * 1_500_000_000}
 rows = []
 for name, size in cases.items():
-    model = widgets.modelled_seconds(fit, "all_reduce", size, 4)
+    model = course.modelled_seconds(fit, "all_reduce", size, 4)
     rows.append({"payload": name, "S (B)": size, "latency ms": round(1e3 * model["latency_s"], 2),
                  "bandwidth ms": round(1e3 * model["bandwidth_s"], 2),
                  "latency share": f"{100 * model['latency_share']:.1f} %"})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 largest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == largest}
 smallest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == min(payloads)}
 for n in largest_points:  # 65 536 × the bytes take longer, on every world size
     assert largest_points[n] > smallest_points[n]
-shares = [widgets.modelled_seconds(fit, "all_reduce", size, 4)["latency_share"] for size in cases.values()]
+shares = [course.modelled_seconds(fit, "all_reduce", size, 4)["latency_share"] for size in cases.values()]
 assert shares == sorted(shares, reverse=True)  # the larger the payload, the smaller latency's share
 
 # %% [markdown]
@@ -168,7 +168,7 @@ assert shares == sorted(shares, reverse=True)  # the larger the payload, the sma
 # bytes per rank stay below the payload (reduce-scatter, all-gather) or twice it (all-reduce).
 
 # %%
-widgets.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
+course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 
 # %% [markdown]
 # ## Summary

@@ -17,9 +17,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 import zerokit
-from zerokit import plot, theory, widgets
+from zerokit import course, plot, theory
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
 psi = work.param_count()
 tensors = len(list(work.build_model().parameters()))
@@ -49,7 +49,7 @@ for precision, report in runs.items():
         measured = report.result.ranks[0].model_state_bytes[category]
         rows.append({"precision": precision, "category": category, "measured B (rank 0)": measured,
                      "theory B": expected.as_dict()[category], "bytes per parameter": round(measured / psi, 3)})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for precision, report in runs.items():
@@ -82,20 +82,20 @@ fig.tight_layout()
 # model, a different gradient dtype — know which one an estimate assumes.
 
 # %%
-widgets.table([{"counted by": "zerokit ledger, bf16-mixed, Adam",
-                "bytes per parameter": (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values())
-                                        - 4 * tensors) / psi},
-               {"counted by": "DeepSpeed estimator (fp32 gradients)",
-                "bytes per parameter": theory.deepspeed_estimator_bytes_per_param()}])
+course.table([{"counted by": "zerokit ledger, bf16-mixed, Adam",
+               "bytes per parameter": (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values())
+                                       - 4 * tensors) / psi},
+              {"counted by": "DeepSpeed estimator (fp32 gradients)",
+               "bytes per parameter": theory.deepspeed_estimator_bytes_per_param()}])
 
 # %% [markdown]
 # The same formula at the scale of real models — what plain data parallelism asks of every
 # GPU, before a single activation:
 
 # %%
-widgets.table([{"model": name, "Ψ": size, "DDP model states per GPU (GB)":
-                theory.paper_model_state_bytes(0, size, 8) / 1e9}
-               for name, size in {"GPT-2 1.5B": 1_500_000_000, "LLaMA 7B": 7_000_000_000}.items()])
+course.table([{"model": name, "Ψ": size, "DDP model states per GPU (GB)":
+               theory.paper_model_state_bytes(0, size, 8) / 1e9}
+              for name, size in {"GPT-2 1.5B": 1_500_000_000, "LLaMA 7B": 7_000_000_000}.items()])
 
 # %% [markdown]
 # ## Activations
@@ -112,10 +112,10 @@ for precision, report in runs.items():
     rank0 = report.result.ranks[0]
     rows.append({"precision": precision, "peak at": rank0.peak_where, "peak B": rank0.peak_bytes,
                  **{f"{c} B": rank0.peak_breakdown[c] for c in ("params", "grads", "optimizer", "activations")}})
-widgets.table(rows)
+course.table(rows)
 
 # %%
-widgets.peak_bars(zerokit.Report([runs["fp32"].result, runs["bf16-mixed"].result])).figure
+course.peak_bars(zerokit.Report([runs["fp32"].result, runs["bf16-mixed"].result])).figure
 
 # %% [markdown]
 # Korthikanti et al. (§4) estimate a transformer layer's activations in 16-bit as
@@ -136,7 +136,7 @@ for b, report in sweep.items():
     measured = report.result.ranks[0].peak_breakdown["activations"]
     rows.append({"global batch": b, "per-rank batch": local, "activations B (measured)": measured,
                  "Korthikanti estimate B": estimate, "measured / estimate": round(measured / estimate, 3)})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for row in rows:
@@ -157,7 +157,7 @@ assert sweep[8].result.ranks[0].model_state_bytes == runs["bf16-mixed"].result.r
 # "show" to *peak* to see the activations on top.
 
 # %%
-widgets.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4), steps=2)
+course.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4), steps=2)
 
 # %% [markdown]
 # ## Summary

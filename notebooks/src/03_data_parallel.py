@@ -19,10 +19,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 import zerokit
-from zerokit import plot, theory, widgets
+from zerokit import course, plot, theory
 from zerokit.cli import compare
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
 psi = work.param_count()
 tensors = len(list(work.build_model().parameters()))
@@ -51,8 +51,8 @@ strategies = ["single", "ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]
 bucketed = ("ddp-bucketed", "ddp", "torch-ddp")
 report = compare(work, 2, strategies, steps=3, keep_records=True,
                  options_for=lambda name: {"bucket_mb": bucket_mb} if name in bucketed else {})
-widgets.table(widgets.summary_rows(report), ["strategy", "N", "sent B/step", "theory sent B/step", "calls/step",
-                                             "model states B", "theory B", "|Δparam| vs single"])
+course.table(course.summary_rows(report), ["strategy", "N", "sent B/step", "theory sent B/step", "calls/step",
+                                           "model states B", "theory B", "|Δparam| vs single"])
 
 # %%
 expected_bytes = theory.comm_bytes_per_step(0, psi, 2, theory.param_bytes_per_element("fp32"))
@@ -88,15 +88,15 @@ for ax, name in zip(axes, ["ddp-bucketed", "ddp"]):
 fig.tight_layout()
 
 # %%
-positions = {name: [widgets.comm_launch_positions(rank, step=2) for rank in report[name].ranks]
+positions = {name: [course.comm_launch_positions(rank, step=2) for rank in report[name].ranks]
              for name in ["ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]}
 rows = []
 for name in positions:
-    for rank, row in zip(report[name].ranks, widgets.timeline_rows(zerokit.Report([report[name]]), last)):
+    for rank, row in zip(report[name].ranks, course.timeline_rows(zerokit.Report([report[name]]), last)):
         rows.append({**row, "launched during backward": positions[name][rank.rank]["during backward"],
                      "launched after backward": positions[name][rank.rank]["after backward"]})
-widgets.table(rows, ["strategy", "rank", "calls/step", "launched during backward", "launched after backward",
-                     "exposed ms/step", "step ms"])
+course.table(rows, ["strategy", "rank", "calls/step", "launched during backward", "launched after backward",
+                    "exposed ms/step", "step ms"])
 
 # %%
 from zerokit.runtime.timeline import comm_in_flight_s, exposed_comm_s
@@ -127,9 +127,9 @@ for rank in range(2):
 # %%
 sizes = [0.005, 0.02, 0.05, 25.0]
 sweep = {mb: zerokit.train(work, "ddp", world_size=2, steps=2, bucket_mb=mb, reference=False) for mb in sizes}
-widgets.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
-                "sent B/step": r.result.ranks[0].comm_bytes_sent_per_step, "theory B/step": expected_bytes,
-                "step ms": round(1e3 * r.result.step_time_s_median, 1)} for mb, r in sweep.items()])
+course.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
+               "sent B/step": r.result.ranks[0].comm_bytes_sent_per_step, "theory B/step": expected_bytes,
+               "step ms": round(1e3 * r.result.step_time_s_median, 1)} for mb, r in sweep.items()])
 
 # %%
 calls = [sweep[mb].result.ranks[0].comm_calls_per_step for mb in sizes]
@@ -150,7 +150,7 @@ for r in sweep.values():
 by_n = {n: zerokit.train(work, "ddp", world_size=n, steps=1, bucket_mb=bucket_mb, reference=False)
         for n in (2, 3, 4)}
 b = theory.param_bytes_per_element("fp32")
-widgets.volume_figure(
+course.volume_figure(
     {"ddp": {"N": list(by_n), "measured": [r.result.ranks[0].comm_bytes_sent_per_step / 1024 for r in by_n.values()],
              "theory_N": list(range(2, 17)),
              "theory": [theory.comm_bytes_per_step(0, psi, n, b) / 1024 for n in range(2, 17)]}},
@@ -174,9 +174,9 @@ for n, r in by_n.items():
 # exposed time per rank below it.
 
 # %%
-widgets.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
-                      controls={"bucket_mb": [0.005, 0.01, 0.02, 0.05, 0.1, 25.0], "overlap": True},
-                      world_size=2, steps=3)
+course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
+                     controls={"bucket_mb": [0.005, 0.01, 0.02, 0.05, 0.1, 25.0], "overlap": True},
+                     world_size=2, steps=3)
 
 # %% [markdown]
 # ## Summary

@@ -15,10 +15,10 @@
 import matplotlib
 
 import zerokit
-from zerokit import plot, theory, widgets
+from zerokit import course, plot, theory
 from zerokit.cli import compare
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
 psi = work.param_count()
 print(f"{work.description}\nΨ = {psi:,} parameters")
@@ -48,7 +48,7 @@ for n, report in runs.items():
                  "paper 4Ψ + 12Ψ/N": theory.paper_model_state_bytes(1, psi, n),
                  "saving measured": f"{100 * (1 - zero1 / ddp):.1f} %",
                  "0.75·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'bf16-mixed'):.1f} %"})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for n, report in runs.items():
@@ -69,8 +69,8 @@ for n, report in runs.items():
 # are 8 of 16 bytes, the saving is `0.5·(1 − 1/N)`. At the sizes of real jobs:
 
 # %%
-widgets.table([{"N": n, "bf16-mixed: 0.75·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'bf16-mixed'):.1f} %",
-                "fp32: 0.5·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'fp32'):.1f} %"} for n in (8, 64, 1024)])
+course.table([{"N": n, "bf16-mixed: 0.75·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'bf16-mixed'):.1f} %",
+               "fp32: 0.5·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'fp32'):.1f} %"} for n in (8, 64, 1024)])
 
 # %% [markdown]
 #
@@ -93,7 +93,7 @@ for n, report in runs.items():
                      "theory B/step": rank0.theory_comm_bytes_per_step,
                      "2(N−1)/N·Ψb": theory.comm_bytes_per_step(0, psi, n, 2),
                      "ops": ", ".join(f"{row['op']} ({row['phase']})" for row in rank0.comm_summary)})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for n, report in runs.items():
@@ -116,8 +116,8 @@ for n, report in runs.items():
 # bf16-mixed at N = 4: the optimizer's share, and so ZeRO-1's saving, changes.
 
 # %%
-widgets.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_sizes=(1, 2, 3, 4),
-                    world_size=4, precision="bf16-mixed", steps=2)
+course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_sizes=(1, 2, 3, 4),
+                   world_size=4, precision="bf16-mixed", steps=2)
 
 # %% [markdown]
 # ## Summary

@@ -25,10 +25,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 import zerokit
-from zerokit import plot, theory, widgets
+from zerokit import course, plot, theory
 from zerokit.cli import compare
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
 psi = work.param_count()
 bucket = 4096  # elements per gradient bucket (DeepSpeed's reduce_bucket_size counts elements)
@@ -59,7 +59,7 @@ for result in report.results[1:]:
                  "paper's formula B": theory.paper_model_state_bytes(stage[result.strategy], psi, n),
                  "peak grads B": rank0.peak_breakdown["grads"], "peak B": rank0.peak_bytes,
                  "sent B/step": rank0.comm_bytes_sent_per_step, "theory sent B/step": rank0.theory_comm_bytes_per_step})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 naive, zero2, zero1 = report["zero2-naive"], report["zero2"], report["zero1"]
@@ -95,7 +95,7 @@ assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.
 # Each rank at its peak, by category:
 
 # %%
-widgets.peak_bars(zerokit.Report([zero1, naive, zero2])).figure
+course.peak_bars(zerokit.Report([zero1, naive, zero2])).figure
 
 # %% [markdown]
 # ## When they communicate
@@ -107,17 +107,17 @@ widgets.peak_bars(zerokit.Report([zero1, naive, zero2])).figure
 rows = []
 for name in ("zero1", "zero2-naive", "zero2"):
     rank0 = report[name].ranks[0]
-    launched = widgets.comm_launch_positions(rank0, step=1)
+    launched = course.comm_launch_positions(rank0, step=1)
     for row in rank0.comm_summary:
         rows.append({"strategy": name, "phase": row["phase"], "op": row["op"], "calls (2 steps)": row["calls"],
                      "sent B (2 steps)": row["bytes_sent"]})
     rows.append({"strategy": name, "phase": "2nd step", "op": "launched during / after backward",
                  "calls (2 steps)": f"{launched['during backward']} / {launched['after backward']}"})
-widgets.table(rows)
+course.table(rows)
 
 # %%
-assert widgets.comm_launch_positions(naive.ranks[0], step=1)["during backward"] == 0
-assert widgets.comm_launch_positions(zero2.ranks[0], step=1)["during backward"] > 0
+assert course.comm_launch_positions(naive.ranks[0], step=1)["during backward"] == 0
+assert course.comm_launch_positions(zero2.ranks[0], step=1)["during backward"] > 0
 assert {(r["phase"], r["op"]) for r in zero2.ranks[0].comm_summary} == {("backward", "reduce_scatter"),
                                                                         ("step", "all_gather")}
 
@@ -146,7 +146,7 @@ for result in accumulation.results:
                  "theory B/step": rank0.theory_comm_bytes_per_step,
                  "÷ DDP's 2(N−1)/N·Ψb": round(rank0.comm_bytes_sent_per_step / theory.comm_bytes_per_step(0, psi, 2, b), 3),
                  "model states B": sum(rank0.model_state_bytes.values())})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for result in accumulation.results:
@@ -164,17 +164,17 @@ assert z2 / z1 == (3 + 1) / 2  # (A + 1) halves against 2
 # the right are each rank's peak.
 
 # %%
-widgets.TimelinePanel(work, "zero2", controls={"reduce_bucket_size": [1024, 2048, 4096, 16384, 500_000_000],
-                                               "overlap_comm": True},
-                      world_size=2, steps=3, precision="bf16-mixed", show_memory=True)
+course.TimelinePanel(work, "zero2", controls={"reduce_bucket_size": [1024, 2048, 4096, 16384, 500_000_000],
+                                              "overlap_comm": True},
+                     world_size=2, steps=3, precision="bf16-mixed", show_memory=True)
 
 # %% [markdown]
 # And the memory of the three, by stage, world size and precision — switch "show" to *peak*
 # to see the naive version's full gradients:
 
 # %%
-widgets.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_sizes=(2, 3, 4), world_size=4,
-                    precision="bf16-mixed", steps=2, view="peak")
+course.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_sizes=(2, 3, 4), world_size=4,
+                   precision="bf16-mixed", steps=2, view="peak")
 
 # %% [markdown]
 # ## Summary

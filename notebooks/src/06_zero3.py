@@ -18,10 +18,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 import zerokit
-from zerokit import plot, theory, widgets
+from zerokit import course, plot, theory
 from zerokit.cli import compare
 
-matplotlib.rcParams["figure.dpi"] = widgets.DPI
+matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
 psi = work.param_count()
 b = theory.param_bytes_per_element("bf16-mixed")
@@ -50,7 +50,7 @@ for n, report in runs.items():
                  "ZeRO-3 sent B/step": zero3.comm_bytes_sent_per_step, "theory": zero3.theory_comm_bytes_per_step,
                  "DDP sent B/step": ddp.comm_bytes_sent_per_step,
                  "ZeRO-3 ÷ DDP": round(zero3.comm_bytes_sent_per_step / ddp.comm_bytes_sent_per_step, 4)})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for n, report in runs.items():
@@ -67,7 +67,7 @@ for n, report in runs.items():
 
 # %%
 ns = list(runs)
-widgets.volume_figure(
+course.volume_figure(
     {"DDP": {"N": ns, "measured": [runs[n]["ddp"].ranks[0].comm_bytes_sent_per_step / 1024 for n in ns],
              "theory_N": list(range(2, 17)), "theory": [theory.comm_bytes_per_step(0, psi, n, b) / 1024 for n in range(2, 17)]},
      "ZeRO-3": {"N": ns, "measured": [runs[n]["zero3"].ranks[0].comm_bytes_sent_per_step / 1024 for n in ns],
@@ -95,7 +95,7 @@ for n, report in runs.items():
                      "params at peak B": rank0.peak_breakdown["params"],
                      "params at rest B": rank0.model_state_bytes["params"],
                      "activations at peak B": rank0.peak_breakdown["activations"]})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for n, report in runs.items():
@@ -106,7 +106,7 @@ for n, report in runs.items():
         assert rank.peak_bytes > sum(rank.model_state_bytes.values())
 
 # %%
-ax = widgets.peak_bars(zerokit.Report([runs[4]["ddp"], runs[4]["zero3"]]))
+ax = course.peak_bars(zerokit.Report([runs[4]["ddp"], runs[4]["zero3"]]))
 ax.set_title("N = 4, bf16-mixed: each rank at its peak; the line is the model states at rest", fontsize=9)
 ax.figure
 
@@ -138,17 +138,17 @@ for (prefetch, reshard), report in grid.items():
     rank0 = report.result.ranks[0]
     rows.append({"prefetch": prefetch, "reshard_after_forward": reshard,
                  "sent B/step": rank0.comm_bytes_sent_per_step, "theory B/step": rank0.theory_comm_bytes_per_step,
-                 "gathers in flight (max)": widgets.max_in_flight(rank0, "all_gather", step=2),
-                 "exposed ms (rank 0)": widgets.timeline_rows(report, last)[0]["exposed ms/step"],
-                 "step ms (rank 0)": widgets.timeline_rows(report, last)[0]["step ms"],
+                 "gathers in flight (max)": course.max_in_flight(rank0, "all_gather", step=2),
+                 "exposed ms (rank 0)": course.timeline_rows(report, last)[0]["exposed ms/step"],
+                 "step ms (rank 0)": course.timeline_rows(report, last)[0]["step ms"],
                  "peak B": max(r.peak_bytes for r in report.result.ranks)})
-widgets.table(rows)
+course.table(rows)
 
 # %%
 for (prefetch, reshard), report in grid.items():
     for rank in report.result.ranks:
         assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
-        in_flight = widgets.max_in_flight(rank, "all_gather", step=2)
+        in_flight = course.max_in_flight(rank, "all_gather", step=2)
         assert (in_flight > 1) if prefetch else (in_flight == 1)  # prefetch = the next gathers launched ahead
 sent = {key: r.result.ranks[0].comm_bytes_sent_per_step for key, r in grid.items()}
 peak = {key: max(x.peak_bytes for x in r.result.ranks) for key, r in grid.items()}
@@ -178,10 +178,10 @@ fig.tight_layout()
 
 # %%
 claims = {"GPT-2 1.5B": (1_500_000_000, 4.1), "T5-3B": (2_850_000_000, 4.3)}
-widgets.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
-                "16Ψ/N model states alone (GB)": theory.paper_model_state_bytes(3, size, 8) / 1e9,
-                "left for activations and gathered units (GB)": round(claimed - theory.paper_model_state_bytes(3, size, 8) / 1e9, 2)}
-               for name, (size, claimed) in claims.items()])
+course.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
+               "16Ψ/N model states alone (GB)": theory.paper_model_state_bytes(3, size, 8) / 1e9,
+               "left for activations and gathered units (GB)": round(claimed - theory.paper_model_state_bytes(3, size, 8) / 1e9, 2)}
+              for name, (size, claimed) in claims.items()])
 
 # %% [markdown]
 # GPT-2 1.5B is tight but possible; T5-3B at 4.3 GB is impossible — its model states alone
@@ -195,16 +195,16 @@ widgets.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
 # the right.
 
 # %%
-widgets.TimelinePanel(work, "zero3", controls={"prefetch": True, "reshard_after_forward": True,
-                                               "prefetch_bucket_size": [1024, 4096, 16384, 50_000_000]},
-                      world_size=2, steps=3, precision="bf16-mixed", show_memory=True)
+course.TimelinePanel(work, "zero3", controls={"prefetch": True, "reshard_after_forward": True,
+                                              "prefetch_bucket_size": [1024, 4096, 16384, 50_000_000]},
+                     world_size=2, steps=3, precision="bf16-mixed", show_memory=True)
 
 # %% [markdown]
 # And all four stages side by side — choose the world size and the precision:
 
 # %%
-widgets.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_sizes=(1, 2, 3, 4), world_size=4,
-                    precision="bf16-mixed", steps=2)
+course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_sizes=(1, 2, 3, 4), world_size=4,
+                   precision="bf16-mixed", steps=2)
 
 # %% [markdown]
 # ## Summary

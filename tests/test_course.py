@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 import zerokit  # noqa: E402
-from zerokit import theory, widgets  # noqa: E402
+from zerokit import course, theory  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,8 +28,8 @@ def work():
 
 
 def test_table_shows_html_and_aligned_text():
-    t = widgets.table([{"name": "ddp", "bytes": 1234567, "ratio": 1.5}, {"name": "zero3", "bytes": 7, "ratio": None}],
-                      title="t")
+    t = course.table([{"name": "ddp", "bytes": 1234567, "ratio": 1.5}, {"name": "zero3", "bytes": 7, "ratio": None}],
+                     title="t")
     html = t._repr_html_()
     assert "<table>" in html and "<th>bytes</th>" in html and "1,234,567" in html and "—" in html
     lines = repr(t).splitlines()
@@ -38,7 +38,7 @@ def test_table_shows_html_and_aligned_text():
 
 
 def test_memory_panel_runs_on_click_and_redraws(work, capsys):
-    panel = widgets.MemoryPanel(work, strategies=("ddp", "zero1"), world_sizes=(1, 2), steps=1)
+    panel = course.MemoryPanel(work, strategies=("ddp", "zero1"), world_sizes=(1, 2), steps=1)
     assert panel.runs == 1 and panel.last_error is None
     report = panel.last_report
     assert [r.strategy for r in report.results] == ["ddp", "zero1"]
@@ -68,8 +68,8 @@ def test_memory_panel_runs_on_click_and_redraws(work, capsys):
 
 
 def test_memory_panel_auto_run_follows_the_world_size(work):
-    panel = widgets.MemoryPanel(work, strategies=("zero2",), world_sizes=(1, 2), world_size=1, steps=1,
-                                auto_run=True)
+    panel = course.MemoryPanel(work, strategies=("zero2",), world_sizes=(1, 2), world_size=1, steps=1,
+                               auto_run=True)
     assert panel.last_report.result.world_size == 1
     panel.world_size.value = 2
     assert panel.runs == 2
@@ -79,15 +79,15 @@ def test_memory_panel_auto_run_follows_the_world_size(work):
 
 
 def test_a_failing_job_is_shown_in_the_panel_not_raised(work):
-    panel = widgets.MemoryPanel(work, strategies=("ddp",), world_sizes=(3,), steps=1)
+    panel = course.MemoryPanel(work, strategies=("ddp",), world_sizes=(3,), steps=1)
     assert panel.runs == 0 and panel.last_report is None
     assert "divisible" in panel.last_error and "divisible" in panel.status.value
     assert not panel.run_button.disabled
 
 
 def test_timeline_panel_reruns_when_the_bucket_slider_moves(work, capsys):
-    panel = widgets.TimelinePanel(work, ["ddp-bucketed", "ddp"], controls={"bucket_mb": [0.001, 0.004, 0.1],
-                                                                          "overlap": True}, steps=2)
+    panel = course.TimelinePanel(work, ["ddp-bucketed", "ddp"], controls={"bucket_mb": [0.001, 0.004, 0.1],
+                                                                         "overlap": True}, steps=2)
     assert panel.runs == 1 and panel.strategy.value == "ddp"
     assert panel.options() == {"bucket_mb": 0.004, "overlap": True}
     result = panel.last_report.result
@@ -113,8 +113,8 @@ def test_timeline_panel_reruns_when_the_bucket_slider_moves(work, capsys):
 
 
 def test_timeline_panel_for_zero3_shows_traffic_and_peak_memory(work):
-    panel = widgets.TimelinePanel(work, "zero3", controls={"prefetch": True, "reshard_after_forward": True},
-                                  steps=2, show_memory=True)
+    panel = course.TimelinePanel(work, "zero3", controls={"prefetch": True, "reshard_after_forward": True},
+                                 steps=2, show_memory=True)
     psi = work.param_count()
     rank0 = panel.last_report.result.ranks[0]
     assert rank0.comm_bytes_sent_per_step == rank0.theory_comm_bytes_per_step
@@ -128,7 +128,7 @@ def test_timeline_panel_for_zero3_shows_traffic_and_peak_memory(work):
 
 
 def test_collective_panel_measures_the_ring(capsys):
-    panel = widgets.CollectivePanel(world_sizes=(2, 3), payload_kib=(1, 4), world_size=2)
+    panel = course.CollectivePanel(world_sizes=(2, 3), payload_kib=(1, 4), world_size=2)
     assert panel.runs == 1
     panel.world_size.value = 3
     panel.op.value = "reduce_scatter"
@@ -141,7 +141,7 @@ def test_collective_panel_measures_the_ring(capsys):
 
 
 def test_panels_have_a_short_text_form_and_a_widget_view(work):
-    panel = widgets.MemoryPanel(work, strategies=("ddp",), world_sizes=(2,), steps=1, run=False)
+    panel = course.MemoryPanel(work, strategies=("ddp",), world_sizes=(2,), steps=1, run=False)
     assert panel.runs == 0 and picture(panel) == b""
     bundle = panel._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
@@ -153,22 +153,22 @@ def test_latency_bandwidth_fit_recovers_a_known_model():
     points = [{"op": "all_reduce", "n": n, "payload_bytes": s,
                "seconds": theory.ring_steps("all_reduce", n) * alpha + theory.ring_bytes_sent("all_reduce", s, n) / beta}
               for n in (2, 4) for s in (100, 10_000, 1_000_000, 100_000_000)]
-    fit = widgets.fit_latency_bandwidth(points)
+    fit = course.fit_latency_bandwidth(points)
     assert math.isclose(fit["alpha_s"], alpha, rel_tol=1e-6) and math.isclose(fit["beta_Bps"], beta, rel_tol=1e-6)
-    small = widgets.modelled_seconds(fit, "all_reduce", 100, 4)
-    large = widgets.modelled_seconds(fit, "all_reduce", 100_000_000, 4)
+    small = course.modelled_seconds(fit, "all_reduce", 100, 4)
+    large = course.modelled_seconds(fit, "all_reduce", 100_000_000, 4)
     assert small["latency_share"] > 0.99 and large["latency_share"] < 0.01
 
 
 def test_ring_schedule_figure_draws_every_round():
-    fig = widgets.ring_schedule_figure(3, "all_reduce")
+    fig = course.ring_schedule_figure(3, "all_reduce")
     ax = fig.axes[0]
     assert len(ax.patches) == 3 * theory.ring_steps("all_reduce", 3)
     assert "4 rounds" in ax.get_title()
-    assert widgets.png(fig).startswith(PNG)
+    assert course.png(fig).startswith(PNG)
 
 
 def test_machine_summary_names_a_backend_per_world_size():
-    text = widgets.machine_summary((1, 2))
+    text = course.machine_summary((1, 2))
     assert "world_size=1" in text and "world_size=2" in text
     assert "gloo" in text or "NCCL" in text

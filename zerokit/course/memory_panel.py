@@ -1,0 +1,113 @@
+"""Memory per rank: strategies × world size × precision → bars, measured against the formula.
+
+:class:`MemoryPanel` trains each selected strategy for a few steps at the chosen world
+size and precision (real jobs through :func:`zerokit.train`, one after the other, see
+:class:`~zerokit.course.panel.Panel`) and draws either the model states after the last
+step, stacked by category with :mod:`zerokit.theory`'s total as a black tick, or each
+rank's peak by category (:func:`peak_bars`, activations and buffers included).
+:func:`peak_bars` alone draws a report a cell already has.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .. import theory
+from .figures import new_figure, png
+from .panel import Panel, ipywidgets
+from .tables import summary_rows, table
+
+
+def peak_bars(report, ax=None):
+    """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a tick."""
+    from ..plot import CATEGORY_COLORS
+
+    if ax is None:
+        _, ax = new_figure(max(4, 1.2 * sum(len(r.ranks) for r in report.results)), 3.5)
+    labels, x = [], 0
+    mixed = len({r.precision for r in report.results}) > 1
+    for result in report.results:
+        for rank in result.ranks:
+            bottom = 0.0
+            for category, color in CATEGORY_COLORS.items():
+                value = rank.peak_breakdown.get(category, 0) / 2**20
+                ax.bar(x, value, bottom=bottom, color=color, label=category if x == 0 else None)
+                bottom += value
+            ax.plot([x - 0.4, x + 0.4], [rank.theory_model_states["total"] / 2**20] * 2, color="black", lw=2,
+                    label="theory: model states" if x == 0 else None)
+            labels.append(f"{result.strategy}\n{result.precision + ' ' if mixed else ''}r{rank.rank}")
+            x += 1
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("MiB per rank at its peak")
+    ax.set_title("peak memory per rank, by category (measured)", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
+
+
+class MemoryPanel(Panel):
+    """Strategies × world size × precision → per-rank memory bars, measured vs :mod:`zerokit.theory`.
+
+    ``view`` "model states" draws params, grads and optimizer states after the last
+    step (exact, against the formula); "peak" draws each rank's peak by category,
+    activations and buffers included.
+    """
+
+    VIEWS = ("model states", "peak")
+
+    def __init__(self, workload, strategies: Sequence[str] = ("ddp", "zero1", "zero2", "zero3"),
+                 world_sizes: Sequence[int] = (1, 2, 4), precisions: Sequence[str] = theory.PRECISIONS,
+                 world_size: Optional[int] = None, precision: Optional[str] = None, steps: int = 2,
+                 view: str = "model states", auto_run: bool = False, run: bool = True):
+        w = ipywidgets()
+        self.workload, self.steps, self.auto_run = workload, steps, auto_run
+        self._build_common()
+        self.strategies = w.SelectMultiple(options=list(strategies), value=tuple(strategies), description="strategies",
+                                           rows=min(len(strategies), 6))
+        if world_size is None:
+            world_size = 2 if 2 in world_sizes else world_sizes[0]
+        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
+                                            continuous_update=False)
+        self.precision = w.ToggleButtons(options=list(precisions), value=precision or precisions[0],
+                                         description="precision")
+        self.view = w.ToggleButtons(options=list(self.VIEWS), value=view, description="show")
+        for control in (self.strategies, self.world_size, self.precision):
+            control.observe(self._changed, names="value")
+        self.view.observe(lambda _: self.draw(), names="value")
+        controls = w.HBox([w.VBox([self.world_size, self.precision, self.view]), self.strategies])
+        self.box = w.VBox([controls, w.HBox([self.run_button, self.progress, self.status]), self.image,
+                           self.details])
+        if run:
+            self.run()
+
+    def _changed(self, change) -> None:
+        if self.auto_run:
+            self.run()
+
+    def run(self):
+        """Train every selected strategy at the chosen world size and precision, then draw."""
+        jobs = [(s, self.world_size.value, dict(steps=self.steps, precision=self.precision.value))
+                for s in self.strategies.value]
+        if not jobs:
+            self.status.value = "choose at least one strategy"
+            return None
+        return self._run_and_draw(jobs)
+
+    def draw(self) -> None:
+        report = self.last_report
+        if report is None:
+            return
+        from ..plot import memory_bars
+
+        bars = sum(len(r.ranks) for r in report.results)
+        fig, ax = new_figure(min(11.0, max(4.5, 0.6 * bars + 1.5)), 3.4)
+        if self.view.value == "peak":
+            peak_bars(report, ax=ax)
+        else:
+            memory_bars(report, ax=ax)
+            ax.title.set_fontsize(9)
+        first = report.results[0]
+        ax.set_xlabel(f"{self.workload.name}, Ψ = {first.param_count:,}, N = {first.world_size}, {first.precision}",
+                      fontsize=8)
+        fig.tight_layout()
+        self.image.value = png(fig)
+        self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", "sent B/step",
+                                                          "theory sent B/step", "peak B"])._repr_html_()

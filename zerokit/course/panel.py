@@ -1,0 +1,83 @@
+"""The base every interactive panel shares: Run button, progress bar, status line, picture, details.
+
+A panel is an ipywidgets box that runs real, small jobs through :func:`zerokit.train`
+(so through :func:`zerokit.launch`) whenever a control changes or Run is clicked, and
+shows what the ledgers measured as a picture, next to :mod:`zerokit.theory`.
+:class:`Panel` runs a panel's ``(strategy, world_size, kwargs)`` jobs one by one,
+advancing the progress bar, keeps the :class:`zerokit.Report` in ``last_report`` and
+calls the panel's ``draw``; a job that fails is shown in the status line (and
+``last_error``), not raised from a callback nobody sees.
+
+Panels draw into an ``ipywidgets.Image`` and print nothing, so no text leaks into a
+cell's output under nbval (FACTS §9). Their callbacks are plain methods: a test sets a
+control's ``value`` or calls ``run_button.click()`` and reads ``last_report``.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Optional, Sequence
+
+
+def ipywidgets():
+    """The ipywidgets module, imported only when a panel is built (the rest of the course runs without it)."""
+    import ipywidgets as module
+
+    return module
+
+
+class Panel:
+    """What every panel shares: a Run button, progress, status, the picture, and running jobs one by one."""
+
+    def _build_common(self):
+        w = ipywidgets()
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        self.run_button.on_click(lambda _: self.run())
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="jobs", layout=w.Layout(width="260px"))
+        self.status = w.HTML(value="")
+        self.image = w.Image(format="png")
+        self.details = w.HTML(value="")
+        self.last_report = None
+        self.last_error: Optional[str] = None
+        #: how many times the panel has run (a test reads it)
+        self.runs = 0
+
+    def _train_all(self, jobs: Sequence[tuple]) -> Optional[object]:
+        """Run ``(strategy, world_size, kwargs)`` jobs through zerokit.train, advancing the progress bar."""
+        from ..report import Report
+        from ..train import train
+
+        self.progress.max = len(jobs)
+        self.progress.value = 0
+        self.run_button.disabled = True
+        results, start = [], time.perf_counter()
+        try:
+            for i, (strategy, n, kwargs) in enumerate(jobs):
+                self.status.value = f"running <b>{html.escape(strategy)}</b> on {n} ranks ({i + 1}/{len(jobs)})…"
+                results.append(train(self.workload, strategy, world_size=n, reference=False, **kwargs).result)
+                self.progress.value = i + 1
+        except Exception as exc:  # shown in the panel: a callback's exception would go to a log nobody reads
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.status.value = f"<span style='color:#C44E52'>{html.escape(self.last_error)}</span>"
+            return None
+        finally:
+            self.run_button.disabled = False
+        self.last_error = None
+        self.status.value = f"{len(jobs)} job(s) in {time.perf_counter() - start:.1f} s"
+        return Report(results)
+
+    def _run_and_draw(self, jobs: Sequence[tuple]) -> Optional[object]:
+        """Run the jobs; on success keep the report, count the run and redraw the picture."""
+        report = self._train_all(jobs)
+        if report is not None:
+            self.last_report = report
+            self.runs += 1
+            self.draw()
+        return report
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__} for {self.workload.name}: an interactive panel — run this notebook in "
+                f"Jupyter to use it")
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
