@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import zerokit
 from zerokit import bench, theory
 from zerokit.cli import compare
-from zerokit.runtime.launcher import RankFailed
+from zerokit.runtime.launch import RankFailed
 from zerokit.report import param_difference
 from zerokit.strategies import get
 from zerokit.data_parallel.buckets import GradBuckets, assign_buckets

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from zerokit.runtime.context import current, note_collective
-from zerokit.runtime.launcher import RankFailed, RankTimeout, launch, max_world_size
+from zerokit.runtime.launch import RankFailed, RankTimeout, launch, max_world_size
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -323,7 +323,7 @@ def test_the_ranks_listen_on_loopback_only():
 
 _SLEEPER = textwrap.dedent("""
     import os, sys, time
-    from zerokit.runtime.launcher import launch
+    from zerokit.runtime.launch import launch
 
     def sleep(ctx, folder):
         with open(os.path.join(folder, f"rank{ctx.rank}.pid"), "w") as f:
@@ -378,7 +378,7 @@ def test_a_parent_killed_hard_takes_its_ranks_along(tmp_path):
 
 _UNDER_TORCHRUN = textwrap.dedent("""
     import os
-    from zerokit.runtime.launcher import launch
+    from zerokit.runtime.launch import launch
 
     def who(ctx):
         return (ctx.rank, ctx.torchrun)

@@ -15,7 +15,7 @@ import zerokit
 from zerokit import theory
 from zerokit.cli import compare
 from zerokit.runtime.context import RankContext
-from zerokit.runtime.launcher import RankFailed
+from zerokit.runtime.launch import RankFailed
 from zerokit.report import param_difference
 from zerokit.strategies import TrainConfig, get
 from zerokit.zero.flat_buffer import FlatUnit, all_gather_unit, assign_units, check_world_size

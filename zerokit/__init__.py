@@ -7,7 +7,7 @@ formulas of :mod:`zerokit.theory` and a single-process reference.
 from . import theory
 from .runtime import comm, ring, timeline
 from .runtime.context import RankContext, current
-from .runtime.launcher import RankFailed, RankTimeout, launch
+from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
 from .report import Report
 from .train import train

@@ -170,7 +170,7 @@ def run_reference(job: Job) -> RankResult:
 
 def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
             backend: Optional[str] = None, timeout_s: float = 300.0) -> StrategyResult:
-    from .runtime.launcher import launch
+    from .runtime.launch import launch
 
     if job.strategy == "single":
         ranks = [run_reference(job)]

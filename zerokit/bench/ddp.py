@@ -70,7 +70,7 @@ def _rank_with_exposure(ctx, job):
 def measure(workload, strategy: str, world_size: int, steps: int, options: dict, timeout_s: float) -> dict:
     """One run: median step time of the slowest rank, median exposed communication per step (averaged
     over the ranks), calls and bytes per step; the first (warm-up) step is left out of both medians."""
-    from ..runtime.launcher import launch
+    from ..runtime.launch import launch
     from ..report import StrategyResult
     from ..train import make_job
 

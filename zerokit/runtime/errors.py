@@ -1,0 +1,56 @@
+"""The two ways ``zerokit.launch`` fails once its ranks have started.
+
+Lifecycle: the supervision loop (:mod:`.supervise`) builds one of these after it has
+stopped and reaped every rank, and raises it from ``launch`` in the calling process.
+:class:`RankFailed` names the first rank that really failed, with that rank's own
+traceback; :class:`RankTimeout` names the ranks still running at the deadline and the
+collective each last entered. Both pickle (``__reduce__``), so they can cross a
+process boundary again, e.g. from a launch made inside a worker.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+__all__ = ["RankFailed", "RankTimeout"]
+
+
+class RankFailed(Exception):
+    """A rank raised or died. ``rank`` is the first that really failed, ``traceback`` its own.
+
+    ``exitcode`` is that rank's exit code; ``others`` lists ``(rank, summary)`` of the
+    ranks that failed too (usually as a consequence).
+    """
+
+    def __init__(self, rank: int, traceback: str, exitcode: Optional[int] = None,
+                 others: List[Tuple[int, str]] = ()):
+        self.rank = rank
+        self.traceback = traceback
+        self.exitcode = exitcode
+        self.others = list(others)
+        code = f" (exit code {exitcode})" if exitcode is not None else ""
+        also = "".join(f"\n  rank {r}: {summary}" for r, summary in self.others)
+        super().__init__(f"rank {rank} failed{code}:\n{traceback.rstrip()}"
+                         + (f"\nother ranks failed after it:{also}" if also else ""))
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.traceback, self.exitcode, self.others)
+
+
+class RankTimeout(TimeoutError):
+    """The launch ran past ``timeout_s``; ``ranks`` were still running.
+
+    ``last_collectives`` maps each of them to the collective it last entered (as noted by
+    :func:`zerokit.context.note_collective`); their stacks were printed to stderr.
+    """
+
+    def __init__(self, ranks: List[int], last_collectives: Dict[int, str], timeout_s: float):
+        self.ranks = list(ranks)
+        self.last_collectives = dict(last_collectives)
+        self.timeout_s = timeout_s
+        where = "; ".join(f"rank {r}: {self.last_collectives.get(r) or 'none since joining the group'}"
+                          for r in self.ranks)
+        super().__init__(f"launch timed out after {timeout_s:g} s with ranks {self.ranks} still running; "
+                         f"last collective entered — {where} (their stacks are printed on stderr above)")
+
+    def __reduce__(self):
+        return type(self), (self.ranks, self.last_collectives, self.timeout_s)

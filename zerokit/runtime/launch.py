@@ -1,0 +1,126 @@
+"""``launch``: run a function on N ranks of a process group, from a script or a notebook cell.
+
+Lifecycle of a call: validate the arguments before any process starts; under torchrun,
+run ``fn`` in this process as torchrun's rank (:mod:`.torchrun`); otherwise pick a
+backend (NCCL with one GPU per rank, else gloo on the CPU) and a start method (fork
+where it is safe, else spawn with ``fn`` carried by cloudpickle, so functions and
+classes defined in a cell still travel — FACTS §9), and hand over to the
+:class:`.supervise.Supervisor`, which starts one process per rank (:mod:`.spawn`),
+forwards their output line by line (:mod:`.output`), returns their results by rank or
+raises :class:`.errors.RankFailed` / :class:`.errors.RankTimeout`, and kills and reaps
+every rank on every exit path. The ranks join a process group that listens on the
+loopback interface only.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from .errors import RankFailed, RankTimeout
+from .supervise import Supervisor
+from .torchrun import launch_under_torchrun, under_torchrun
+
+__all__ = ["launch", "RankFailed", "RankTimeout", "max_world_size"]
+
+BACKENDS = ("gloo", "nccl")
+START_METHODS = ("fork", "spawn")
+
+
+def max_world_size(backend: Optional[str] = None) -> int:
+    """The most ranks ``launch`` accepts here: one CUDA device each for NCCL, a few per CPU core for gloo.
+
+    ``backend=None`` is the limit of whichever backend ``launch`` would then pick.
+    """
+    check_backend(backend)
+    gloo = max(8, 4 * (os.cpu_count() or 1))
+    nccl = torch.cuda.device_count()
+    return {"gloo": gloo, "nccl": nccl, None: max(gloo, nccl)}[backend]
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str] = None,
+           timeout_s: float = 300.0, threads_per_rank: int = 1, start_method: Optional[str] = None,
+           **kwargs) -> list:
+    """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
+
+    ``ctx`` is the rank's :class:`~zerokit.context.RankContext`. ``backend`` None picks
+    NCCL when there is a CUDA device per rank, else gloo. ``start_method`` None forks
+    where that is safe (Linux, no process group or CUDA in this process), else spawns.
+    Raises :class:`RankFailed` for the first rank that fails, :class:`RankTimeout` when
+    the whole launch takes longer than ``timeout_s``; no rank outlives the call.
+    Under torchrun (RANK and WORLD_SIZE set) ``fn`` runs here, as this process's rank.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
+    if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank={threads_per_rank!r} must be an integer >= 1")
+    if under_torchrun():
+        return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)
+    backend = _choose_backend(backend, world_size)
+    method = _choose_start_method(start_method)
+    if method == "fork":
+        job: Any = (fn, args, kwargs)  # inherited by the fork as it is: nothing is pickled
+    else:
+        try:
+            job = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as exc:
+            raise TypeError(f"start_method='spawn' sends fn and its arguments to the ranks with cloudpickle, "
+                            f"which failed: {type(exc).__name__}: {exc}") from exc
+    return Supervisor(mp.get_context(method), fn, job, world_size, backend, float(timeout_s),
+                      threads_per_rank).run()
+
+
+def check_backend(backend: Optional[str]) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; allowed: None (choose), {', '.join(map(repr, BACKENDS))}")
+
+
+def _choose_backend(backend: Optional[str], world_size: int) -> str:
+    """Validate ``backend`` and ``world_size`` together; None becomes NCCL when each rank gets a GPU.
+
+    ``torch.cuda.device_count()`` asks NVML where it can, which, unlike
+    ``torch.cuda.is_available()``, leaves CUDA uninitialised and fork safe.
+    """
+    check_backend(backend)
+    if not dist.is_available():
+        raise RuntimeError("this build of torch has no torch.distributed")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be an integer from 1 to {max_world_size(backend)}")
+    devices = torch.cuda.device_count()
+    if backend == "nccl" and devices < world_size:
+        raise ValueError(f"backend='nccl' needs one CUDA device per rank: world_size={world_size} but "
+                         f"{devices} device(s) are visible; use backend='gloo' or fewer ranks")
+    if backend is None:
+        backend = "nccl" if devices >= world_size else "gloo"
+    limit = max_world_size(backend)
+    if world_size > limit:
+        raise ValueError(f"world_size={world_size} is out of range for backend {backend!r} on this machine: "
+                         f"allowed 1 to {limit}")
+    return backend
+
+
+def _fork_unsafe_reason() -> Optional[str]:
+    if not sys.platform.startswith("linux"):
+        return "fork is used on Linux only"
+    if dist.is_initialized():
+        return "this process already holds a process group"
+    if torch.cuda.is_initialized():
+        return "this process has initialised CUDA"
+    return None
+
+
+def _choose_start_method(start_method: Optional[str]) -> str:
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r}; allowed: None (choose), "
+                         f"{', '.join(map(repr, START_METHODS))}")
+    unsafe = _fork_unsafe_reason()
+    if start_method == "fork" and unsafe:
+        raise ValueError(f"start_method='fork' is unsafe here: {unsafe}; use 'spawn' or None")
+    return start_method or ("spawn" if unsafe else "fork")

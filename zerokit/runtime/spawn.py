@@ -1,0 +1,170 @@
+"""What runs in a rank process, from the moment it starts until it reports and exits.
+
+Lifecycle, in the parent: :func:`rendezvous_socket` binds a free loopback port before
+any rank starts; each rank gets a :class:`RankSpec` (rank, world, backend, port, ...),
+and rank 0 also gets the listening socket itself. When the start method is spawn,
+:func:`main_module_hidden` keeps the child from re-running the caller's script.
+
+Lifecycle, in the child (:func:`rank_main`): tie itself to the parent
+(:func:`die_with_parent`, so that Linux kills it if the parent dies), ignore Ctrl-C (the
+parent takes it), point fd 1 and 2 at the parent's pipes (:func:`redirect_output`),
+arm faulthandler (a crash prints its stacks; SIGUSR1 prints them on a hang), install
+the status slot the parent reads on a hang, join the process group through rank 0's
+store on the pre-bound socket (:func:`init_process_group`), run ``fn``, send back
+``("ok", value)`` or ``("error", ...)`` on the results pipe. A failure leaves with
+``os._exit(1)``, skipping the group's teardown (peers may be gone or hung); success
+destroys the group and returns.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import faulthandler
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from .context import RankContext, note_collective, set_current, set_status_writer
+
+LOOPBACK = "127.0.0.1"
+#: size of the shared-memory slot holding the collective a rank last entered
+STATUS_BYTES = 256
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    world_size: int
+    backend: str
+    port: int
+    group_timeout_s: float
+    threads: int
+    parent_pid: int
+
+
+def rendezvous_socket() -> socket.socket:
+    """A socket listening on a free loopback port, for rank 0's store to serve on.
+
+    Holding it from before the ranks start means no other program can take the port
+    in between, and the store listens on loopback only (with ``init_method="tcp://"``
+    torch's store listens on every interface).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(128)
+    return sock
+
+
+def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket) -> None:
+    """Entry point of a rank process: tie it to the parent, join the group, run fn, report back."""
+    die_with_parent(spec.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent takes Ctrl-C and kills the ranks
+    redirect_output(stdout, stderr)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash prints its stacks
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # so does a hang
+    set_status_writer(_status_writer(status))
+    try:
+        fn, args, kwargs = cloudpickle.loads(job) if isinstance(job, bytes) else job
+        torch.set_num_threads(spec.threads)
+        device = torch.device("cuda", spec.rank) if spec.backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        init_process_group(spec, store_socket)
+        ctx = RankContext(spec.rank, spec.world_size, device, spec.backend, groups={"world": None})
+        set_current(ctx)
+        value = fn(ctx, *args, **kwargs)
+        try:
+            message = cloudpickle.dumps(("ok", value))
+        except Exception as exc:
+            raise pickle.PicklingError(f"the return value of fn on rank {spec.rank} could not be pickled: "
+                                       f"{type(exc).__name__}: {exc}") from None
+        results.send_bytes(message)
+    except BaseException as exc:  # SystemExit too: any way out of fn but returning is a failure
+        report = ("error", time.time(), traceback.format_exc(), type(exc).__name__)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            results.send_bytes(cloudpickle.dumps(report))
+        finally:
+            os._exit(1)  # skip the group's teardown: peers may be gone or hung
+    dist.destroy_process_group()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have Linux SIGKILL this rank when the parent dies, however hard, so no rank is orphaned."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def redirect_output(stdout, stderr) -> None:
+    """Point fd 1 and 2 at the parent's pipes, so C-level output and Python's both reach it.
+
+    Python's streams are rebuilt on the new fds, line-buffered: a forked child would
+    otherwise keep the parent's (in Jupyter, the kernel's) stream objects.
+    """
+    for fd, pipe in ((1, stdout), (2, stderr)):
+        os.dup2(pipe.fileno(), fd)
+        pipe.close()
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+
+
+def _status_writer(slot) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        slot.value = text.encode("utf-8", "replace")[:STATUS_BYTES - 1]
+    return write
+
+
+def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) -> None:
+    """Join the group through rank 0's store on the parent's loopback socket; peers on loopback too."""
+    note_collective("init_process_group")
+    if sys.platform.startswith("linux"):  # gloo and NCCL would otherwise listen on the hostname's address
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    timeout = datetime.timedelta(seconds=spec.group_timeout_s)
+    serve = {"master_listen_fd": store_socket.detach()} if store_socket is not None else {}
+    store = dist.TCPStore(LOOPBACK, spec.port, spec.world_size, is_master=spec.rank == 0,
+                          timeout=timeout, **serve)
+    dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
+                            timeout=timeout)
+    note_collective("")  # joined: a hang from here on is fn's
+
+
+@contextlib.contextmanager
+def main_module_hidden():
+    """Keep a spawned rank from re-running the caller's script (or ``-m`` module) as ``__mp_main__``.
+
+    multiprocessing does that so that pickles referring to ``__main__`` resolve; here
+    cloudpickle carries ``fn`` and whatever it uses from ``__main__`` by value, and a
+    script without an ``if __name__ == "__main__":`` guard would launch again in every
+    rank. Fork children copy the parent instead, so hiding changes nothing for them.
+    """
+    with _MAIN_MODULE_LOCK:  # two launches from two threads must not restore each other's copy
+        main = vars(sys.modules["__main__"])
+        saved = {name: main[name] for name in ("__spec__", "__file__") if name in main}
+        main["__spec__"] = None
+        main.pop("__file__", None)
+        try:
+            yield
+        finally:
+            main.update(saved)
+
+
+_MAIN_MODULE_LOCK = threading.Lock()

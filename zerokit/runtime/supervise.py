@@ -1,0 +1,258 @@
+"""The parent's side of a launch: start the ranks, watch them, blame, time out, kill and reap.
+
+Lifecycle (:meth:`Supervisor.run`):
+
+1. *start* — flush the caller's output, bind the rendezvous socket, start one process
+   per rank (:func:`.spawn.rank_main`) with a results pipe, two output pipes and a
+   shared status slot each; rank 0 takes the socket, the parent closes its copy.
+2. *supervise* — wait on every pipe and process sentinel at once: forward output
+   lines, take each rank's one report (value or failure), note each exit (an exit
+   without a report is a failure too). The loop ends when every rank has exited, at
+   the deadline (``timeout_s``), or ``_GRACE_S`` after the first failure, which gives
+   the other ranks time to report theirs.
+3. *blame* — on failure, stop every rank and raise :class:`.errors.RankFailed` for the
+   earliest failure that is not a mere peer-loss victim; on a hang, send SIGUSR1 so
+   each hung rank prints its stacks, then stop them and raise
+   :class:`.errors.RankTimeout` with the collective each last entered.
+4. *stop* — on every path (return, raise, Ctrl-C), SIGTERM then SIGKILL and reap every
+   rank, print what is left in its pipes, close them.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import cloudpickle
+
+from .errors import RankFailed, RankTimeout
+from .output import LineForwarder
+from .spawn import STATUS_BYTES, RankSpec, main_module_hidden, rank_main, rendezvous_socket
+
+#: after the first failure, how long to keep collecting the other ranks' reports
+_GRACE_S = 1.0
+#: how long hung ranks get to print their stacks (SIGUSR1) before they are killed
+_STACK_DUMP_S = 0.5
+#: how long ranks get to exit on SIGTERM before SIGKILL
+_TERMINATE_S = 1.0
+#: the ranks' own collective timeout exceeds the launch timeout by this much, so that
+#: a hang is reported by the parent as a hang rather than by gloo as a rank failure
+_GROUP_TIMEOUT_MARGIN_S = 30.0
+#: words in a traceback that mark a rank failing only because a peer went away first
+_PEER_LOSS_SIGNS = ("connection closed by peer", "connection reset", "econnreset", "broken pipe",
+                    "connection refused", "socket closed", "distnetworkerror")
+
+
+@dataclass
+class _Failure:
+    rank: int
+    time: float
+    traceback: str
+    kind: str  # the exception's type name, or "exit"
+
+    @property
+    def peer_loss(self) -> bool:
+        text = self.traceback.lower()
+        return any(sign in text for sign in _PEER_LOSS_SIGNS)
+
+    def summary(self) -> str:
+        lines = [line for line in self.traceback.splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else self.kind
+        return last[:300] + (" (lost a peer)" if self.peer_loss else "")
+
+
+class _Rank:
+    """The parent's handles on one rank: its process, result pipe, output pipes and status slot."""
+
+    def __init__(self, rank: int, process, results, outputs: List[LineForwarder], status):
+        self.rank = rank
+        self.process = process
+        self.results = results
+        self.outputs = outputs
+        self.status = status
+        self.value: Any = None
+        self.failure: Optional[_Failure] = None
+        self.reported = False  # a value or a failure arrived
+        self.exited = False
+
+    def receive(self) -> None:
+        """Read the rank's one report: its return value or its failure."""
+        if self.results.closed:
+            return
+        try:
+            kind, *rest = cloudpickle.loads(self.results.recv_bytes())
+        except EOFError:  # it closed the pipe without reporting; its exit tells the rest
+            pass
+        except Exception as exc:
+            self._fail(time.time(), f"the return value of fn on rank {self.rank} could not be unpickled "
+                                    f"in the launching process: {type(exc).__name__}: {exc}", "UnpicklingError")
+        else:
+            if kind == "ok":
+                self.value, self.reported = rest[0], True
+            else:
+                self._fail(*rest)
+        self.results.close()
+
+    def on_exit(self) -> None:
+        """The process ended: take its last report and output; no report means it died."""
+        if self.exited:
+            return
+        self.exited = True
+        self.process.join(5)  # the sentinel fires as it exits: reap it for its exit code
+        if not self.results.closed and self.results.poll():
+            self.receive()
+        for output in self.outputs:
+            output.pump()
+        if not self.reported:
+            code = self.process.exitcode
+            how = f"exited with code {code} without raising"
+            if code is not None and code < 0:
+                how += f" (killed by {signal.Signals(-code).name})"
+            self._fail(time.time(), f"rank {self.rank} {how}", "exit")
+
+    def last_collective(self) -> str:
+        return self.status.value.decode("utf-8", "replace")
+
+    def _fail(self, when: float, text: str, kind: str) -> None:
+        self.failure, self.reported = _Failure(self.rank, when, text, kind), True
+
+
+class Supervisor:
+    """Start the ranks, forward their output and reports until they finish, fail or hang."""
+
+    def __init__(self, mpctx, fn, job, world_size: int, backend: str, timeout_s: float, threads: int):
+        self.mpctx = mpctx
+        self.name = getattr(fn, "__name__", "fn")
+        self.job = job
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.ranks: List[_Rank] = []
+
+    def run(self) -> list:
+        try:
+            self._start()
+            self._supervise()
+            return [rank.value for rank in self.ranks]
+        finally:
+            self._stop()
+
+    def _start(self) -> None:
+        sys.stdout.flush()  # what the caller printed comes before what the ranks print
+        sys.stderr.flush()
+        store_socket = rendezvous_socket()
+        port = store_socket.getsockname()[1]
+        specs = [RankSpec(r, self.world_size, self.backend, port, self.timeout_s + _GROUP_TIMEOUT_MARGIN_S,
+                          self.threads, os.getpid()) for r in range(self.world_size)]
+        spawn = self.mpctx.get_start_method() == "spawn"
+        with main_module_hidden() if spawn else contextlib.nullcontext():
+            try:
+                self._start_rank(specs[0], store_socket)
+            finally:
+                store_socket.close()  # rank 0 has it now; the other ranks need not inherit it
+            for spec in specs[1:]:
+                self._start_rank(spec, None)
+
+    def _start_rank(self, spec: RankSpec, store_socket) -> None:
+        results_r, results_w = self.mpctx.Pipe(duplex=False)
+        stdout_r, stdout_w = self.mpctx.Pipe(duplex=False)  # carry raw bytes: only their fds are used
+        stderr_r, stderr_w = self.mpctx.Pipe(duplex=False)
+        status = self.mpctx.RawArray("c", STATUS_BYTES)
+        process = self.mpctx.Process(target=rank_main, name=f"zerokit-{self.name}-rank{spec.rank}",
+                                     args=(spec, self.job, results_w, stdout_w, stderr_w, status, store_socket))
+        rank = _Rank(spec.rank, process, results_r, [LineForwarder(spec.rank, stdout_r, "stdout"),
+                                                     LineForwarder(spec.rank, stderr_r, "stderr")], status)
+        self.ranks.append(rank)
+        try:
+            process.start()
+        finally:
+            for end in (results_w, stdout_w, stderr_w):  # the child's ends: its exit must close them
+                end.close()
+
+    def _supervise(self) -> None:
+        """Forward output and collect reports until every rank exits; raise on failure or hang."""
+        deadline = time.monotonic() + self.timeout_s
+        grace_end = math.inf
+        while not all(rank.exited for rank in self.ranks):
+            now = time.monotonic()
+            if now >= min(deadline, grace_end):
+                break
+            self._pump(min(deadline, grace_end) - now)
+            if grace_end == math.inf and self._failures():
+                grace_end = time.monotonic() + _GRACE_S
+        if self._failures():
+            self._raise_first_failure()
+        hung = [rank for rank in self.ranks if not rank.exited]
+        if hung:
+            self._raise_timeout(hung)
+
+    def _pump(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a pipe or a process, and handle everything that is ready.
+
+        The handlers do nothing once their pipe is closed or their process has been seen
+        to exit, so an exit handled first in a round may take its rank's pipes along.
+        """
+        handlers: Dict[Any, Callable[[], None]] = {}
+        for rank in self.ranks:
+            if not rank.results.closed:
+                handlers[rank.results] = rank.receive
+            handlers.update((output, output.pump) for output in rank.outputs if not output.closed)
+            if not rank.exited:
+                handlers[rank.process.sentinel] = rank.on_exit
+        for ready in mp.connection.wait(list(handlers), timeout):
+            handlers[ready]()
+
+    def _failures(self) -> List[_Failure]:
+        return [rank.failure for rank in self.ranks if rank.failure is not None]
+
+    def _raise_first_failure(self):
+        """Blame the earliest failure that is not a peer-loss victim; kill the rest first."""
+        self._stop()
+        failures = self._failures()
+        first = min(failures, key=lambda f: (f.peer_loss, f.time))
+        others = [(f.rank, f.summary()) for f in failures if f is not first]
+        raise RankFailed(first.rank, first.traceback, self.ranks[first.rank].process.exitcode, others)
+
+    def _raise_timeout(self, hung: List[_Rank]):
+        """Print the hung ranks' stacks (SIGUSR1 → faulthandler), kill them, report their collectives."""
+        last = {rank.rank: rank.last_collective() for rank in hung}
+        if hasattr(signal, "SIGUSR1"):
+            for rank in hung:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.process.pid, signal.SIGUSR1)
+            end = time.monotonic() + _STACK_DUMP_S
+            while (left := end - time.monotonic()) > 0:
+                self._pump(left)
+        self._stop()
+        raise RankTimeout([rank.rank for rank in hung], last, self.timeout_s)
+
+    def _stop(self) -> None:
+        """Terminate, then kill, and reap every rank; print what they wrote; close the pipes.
+
+        Safe to call twice, and a second Ctrl-C during the polite part still kills.
+        """
+        started = [rank.process for rank in self.ranks if rank.process.pid is not None]
+        try:
+            for process in started:
+                process.terminate()
+            end = time.monotonic() + _TERMINATE_S
+            for process in started:
+                process.join(max(0.0, end - time.monotonic()))
+        finally:
+            for process in started:
+                process.kill()
+                process.join()
+            for rank in self.ranks:
+                for output in rank.outputs:
+                    if not output.closed:
+                        output.pump()
+                        output.close()
+                rank.results.close()

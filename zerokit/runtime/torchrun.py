@@ -1,0 +1,69 @@
+"""``launch`` under torchrun: the ranks already exist, so ``fn`` runs in this process as its rank.
+
+Lifecycle: ``zerokit.launch`` sees it runs under torchrun and calls
+:func:`launch_under_torchrun` instead of starting processes. The first call joins the
+process group through torchrun's store (``init_method="env://"``) and keeps it for
+later calls (joining again after leaving is not reliable); an ``atexit`` hook leaves
+it when the interpreter exits. Each call runs ``fn(ctx)`` here, then gathers every
+rank's result with ``all_gather_object``, so every rank gets the list by rank, as
+from a spawned launch. Failures propagate as ordinary exceptions: torchrun itself
+watches the ranks.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from .context import RankContext, set_current
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank that torchrun started."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> list:
+    """torchrun already started the ranks: run ``fn`` here as this one and gather all results.
+
+    The first call joins the process group and keeps it for later calls (joining again
+    through torchrun's store after leaving is not reliable); it is left at exit.
+    """
+    from .launch import check_backend  # launch imports this module
+
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size != env_world:
+        raise ValueError(f"world_size={world_size!r} but torchrun started WORLD_SIZE={env_world} ranks; "
+                         f"pass world_size={env_world}")
+    check_backend(backend)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    joined = dist.is_initialized()
+    if joined:
+        backend = dist.get_backend()
+    elif backend is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        backend = "nccl" if torch.cuda.device_count() >= local_world else "gloo"
+    device = torch.device("cuda", local_rank) if "nccl" in backend else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not joined:
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+        atexit.register(_leave_group)
+    ctx = RankContext(rank, world_size, device, backend, groups={"world": None}, torchrun=True)
+    set_current(ctx)
+    try:
+        value = fn(ctx, *args, **kwargs)
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, value)
+    finally:
+        set_current(None)
+    return gathered
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
