@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..peers.sharded import deepspeed_available
+    from ..peers.deepspeed import deepspeed_available
     from ..workloads import tiny_gpt
 
     args = build_parser().parse_args(argv)

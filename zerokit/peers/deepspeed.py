@@ -1,0 +1,142 @@
+"""``deepspeed-zero1/2/3``: DeepSpeed's ZeRO in zerokit's ledgers (registered only when ``deepspeed`` imports).
+
+Lifecycle:
+
+1. **setup**: ``DS_ACCELERATOR=cpu`` off CUDA, and ``RANK`` / ``WORLD_SIZE`` /
+   ``LOCAL_RANK`` set as DeepSpeed's launcher would; zerokit's options become the
+   ``zero_optimization`` section (:func:`zerokit.zero.config.to_deepspeed`, bucket sizes
+   capped at Ψ since DeepSpeed preallocates them), with ``"gradient_clipping": 0``
+   (FACTS §9) and the loop's micro-batches as ``gradient_accumulation_steps``;
+   ``deepspeed.initialize`` wraps the model and a client torch optimizer, whose
+   parameters become DeepSpeed's fp32 partitions (stage 3 also partitions the
+   module's parameters, ``p.ds_tensor``);
+2. **forward**: ``engine(inputs)`` (stage 3 gathers each module's parameters by hooks);
+3. **backward**: ``engine.backward(loss, scale_wrt_gas=False)`` — zerokit's loop already
+   divides by the micro-batches — with the accumulation boundary set from ``no_sync``;
+   gradients are reduced (or reduce-scattered) in DeepSpeed's buckets;
+4. **step**: ``engine.step()`` steps the partitions, all-gathers the updated parameters
+   (stages 1/2) and zeroes the gradients.
+
+The traffic is counted by :mod:`.recording`; memory is read from the module's parameters
+(and ``ds_tensor`` partitions), ``p.grad`` and the torch optimizer's states. Gradient
+buffers DeepSpeed keeps privately are not seen.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import torch.distributed as dist
+
+from .. import theory
+from ..runtime import comm
+from ..strategies.base import Option, boolean, register
+from ..zero.stage1 import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from ..zero.stage3 import DEFAULT_PREFETCH_BUCKET, non_negative_elements
+from .recording import Peer, ledgered_torch_collectives
+
+
+def deepspeed_available() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _deepspeed_options(stage: int) -> dict:
+    options = {
+        "stage": stage_option(stage),
+        "reduce_bucket_size": Option(DEFAULT_REDUCE_BUCKET, positive_elements, ELEMENTS),
+        "overlap_comm": Option(True, boolean, "True or False"),
+        "contiguous_gradients": Option(True, boolean, "True or False"),
+    }
+    if stage < 3:
+        options["allgather_bucket_size"] = Option(DEFAULT_ALLGATHER_BUCKET, positive_elements, ELEMENTS)
+        options["reduce_scatter"] = Option(True, boolean, "True or False")
+    else:
+        options["prefetch"] = Option(True, boolean, "True or False (stage3_prefetch_bucket_size 0)")
+        options["prefetch_bucket_size"] = Option(DEFAULT_PREFETCH_BUCKET, positive_elements, ELEMENTS)
+        options["param_persistence_threshold"] = Option(0, non_negative_elements,
+                                                        f"0 or {ELEMENTS} (zerokit's default 0, not DeepSpeed's 1e5)")
+    return options
+
+
+class DeepSpeedPeer(Peer):
+    """deepspeed.initialize with a client torch optimizer; the loop's micro-batches are DeepSpeed's."""
+
+    def __init__(self, model, ctx, config, **options):
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
+        # DeepSpeed reads these from the environment of a process its own launcher (or torchrun) started
+        for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size),
+                           ("LOCAL_RANK", ctx.device.index if ctx.device.type == "cuda" else ctx.rank)):
+            os.environ.setdefault(key, str(value))
+        import deepspeed
+        from ..zero.config import to_deepspeed
+
+        super().__init__(model, ctx, config, **options)
+        self.params = list(model.parameters())
+        optimizer = config.optimizer.build(self.params)
+        # DeepSpeed preallocates its buckets at their full size (5e8 elements = 2 GB of fp32 by default): no bucket
+        # can hold more than the model, so the sizes are capped at Ψ
+        psi = sum(p.numel() for p in self.params)
+        capped = {k: (min(int(v), psi) if k.endswith("bucket_size") else v) for k, v in self.opts.items()}
+        zero = to_deepspeed(self.stage, {k: v for k, v in capped.items() if k != "stage"})
+        warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use .*_single", category=FutureWarning)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,  # only its bookkeeping: zerokit feeds the batches
+            "gradient_accumulation_steps": config.micro_batches,
+            "gradient_clipping": 0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": config.precision == "bf16-mixed"},
+            "steps_per_print": 10 ** 9,
+            "wall_clock_breakdown": False,
+        }
+        with comm.phase("setup"), ledgered_torch_collectives(self.name):
+            deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                                     config=ds_config)
+
+    def run_forward(self, inputs):
+        return self.engine(inputs)
+
+    def run_backward(self, loss):
+        self.engine.set_gradient_accumulation_boundary(self._sync)
+        self.engine.backward(loss, scale_wrt_gas=False)  # zerokit's loop already divides by the micro-batches
+
+    def run_step(self):
+        self.engine.step()
+
+    def zero_grad(self):
+        pass  # the engine zeroes its gradients in step()
+
+    def track_memory(self, ledger):
+        def params():
+            for p in self.params:
+                yield p
+                if hasattr(p, "ds_tensor"):
+                    yield p.ds_tensor
+
+        ledger.track("params", params)
+        ledger.track("grads", lambda: [p.grad for p in self.params if p.grad is not None])
+        ledger.track_optimizer(self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer)
+
+    def full_parameters(self):
+        if self.stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(self.params):
+                return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
+        return super().full_parameters()
+
+    def theory_model_states(self, psi):
+        return theory.model_state_bytes(self.stage, psi, self.ctx.world_size, self.config.precision,
+                                        self.config.optimizer.name)
+
+    def theory_comm_bytes(self, psi):
+        b = theory.param_bytes_per_element(self.config.precision)
+        return theory.comm_bytes_per_step(self.stage, psi, self.ctx.world_size, b, self.config.micro_batches)
+
+
+if deepspeed_available():
+    for _stage in (1, 2, 3):
+        register(type(f"DeepSpeedZero{_stage}", (DeepSpeedPeer,), {
+            "__doc__": f"DeepSpeed ZeRO stage {_stage} (deepspeed.initialize, client torch optimizer).",
+            "name": f"deepspeed-zero{_stage}", "stage": _stage, "options": _deepspeed_options(_stage)}))

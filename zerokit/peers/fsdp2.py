@@ -1,0 +1,132 @@
+"""``fsdp2-zero2`` / ``fsdp2-zero3``: torch's FSDP2 (``fully_shard``) in zerokit's ledgers.
+
+Lifecycle:
+
+1. **setup**: the model is cut into the same units zerokit's ``zero3`` forms (option
+   ``unit_size``, in elements); ``fully_shard`` is applied to each unit's module,
+   children before parents, then to the root; every parameter becomes a DTensor holding this
+   rank's shard (dim 0, padded to a multiple of N);
+2. **forward**: each group's pre-forward hook all-gathers its parameters; after its
+   forward it frees them (``reshard_after_forward=True``, ``fsdp2-zero3``) or keeps them
+   until its backward (``False``, ``fsdp2-zero2``);
+3. **backward**: a group is gathered again if it was freed, then its gradients are
+   reduce-scattered into the gradient shards (``p.grad`` is a sharded DTensor);
+4. **step**: a plain torch optimizer steps the local shards.
+
+Note what FSDP2 calls ZeRO-2: parameters are still sharded between steps; only between
+forward and backward do they stay gathered (2Ψ traffic, not 3Ψ). The traffic is counted
+by :mod:`.recording`; memory is read from the DTensors' local shards, ``p.grad`` and the
+optimizer's states.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from .. import theory
+from ..runtime import comm
+from ..strategies.base import Option, register
+from ..zero.stage1 import ELEMENTS
+from ..zero.stage3 import form_units, non_negative_elements
+from .recording import Peer, ledgered_torch_collectives
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class FSDP2(Peer):
+    """fully_shard on zerokit's units, then on the root; ``reshard_after_forward`` set by the subclass."""
+
+    reshard_after_forward = True
+    options = {"unit_size": Option(0, non_negative_elements, f"0 or {ELEMENTS}: as zero3's unit_size (the same "
+                                                            f"modules get fully_shard)")}
+
+    def __init__(self, model, ctx, config, **options):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        super().__init__(model, ctx, config, **options)
+        # The workloads split a Linear's output into views (q, k, v) and never write into them
+        # in place, which is the case this warning is about; silence it so each rank's output stays readable.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        policy = MixedPrecisionPolicy()
+        if config.precision == "bf16-mixed":
+            model.float()  # bf16 values, exactly: FSDP2 keeps the fp32 shards and computes in bf16
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        with comm.phase("setup"), ledgered_torch_collectives(self.name):
+            for module, _, _ in form_units(model, int(self.opts["unit_size"]), set()):
+                if module is not model:
+                    fully_shard(module, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                                mp_policy=policy)
+            fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        self.params = list(model.parameters())
+        self.optimizer = config.optimizer.build(self.params)
+
+    @contextmanager
+    def no_sync(self):
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def run_step(self):
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def track_memory(self, ledger):
+        ledger.track("params", lambda: [_local(p) for p in self.model.parameters()])
+        ledger.track("grads", lambda: [_local(p.grad) for p in self.model.parameters() if p.grad is not None])
+        ledger.track("buffers", lambda: list(self.model.buffers()))
+
+        def states():
+            for state in self.optimizer.state.values():
+                for v in state.values():
+                    if torch.is_tensor(v):
+                        yield _local(v)
+
+        ledger.track("optimizer", states)
+
+    def full_parameters(self):
+        out = {}
+        for n, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[n] = full.detach().float().cpu().clone()
+        return out
+
+    def optimizer_tensors(self):
+        return len(self.params) if self.config.optimizer.name == "adamw" else 0
+
+    def theory_model_states(self, psi):
+        # FSDP2 pads each parameter's first dimension to a multiple of N, not a flat buffer
+        return theory.model_state_bytes(3, psi, self.ctx.world_size, "fp32", self.config.optimizer.name,
+                                        optimizer_tensors=self.optimizer_tensors())
+
+    def theory_comm_bytes(self, psi):
+        b = theory.param_bytes_per_element(self.config.precision)
+        return theory.comm_bytes_per_step(3, psi, self.ctx.world_size, b, self.config.micro_batches,
+                                          reshard_after_forward=self.reshard_after_forward)
+
+
+@register
+class FSDP2Zero2(FSDP2):
+    """fully_shard(reshard_after_forward=False): gathered from forward to backward, sharded at rest."""
+
+    name = "fsdp2-zero2"
+    stage = 2
+    reshard_after_forward = False
+
+
+@register
+class FSDP2Zero3(FSDP2):
+    """fully_shard(reshard_after_forward=True): FSDP2's default, ZeRO-3."""
+
+    name = "fsdp2-zero3"
+    stage = 3
+    reshard_after_forward = True
