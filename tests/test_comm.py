@@ -35,7 +35,7 @@ def test_values_and_bytes(n):
         assert res["rs"] == [float(x * total) for x in range(6 * rank, 6 * rank + 6)]
         assert res["ag"] == [float(i // 6) for i in range(6 * n)]
         assert res["bc"] == [0.0] * 5
-        ops = [(r["op"], r["phase"], r["numel"], r["dtype"], r["payload_bytes"], r["bytes_sent"])
+        ops = [(r["op"], r["phase"], r["numel"], r["dtype"], r["payload_bytes"], r["ring_cost_bytes"])
                for r in res["records"]]
         s = 6 * n * 4
         assert ops == [
@@ -44,7 +44,9 @@ def test_values_and_bytes(n):
             ("all_gather", "backward", 6 * n, "float32", s, (n - 1) * s // n),
             ("broadcast", "step", 5, "bfloat16", 10, 0 if rank == n - 1 else 10),
         ]
-        assert res["records"][0]["bytes_sent"] == 2 * (n - 1) * s // n
+        assert res["records"][0]["ring_cost_bytes"] == 2 * (n - 1) * s // n
+        assert all(r["sent_bytes"] is None for r in res["records"])  # the backend ran them: no wire count
+        assert all(r["axis"] == "dp" for r in res["records"])  # the default mesh: every rank on dp
         assert all(r["t_end"] is not None and r["blocked_s"] >= 0 for r in res["records"])
         assert res["records"][2]["async_op"] is True
 

@@ -89,9 +89,9 @@ def test_variants_match_reference_and_torch_ddp_with_exact_ledgers(n):
             assert sum(rank.model_state_bytes.values()) == 16 * psi + 4 * 6
             assert rank.theory_comm_bytes_per_step == expected_bytes
             # 2(N−1)/N·Ψb in every bucket layout; exact where the per-call shares are whole bytes
-            assert rank.comm_bytes_sent_per_step == pytest.approx(expected_bytes, rel=1e-12, abs=0), name
+            assert rank.comm_ring_cost_bytes_per_step == pytest.approx(expected_bytes, rel=1e-12, abs=0), name
             if n != 3:
-                assert rank.comm_bytes_sent_per_step == expected_bytes, name
+                assert rank.comm_ring_cost_bytes_per_step == expected_bytes, name
             assert rank.comm_calls_per_step == calls, name
             ops = {(row["phase"], row["op"]) for row in rank.comm_summary}
             assert ops == {("backward", "all_reduce")}, name
@@ -113,7 +113,7 @@ def test_overlap_off_and_a_small_first_bucket_change_calls_not_bytes_or_results(
     assert len(small_first[0]) < len(plain[0])  # only the head's weight goes first
     for report, calls in ((on, expected_calls(work, "ddp", 0.02, first)), (off, expected_calls(work, "ddp", 0.02))):
         for rank in report.result.ranks:
-            assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, psi, 2, 4)
+            assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, psi, 2, 4)
             assert rank.comm_calls_per_step == calls
 
 
@@ -130,7 +130,7 @@ def test_bf16_mixed_within_one_percent(n):
         assert result.param_diff["max_rel"] <= 1e-2, name
         for rank in result.ranks:
             assert sum(rank.model_state_bytes.values()) == expected.total == 16 * psi + 4 * tensors
-            assert rank.comm_bytes_sent_per_step == pytest.approx(theory.comm_bytes_per_step(0, psi, n, 2),
+            assert rank.comm_ring_cost_bytes_per_step == pytest.approx(theory.comm_bytes_per_step(0, psi, n, 2),
                                                                   rel=1e-12, abs=0)
 
 
@@ -141,7 +141,7 @@ def test_accumulation_reduces_once_per_step(name):
                            **bucket_options(name))
     assert report.result.param_diff["max_abs"] <= 1e-6
     for rank in report.result.ranks:
-        assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, work.param_count(), 2, 4, 3)
+        assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, work.param_count(), 2, 4, 3)
         assert rank.comm_calls_per_step == expected_calls(work, name)  # once, not three times
         backward_spans = [e for e in rank.trace if e["kind"] == "span" and e["name"] == "backward"]
         assert len(backward_spans) == 3 * 3
@@ -167,8 +167,11 @@ def test_ring_algorithm_sends_what_the_ring_formula_says():
         assert strategy.options["algorithm"].default == "torch"
         for rank in result.ranks:
             assert rank.theory_comm_bytes_per_step == padded
-            assert rank.comm_bytes_sent_per_step == pytest.approx(padded, rel=1e-12, abs=0)
-            assert padded >= theory.comm_bytes_per_step(0, work.param_count(), n, 4)  # the padding is counted
+            # measured on the wire: the ring pads each bucket to a multiple of N and sends the padding too
+            assert rank.comm_sent_bytes_per_step == pytest.approx(padded, rel=1e-12, abs=0)
+            assert padded >= rank.comm_ring_cost_bytes_per_step  # the formula on the unpadded payload
+            assert rank.comm_ring_cost_bytes_per_step == pytest.approx(
+                theory.comm_bytes_per_step(0, work.param_count(), n, 4), rel=1e-12, abs=0)
             assert rank.comm_calls_per_step == len(units)
 
 
@@ -234,8 +237,8 @@ def test_unused_parameters_raise_by_default_and_reduce_zeros_when_asked(name):
                            **bucket_options(name))
     assert report.result.param_diff["max_abs"] <= 1e-6
     for rank in report.result.ranks:  # frozen head.weight is neither reduced nor counted
-        assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, trainable(work), 2, 4)
-        assert rank.theory_comm_bytes_per_step == rank.comm_bytes_sent_per_step
+        assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, trainable(work), 2, 4)
+        assert rank.theory_comm_bytes_per_step == rank.comm_ring_cost_bytes_per_step
 
 
 def test_a_branch_unused_on_one_rank_only_never_hangs():
@@ -245,7 +248,7 @@ def test_a_branch_unused_on_one_rank_only_never_hangs():
     report = zerokit.train(work, "ddp", world_size=2, steps=3, reference=False, timeout_s=60,
                            find_unused_parameters=True, bucket_mb=BUCKET_MB)
     for rank in report.result.ranks:  # both ranks issued the same reductions, in lockstep
-        assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, trainable(work), 2, 4)
+        assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, trainable(work), 2, 4)
     assert report.result.ranks[0].comm_calls_per_step == report.result.ranks[1].comm_calls_per_step
 
 
@@ -282,7 +285,7 @@ def test_compare_runs_torch_ddp_with_the_same_bucket_size():
     for name in VARIANTS:
         assert by_name[name]["max_abs_param_diff_vs_reference"] <= 1e-6
         for rank in by_name[name]["per_rank"]:
-            assert rank["comm_bytes_sent_per_step"] == by_name[name]["theory"]["comm_bytes_sent_per_step"]
+            assert rank["comm_ring_cost_bytes_per_step"] == by_name[name]["theory"]["comm_ring_bytes_per_step"]
 
 
 def test_bench_ddp_quick_run_writes_ratios(tmp_path):

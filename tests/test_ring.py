@@ -88,14 +88,14 @@ def test_ring_matches_torch_and_the_ring_formula(n):
                    and r["group_size"] == n and r["t_end"] is not None and r["blocked_s"] >= 0
                    for r in records)
         rs, ag, *ars = records
-        assert rs["bytes_sent"] == theory.ring_bytes_sent("reduce_scatter", s, n) == (n - 1) * s // n
-        assert ag["bytes_sent"] == theory.ring_bytes_sent("all_gather", s, n) == (n - 1) * s // n
+        assert rs["sent_bytes"] == theory.ring_bytes_sent("reduce_scatter", s, n) == (n - 1) * s // n
+        assert ag["sent_bytes"] == theory.ring_bytes_sent("all_gather", s, n) == (n - 1) * s // n
         for record, numel in zip(ars, ALL_REDUCE_SIZES):
             padded = theory.padded_numel([numel], n) * 4
             assert record["numel"] == numel and record["payload_bytes"] == numel * 4
-            assert record["bytes_sent"] == theory.ring_bytes_sent("all_reduce", padded, n)
+            assert record["sent_bytes"] == theory.ring_bytes_sent("all_reduce", padded, n)
         assert ars[-1]["dtype"] == "int64"
-        assert ars[-1]["bytes_sent"] == theory.ring_bytes_sent("all_reduce", theory.padded_numel([77], n) * 8, n)
+        assert ars[-1]["sent_bytes"] == theory.ring_bytes_sent("all_reduce", theory.padded_numel([77], n) * 8, n)
 
         # the rounds reported are the schedule's, phase by phase
         for numel in ALL_REDUCE_SIZES:
@@ -158,7 +158,7 @@ def test_world_of_one_copies_and_sends_nothing():
         tensor = data.clone()
         ring_all_reduce(tensor, on_step=lambda *call: pytest.fail("a world of one has no rounds"))
         assert torch.equal(tensor, data)
-        assert [(r.op, r.algorithm, r.bytes_sent, r.group_size) for r in book.records] == [
+        assert [(r.op, r.algorithm, r.sent_bytes, r.group_size) for r in book.records] == [
             ("reduce_scatter", "ring", 0, 1), ("all_gather", "ring", 0, 1), ("all_reduce", "ring", 0, 1)]
     finally:
         book.reset()

@@ -35,16 +35,16 @@ def test_torch_ddp_matches_reference_and_holds_16_psi(n, precision):
         assert rank.model_state_bytes == {"params": expected.params, "grads": expected.grads,
                                           "optimizer": expected.optimizer}
         b = theory.param_bytes_per_element(precision)
-        assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, psi, n, b)
+        assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, psi, n, b)
         assert rank.peak_bytes >= expected.total
-    assert single.ranks[0].comm_bytes_sent_per_step == 0
+    assert single.ranks[0].comm_ring_cost_bytes_per_step == 0
 
 
 def test_accumulation_reduces_once_per_step():
     work = odd_mlp()
     report = zerokit.train(work, "torch-ddp", world_size=2, steps=3, micro_batches=3)
     rank0 = report.result.ranks[0]
-    assert rank0.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, work.param_count(), 2, 4, 3)
+    assert rank0.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, work.param_count(), 2, 4, 3)
     assert report.result.param_diff["max_abs"] <= 1e-6
 
 
@@ -86,8 +86,8 @@ def test_compare_cli_json(n):
     assert len(ddp["per_rank"]) == n
     for rank in ddp["per_rank"]:
         assert sum(rank["model_state_bytes"].values()) == ddp["theory"]["model_state_bytes_per_rank"]["total"]
-        assert rank["comm_bytes_sent_per_step"] == ddp["theory"]["comm_bytes_sent_per_step"]
-        assert {"rank", "model_state_bytes", "peak_bytes", "comm_bytes_sent_per_step"} <= set(rank)
+        assert rank["comm_ring_cost_bytes_per_step"] == ddp["theory"]["comm_ring_bytes_per_step"]
+        assert {"rank", "model_state_bytes", "peak_bytes", "comm_ring_cost_bytes_per_step", "comm_payload_bytes_per_step", "comm_sent_bytes_per_step", "coords", "comm_bytes_by_axis"} <= set(rank)
     assert ddp["theory"]["model_state_bytes_per_rank"]["total"] == 16 * psi + 4 * 6
     assert ddp["losses"] == pytest.approx(by_name["single"]["losses"], abs=1e-6)
     assert ddp["max_abs_param_diff_vs_reference"] <= 1e-6

@@ -112,7 +112,7 @@ def test_stages_match_reference_with_exact_ledgers(n, precision, optimizer):
             assert result.param_diff["max_rel"] <= 1e-2, name
         for rank in result.ranks:
             assert states(rank) == theory_states(rank), (name, rank.rank)  # exact, padding included
-            assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step, name
+            assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step, name
     # FACTS §1 by hand, for the single-unit layouts: shard = ceil(Ψ/N)
     shard = -(-psi // n)
     k = theory.optimizer_bytes_per_element(precision, optimizer)
@@ -129,12 +129,12 @@ def test_stages_match_reference_with_exact_ledgers(n, precision, optimizer):
             assert param_difference(report[name].ranks[0].params, report["zero1"].ranks[0].params)["max_abs"] == 0
     # traffic: 2(N−1)/N·Ψb for stages 1-2, 3(N−1)/N·Ψb for stage 3 and for the naive all-reduce
     half = {name: Fraction((n - 1) * theory.padded_numel(_units(name), n) * b, n) for name in STAGES}
-    assert report["zero1"].ranks[0].comm_bytes_sent_per_step == 2 * half["zero1"]
-    assert report["zero2"].ranks[0].comm_bytes_sent_per_step == 2 * half["zero2"]
-    assert naive.comm_bytes_sent_per_step == 3 * half["zero2-naive"]
-    assert zero3.comm_bytes_sent_per_step == 3 * half["zero3"]
+    assert report["zero1"].ranks[0].comm_ring_cost_bytes_per_step == 2 * half["zero1"]
+    assert report["zero2"].ranks[0].comm_ring_cost_bytes_per_step == 2 * half["zero2"]
+    assert naive.comm_ring_cost_bytes_per_step == 3 * half["zero2-naive"]
+    assert zero3.comm_ring_cost_bytes_per_step == 3 * half["zero3"]
     # the ratio is 1.5 for every N once each side's padding is taken into account
-    ratio = Fraction(zero3.comm_bytes_sent_per_step) / Fraction(report["zero1"].ranks[0].comm_bytes_sent_per_step)
+    ratio = Fraction(zero3.comm_ring_cost_bytes_per_step) / Fraction(report["zero1"].ranks[0].comm_ring_cost_bytes_per_step)
     assert ratio == Fraction(3, 2) * half["zero3"] / half["zero1"]
 
 
@@ -160,7 +160,7 @@ def test_tiny_gpt_stages_are_bit_identical_to_ddp_at_two_ranks():
         assert param_difference(report[name].ranks[0].params, ddp)["max_abs"] == 0, name
         for rank in report[name].ranks:
             assert states(rank) == theory_states(rank), name
-            assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step, name
+            assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step, name
     psi = work.param_count()
     assert sum(states(report["zero3"].ranks[0]).values()) >= 16 * psi / 2  # 16Ψ/N; per-unit padding only adds
 
@@ -175,7 +175,7 @@ def test_accumulation_stage1_reduces_once_stages2_and_3_every_micro_batch():
         result = report[name]
         assert result.param_diff["max_abs"] <= 1e-6, name
         for rank in result.ranks:
-            assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step, name
+            assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step, name
             assert states(rank) == theory_states(rank), name
     units = len(assign_units(list(work.build_model().parameters()), BUCKET))
     calls = lambda name, op: sum(1 for r in report[name].ranks[0].comm_records
@@ -228,7 +228,7 @@ def test_zero3_options_keep_exact_ledgers_and_results():
             assert states(rank) == theory_states(rank), label
             # the persistent all-reduce of 73 elements is no whole number of bytes at N=3: float sums
             exact = 1e-12 if label == "persistent biases" else 0
-            assert rank.comm_bytes_sent_per_step == pytest.approx(rank.theory_comm_bytes_per_step, rel=exact,
+            assert rank.comm_ring_cost_bytes_per_step == pytest.approx(rank.theory_comm_bytes_per_step, rel=exact,
                                                                   abs=0), label
     same_layout = ("no prefetch", "keep gathered")
     for label in same_layout:
@@ -237,7 +237,7 @@ def test_zero3_options_keep_exact_ledgers_and_results():
         assert param_difference(results[label].ranks[0].params, base.ranks[0].params)["max_abs"] <= 1e-6, label
     # reshard_after_forward=False: one gather per micro-batch, ZeRO-2's 2(N−1)/N·Ψb
     psi, units = work.param_count(), [518, 1102, 210]
-    assert results["keep gathered"].ranks[0].comm_bytes_sent_per_step == \
+    assert results["keep gathered"].ranks[0].comm_ring_cost_bytes_per_step == \
         theory.comm_bytes_per_step(2, psi, 3, 4, units=units)
     # persistent biases (7, 29, 37 elements): held whole, their gradients all-reduced
     persistent = results["persistent biases"].ranks[0]

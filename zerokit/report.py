@@ -1,4 +1,12 @@
-"""What a training run measured, per rank and per strategy, next to the theory."""
+"""What a training run measured, per rank and per strategy, next to the theory.
+
+Names say what a number is, everywhere (fields, JSON keys, table columns): a
+*measured* quantity was read off the run — memory from the ledger, ``comm_payload_bytes``
+of the collectives issued, ``comm_sent_bytes`` counted by zerokit's ring on the wire; a
+*formula* quantity was computed — ``comm_ring_cost_bytes`` (the ring formula applied to
+each measured payload) and everything under ``theory`` (the formulas of
+:mod:`zerokit.theory` applied to Ψ and N).
+"""
 from __future__ import annotations
 
 import json
@@ -20,7 +28,12 @@ class RankResult:
     peak_breakdown: dict
     peak_where: str
     cuda_peak_bytes: Optional[int]
-    comm_bytes_sent_per_step: float
+    #: measured: bytes of the collectives' tensors per step
+    comm_payload_bytes_per_step: float
+    #: formula on measured payloads: what the ring algorithm sends for them, per step
+    comm_ring_cost_bytes_per_step: float
+    #: measured on the wire (zerokit's ring only): bytes sent per step; None if the backend ran any collective
+    comm_sent_bytes_per_step: Optional[float]
     comm_calls_per_step: float
     comm_summary: list
     comm_records: Optional[list]
@@ -31,6 +44,10 @@ class RankResult:
     trace: Optional[list] = None
     #: each category's own peak over the samples (``peak_breakdown`` is the split at the total's peak)
     peak_by_category: Optional[dict] = None
+    #: this rank's place on the mesh: {"dp": …, "tp": …, "pp": …}
+    coords: Optional[dict] = None
+    #: per mesh axis: calls, payload, ring cost and sent bytes per step
+    comm_bytes_by_axis: Optional[dict] = None
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:
@@ -62,6 +79,8 @@ class StrategyResult:
     param_count: int
     step_time_s_median: float
     param_diff: Optional[dict] = None
+    #: the mesh: {"dp": …, "tp": …, "pp": …}
+    parallel: Optional[dict] = None
 
     @classmethod
     def from_ranks(cls, job, ranks: List[RankResult], reference: Optional[RankResult]) -> "StrategyResult":
@@ -71,7 +90,8 @@ class StrategyResult:
         if reference is not None and ranks[0].params is not None:
             diff = param_difference(ranks[0].params, reference.params)
         return cls(job.strategy, n, job.config.precision, job.config.optimizer.name, job.config.micro_batches,
-                   dict(job.options), ranks, losses, ranks[0].param_count, _median_step_time(ranks), diff)
+                   dict(job.options), ranks, losses, ranks[0].param_count, _median_step_time(ranks), diff,
+                   dict(getattr(job, "parallel", None) or {"pp": 1, "dp": n, "tp": 1}))
 
     @property
     def max_abs_param_diff(self) -> Optional[float]:
@@ -81,24 +101,33 @@ class StrategyResult:
         return {
             "strategy": self.strategy,
             "world_size": self.world_size,
+            "parallel": self.parallel,
             "options": self.options,
             "per_rank": [{
                 "rank": r.rank,
+                "coords": r.coords,
                 "model_state_bytes": r.model_state_bytes,
                 "peak_bytes": r.peak_bytes,
-                "comm_bytes_sent_per_step": r.comm_bytes_sent_per_step,
+                "comm_payload_bytes_per_step": r.comm_payload_bytes_per_step,
+                "comm_ring_cost_bytes_per_step": r.comm_ring_cost_bytes_per_step,
+                "comm_sent_bytes_per_step": r.comm_sent_bytes_per_step,
                 "comm_calls_per_step": r.comm_calls_per_step,
+                "comm_bytes_by_axis": r.comm_bytes_by_axis,
                 "cuda_peak_bytes": r.cuda_peak_bytes,
             } for r in self.ranks],
             "theory": {
                 "model_state_bytes_per_rank": self.ranks[0].theory_model_states,
-                "comm_bytes_sent_per_step": self.ranks[0].theory_comm_bytes_per_step,
+                "comm_ring_bytes_per_step": self.ranks[0].theory_comm_bytes_per_step,
             },
             "losses": self.losses,
             "max_abs_param_diff_vs_reference": self.max_abs_param_diff,
             "max_rel_param_diff_vs_reference": None if self.param_diff is None else self.param_diff["max_rel"],
             "step_time_s_median": self.step_time_s_median,
         }
+
+
+def _max_or_none(values):
+    return None if any(v is None for v in values) else max(values)
 
 
 def _mb(x) -> str:
@@ -140,7 +169,9 @@ class Report:
             rows.append({
                 "strategy": r.strategy, "N": r.world_size,
                 "model_states_measured": measured, "model_states_theory": rank0.theory_model_states["total"],
-                "comm_measured": max(x.comm_bytes_sent_per_step for x in r.ranks),
+                "comm_payload": max(x.comm_payload_bytes_per_step for x in r.ranks),
+                "comm_ring_cost": max(x.comm_ring_cost_bytes_per_step for x in r.ranks),
+                "comm_sent": _max_or_none([x.comm_sent_bytes_per_step for x in r.ranks]),
                 "comm_theory": rank0.theory_comm_bytes_per_step,
                 "peak": max(x.peak_bytes for x in r.ranks),
                 "loss": r.losses[-1], "param_diff": r.max_abs_param_diff, "step_s": r.step_time_s_median,
@@ -148,15 +179,26 @@ class Report:
         return rows
 
     def table(self) -> str:
-        header = (f"{'strategy':<16}{'N':>3} {'states MiB':>10} {'theory':>9} {'comm MiB/step':>14} {'theory':>9} "
-                  f"{'peak MiB':>9} {'last loss':>10} {'|Δp| vs ref':>12} {'step ms':>8}")
-        lines = [header, "-" * len(header)]
+        """Memory and traffic per rank per step, MiB. Measured columns: states, payload, sent, peak; formula
+        columns: states theory, ring cost (the ring formula on the measured payloads), ring theory (on Ψ)."""
+        header = (f"{'strategy':<16}{'N':>3} {'states':>9} {'theory':>9} {'payload':>9} {'ring cost':>9} "
+                  f"{'sent':>9} {'ring theory':>11} {'peak':>9} {'last loss':>10} {'|Δp| vs ref':>12} {'step ms':>8}")
+        kinds = (f"{'':<16}{'':>3} {'measured':>9} {'formula':>9} {'measured':>9} {'formula':>9} "
+                 f"{'measured':>9} {'formula':>11} {'measured':>9}")
+        lines = [header, kinds, "-" * len(header)]
+        notes = set()
         for row in self.rows():
             diff = "—" if row["param_diff"] is None else f"{row['param_diff']:.1e}"
-            lines.append(f"{row['strategy']:<16}{row['N']:>3} {_mb(row['model_states_measured']):>10} "
-                         f"{_mb(row['model_states_theory']):>9} {_mb(row['comm_measured']):>14} "
-                         f"{_mb(row['comm_theory']):>9} {_mb(row['peak']):>9} {row['loss']:>10.4f} "
-                         f"{diff:>12} {1000 * row['step_s']:>8.1f}")
+            sent = "—" if row["comm_sent"] is None else _mb(row["comm_sent"])
+            lines.append(f"{row['strategy']:<16}{row['N']:>3} {_mb(row['model_states_measured']):>9} "
+                         f"{_mb(row['model_states_theory']):>9} {_mb(row['comm_payload']):>9} "
+                         f"{_mb(row['comm_ring_cost']):>9} {sent:>9} {_mb(row['comm_theory']):>11} "
+                         f"{_mb(row['peak']):>9} {row['loss']:>10.4f} {diff:>12} {1000 * row['step_s']:>8.1f}")
+        for r in self.results:
+            notes.update(row["note"] for row in r.ranks[0].comm_summary if row.get("note"))
+        lines.append("sent: bytes zerokit's ring handed to send (algorithm='ring'); — where the backend ran the "
+                     "collective and nothing counts its wire bytes.")
+        lines += sorted(f"note: {n}" for n in notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -19,6 +19,7 @@ from . import theory
 from .runtime import comm
 from .runtime.context import RankContext
 from .runtime.memory import MemoryLedger, cuda_peak_bytes
+from .runtime.mesh import check_built, parse_parallel
 from .optim import OptimizerSpec
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
@@ -38,6 +39,8 @@ class Job:
     track_peak: bool = True
     #: return every communication record and compute span (for timelines)
     keep_records: bool = False
+    #: the device mesh: {"dp": …, "tp": …, "pp": …} (None: every rank on dp)
+    parallel: Optional[Dict[str, int]] = None
 
 
 def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
@@ -46,11 +49,13 @@ def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
 
 
 def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
+    """This rank's micro-batches: its share of the global batch by its ``dp`` coordinate."""
     inputs, targets = job.workload.batch(step)
-    if data_parallel and ctx.world_size > 1:
-        per = inputs.shape[0] // ctx.world_size
-        inputs = inputs[ctx.rank * per:(ctx.rank + 1) * per]
-        targets = targets[ctx.rank * per:(ctx.rank + 1) * per]
+    n, i = ctx.mesh.size("dp"), ctx.mesh.coord("dp")
+    if data_parallel and n > 1:
+        per = inputs.shape[0] // n
+        inputs = inputs[i * per:(i + 1) * per]
+        targets = targets[i * per:(i + 1) * per]
     a = job.config.micro_batches
     return list(zip(inputs.chunk(a), targets.chunk(a)))
 
@@ -59,6 +64,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     """Train on this rank and return its measurements."""
     cls = get_strategy(job.strategy)
     dtype = torch.bfloat16 if job.config.precision == "bf16-mixed" else torch.float32
+    ctx.set_mesh(job.parallel)
     model = job.workload.build_model().to(ctx.device, dtype)
     psi = sum(p.numel() for p in model.parameters())
     ledger = comm.ledger()
@@ -106,15 +112,23 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     memory.remove_hooks()
     if tracer is not None:
         tracer.remove_hooks()
-    per_step = ledger.bytes_sent_per_step()
+    ledger.resolve()
+    payload = ledger.per_step("payload_bytes")
+    ring_cost = ledger.per_step("ring_cost_bytes")
+    sent = ledger.per_step("sent_bytes")
     calls = ledger.calls_per_step()
+    by_axis = {axis: {k: (None if v is None else v / job.steps) for k, v in row.items()}
+               for axis, row in ledger.by_axis().items()}
     return RankResult(
         rank=ctx.rank, losses=losses, step_times_s=times,
         model_state_bytes={k: now[k] for k in ("params", "grads", "optimizer")},
         memory_bytes=now, peak_bytes=memory.peak_total, peak_breakdown=memory.peak_breakdown,
         peak_where=memory.peak_where, peak_by_category=dict(memory.peak_by_category),
         cuda_peak_bytes=cuda_peak_bytes(ctx.device),
-        comm_bytes_sent_per_step=sum(per_step.values()) / job.steps,
+        comm_payload_bytes_per_step=sum(payload.values()) / job.steps,
+        comm_ring_cost_bytes_per_step=sum(ring_cost.values()) / job.steps,
+        comm_sent_bytes_per_step=None if None in sent.values() else sum(sent.values()) / job.steps,
+        comm_bytes_by_axis=by_axis, coords=ctx.mesh.coords,
         comm_calls_per_step=sum(calls.values()) / job.steps,
         comm_summary=ledger.summary(),
         comm_records=ledger.to_list() if job.keep_records else None,
@@ -130,7 +144,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
 
 def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
              optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
-             keep_records: bool = False) -> Job:
+             keep_records: bool = False, parallel: Optional[Dict[str, int]] = None) -> Job:
     """Check every argument and build the job, before any process starts."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
@@ -145,15 +159,17 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     if cls.name == "single" and world_size != 1:
         raise ValueError(f"strategy 'single' runs in one process; world_size must be 1, got {world_size}")
     cls.resolve_options(options)
+    shape = parse_parallel(parallel, world_size)
+    check_built(shape)
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
-    degree = world_size if cls.data_parallel else 1
+    degree = shape["dp"] if cls.data_parallel else 1
     if batch % (degree * micro_batches):
         raise ValueError(f"the workload's global batch of {batch} is not divisible by the data-parallel degree "
                          f"({degree}) times micro_batches ({micro_batches}); choose a batch size that is a "
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
-               track_peak, keep_records)
+               track_peak, keep_records, None if parallel is None else shape)
 
 
 def run_reference(job: Job) -> RankResult:
@@ -182,14 +198,18 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
 def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps: int = 10,
           precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1,
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
-          track_peak: bool = True, keep_records: bool = False, **options) -> Report:
+          track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
+          **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
+
+    ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
+    multiplying to ``world_size``; default: every rank on ``dp``).
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
     """
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
-                   options, track_peak, keep_records)
+                   options, track_peak, keep_records, parallel)
     ref = run_reference(job) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
     return Report([result], reference=ref)

@@ -79,7 +79,7 @@ def measure(workload, strategy: str, world_size: int, steps: int, options: dict,
     result = StrategyResult.from_ranks(job, [rank for rank, _ in out], None)
     exposed = [sum(blocked[s] for _, blocked in out) / world_size for s in range(steps)]
     return {"step_s": result.step_time_s_median, "exposed_s": median(exposed[1:]),
-            "calls": result.ranks[0].comm_calls_per_step, "bytes": result.ranks[0].comm_bytes_sent_per_step}
+            "calls": result.ranks[0].comm_calls_per_step, "bytes": result.ranks[0].comm_ring_cost_bytes_per_step}
 
 
 def run_rounds(workload, world_sizes, configs_for, steps: int, rounds: int, timeout_s: float, log) -> list:

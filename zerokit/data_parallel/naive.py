@@ -107,8 +107,6 @@ class DataParallel(Replicated):
 
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
-        self.group = ctx.groups.get("world") if ctx.groups else None
-        self.world = ctx.world_size
         check_replicas_match(model, self.group, ctx.device)
         self.param_names = {p: n for n, p in model.named_parameters() if p.requires_grad}
 

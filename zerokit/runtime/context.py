@@ -1,4 +1,4 @@
-"""What a rank knows about itself: rank, world size, device, process groups.
+"""What a rank knows about itself: rank, world size, device, and its place on the device mesh.
 
 ``zerokit.launch`` (or torchrun) sets the context before the user's function runs;
 library code reads it with :func:`current`. The launcher also installs a *status
@@ -23,10 +23,25 @@ class RankContext:
     groups: dict = field(default_factory=dict)
     #: launched by torchrun (in-process) rather than by zerokit.launch
     torchrun: bool = False
+    _mesh: Optional[object] = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def mesh(self):
+        """This rank's :class:`~zerokit.runtime.mesh.Mesh`; every rank on ``dp`` unless :meth:`set_mesh` said otherwise."""
+        if self._mesh is None:
+            self.set_mesh(None)
+        return self._mesh
+
+    def set_mesh(self, parallel) -> None:
+        """Build the mesh for ``parallel`` (``{"dp": …, "tp": …, "pp": …}``; None: all ranks on ``dp``).
+        Every rank must call it with the same degrees: it creates process groups."""
+        from .mesh import Mesh
+
+        self._mesh = Mesh.build(self.rank, self.world_size, self.device.type, parallel)
 
 
 _current: Optional[RankContext] = None

@@ -7,8 +7,9 @@ left, so each half sends (n−1)/n of the bytes and the all-reduce 2(n−1) roun
 2(n−1)/n of them (:func:`zerokit.theory.ring_bytes_sent`, :func:`~zerokit.theory.ring_steps`).
 
 Which chunk moves when is data, :func:`ring_schedule`, and the functions here run
-exactly that schedule. Each call counts the bytes it really sends and adds one
-:class:`zerokit.comm.CommRecord` (``algorithm="ring"``) to :func:`zerokit.comm.ledger`.
+exactly that schedule. Each call adds one :class:`zerokit.comm.CommRecord`
+(``algorithm="ring"``) to :func:`zerokit.comm.ledger`, whose ``sent_bytes`` are the
+bytes it really handed to send — the one traffic quantity measured on the wire.
 Only SUM is supported.
 """
 from __future__ import annotations
@@ -20,8 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import theory
-from .comm import CommRecord, ledger
-from .context import note_collective
+from .comm import CommRecord, new_record
 
 RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -95,21 +95,13 @@ def _check_sum(op) -> None:
         raise ValueError(f"op={op!r}: the ring collectives support only ReduceOp.SUM")
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
-
 
 def _begin(op: str, tensor: torch.Tensor, numel: int, ring: _Ring, tag: str) -> CommRecord:
-    book = ledger()
-    record = CommRecord(op=op, phase=book.phase, step=book.step, numel=numel, dtype=_dtype_name(tensor),
-                        payload_bytes=numel * tensor.element_size(), bytes_sent=0, group_size=ring.n,
-                        async_op=False, t_launch=time.perf_counter(), algorithm="ring", tag=tag)
-    note_collective(f"ring {op} {numel} {record.dtype} [{record.phase}, step {record.step}]")
-    return book.add(record)
+    return new_record(op, tensor, numel * tensor.element_size(), ring.group, False, tag, algorithm="ring")
 
 
 def _end(record: CommRecord, bytes_sent: int) -> None:
-    record.bytes_sent = bytes_sent
+    record.sent_bytes = bytes_sent
     record.t_end = time.perf_counter()
     record.blocked_s = record.t_end - record.t_launch
 
@@ -197,7 +189,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, on_step: Optional[OnStep] 
                     op=dist.ReduceOp.SUM, tag: str = "") -> None:
     """Sum ``tensor`` over the group in place: ring reduce-scatter, then ring all-gather.
 
-    Any numel works: a flat copy is zero-padded to a multiple of n, and ``bytes_sent``
+    Any numel works: a flat copy is zero-padded to a multiple of n, and ``sent_bytes``
     counts the padding, 2(n−1)/n of the padded bytes. Equals ``dist.all_reduce`` up to
     fp32 rounding (the summation order differs).
     """

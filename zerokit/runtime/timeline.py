@@ -144,7 +144,9 @@ def rank_timeline(rank_result) -> dict:
     for r in _records(rank_result):
         end = r["t_end"] if r["t_end"] is not None else r["t_launch"]
         comm.append({"op": r["op"], "tag": r["tag"], "phase": r["phase"], "step": r["step"],
-                     "algorithm": r.get("algorithm", "torch"), "bytes_sent": r["bytes_sent"],
+                     "algorithm": r.get("algorithm", "torch"), "axis": r.get("axis", "world"),
+                     "payload_bytes": r["payload_bytes"], "ring_cost_bytes": r["ring_cost_bytes"],
+                     "sent_bytes": r.get("sent_bytes"),
                      "start": r["t_launch"] + offset, "end": end + offset,
                      "blocked_start": end - r["blocked_s"] + offset, "blocked_s": r["blocked_s"]})
     return {"rank": rank_result.rank, "compute": compute, "modules": modules, "comm": comm,

@@ -66,6 +66,11 @@ class Strategy:
         self.ctx = ctx
         self.config = config
         self.opts = self.resolve_options(options)
+        mesh = ctx.mesh
+        #: the data-parallel axis of the mesh: its group, its size N and this rank's place on it
+        self.group = mesh.group("dp")
+        self.world = mesh.size("dp")
+        self.rank = mesh.coord("dp")
         #: False inside ``no_sync``: gradients accumulate locally, nothing is reduced
         self._sync = True
 
@@ -123,13 +128,13 @@ class Strategy:
         return 0
 
     def theory_model_states(self, psi: int) -> theory.ModelStates:
-        return theory.model_state_bytes(self.stage, psi, self.ctx.world_size, self.config.precision,
+        return theory.model_state_bytes(self.stage, psi, self.world, self.config.precision,
                                         self.config.optimizer.name, units=self.flat_units(),
                                         optimizer_tensors=self.optimizer_tensors())
 
     def theory_comm_bytes(self, psi: int):
         b = theory.param_bytes_per_element(self.config.precision)
-        return theory.comm_bytes_per_step(self.stage, psi, self.ctx.world_size, b,
+        return theory.comm_bytes_per_step(self.stage, psi, self.world, b,
                                           self.config.micro_batches, units=self.flat_units())
 
 

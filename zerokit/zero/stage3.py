@@ -140,8 +140,6 @@ class ZeroStage3(Strategy):
 
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
-        self.group = ctx.groups.get("world") if ctx.groups else None
-        self.world, self.rank = ctx.world_size, ctx.rank
         params = check_trainable(model, self.name)
         check_world_size(sum(p.numel() for p in params), self.world)
         check_replicas_match(model, self.group, ctx.device)

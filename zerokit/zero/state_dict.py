@@ -46,7 +46,7 @@ def _broadcast_state(strategy, state_dict) -> Dict[str, torch.Tensor]:
         missing, unexpected = sorted(names - set(state_dict)), sorted(set(state_dict) - names)
         if missing or unexpected:
             raise ValueError(f"load_full_state_dict: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    group = strategy.ctx.groups.get("world") if strategy.ctx.groups else None
+    group = strategy.group
     for name, p in model.named_parameters():
         t = torch.empty(p.shape, dtype=p.dtype, device=strategy.ctx.device)
         if strategy.ctx.rank == 0:

@@ -1,0 +1,129 @@
+"""The device mesh: every rank's place on the named parallel axes ``pp``, ``dp`` and ``tp``.
+
+The world's ranks are laid out as a grid of shape (pp, dp, tp), ``tp`` innermost, as
+Megatron and torchtitan do: tensor-parallel neighbours are consecutive ranks (one node,
+the fastest links), then data parallelism, pipeline stages outermost. Rank
+``r = (pp_i · dp + dp_i) · tp + tp_i``. Along each axis a rank talks to the ranks that
+share its other two coordinates: that set is the axis's process group.
+
+Lifecycle: ``parse_parallel`` checks the degrees a user asked for (before any process
+starts); on each rank ``Mesh.build`` creates the groups with torch's ``DeviceMesh``
+(which works on CPU with gloo); strategies then take their groups from the mesh —
+``mesh.group("dp")`` — and never from the world. The communication ledger names the
+axis of every collective with ``mesh.axis_of(group)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+AXES = ("pp", "dp", "tp")
+#: what each axis is for, in error messages and tables
+AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
+                "pp": "pipeline parallelism"}
+#: axes whose strategies are built; a degree above 1 on another axis is refused
+BUILT_AXES = ("dp",)
+
+
+def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
+    """``{"dp": …, "tp": …, "pp": …}`` from a dict (or None: every rank on ``dp``); sizes multiply to the world size."""
+    if parallel is None:
+        return {"pp": 1, "dp": world_size, "tp": 1}
+    if not isinstance(parallel, dict):
+        raise ValueError(f"parallel={parallel!r} must be a dict of axis degrees, e.g. {{'dp': 2, 'tp': 1, 'pp': 1}}")
+    unknown = sorted(set(parallel) - set(AXES))
+    if unknown:
+        raise ValueError(f"parallel: unknown axis {', '.join(map(repr, unknown))}; allowed: dp, tp, pp")
+    shape = {}
+    for axis in AXES:
+        value = parallel.get(axis, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"parallel: {axis}={value!r} must be a positive integer")
+        shape[axis] = value
+    if "dp" not in parallel:  # the data-parallel degree fills the rest, as torchtitan's -1
+        rest = shape["tp"] * shape["pp"]
+        if world_size % rest:
+            raise ValueError(f"parallel: tp × pp = {rest} does not divide the world size {world_size}")
+        shape["dp"] = world_size // rest
+    if math.prod(shape.values()) != world_size:
+        raise ValueError(f"parallel: dp × tp × pp = {shape['dp']} × {shape['tp']} × {shape['pp']} = "
+                         f"{math.prod(shape.values())}, but the world size is {world_size}; the degrees must "
+                         f"multiply to the number of ranks")
+    return shape
+
+
+def check_built(shape: Dict[str, int]) -> None:
+    """Refuse degrees above 1 on axes whose parallelism zerokit does not implement yet."""
+    for axis in AXES:
+        if axis not in BUILT_AXES and shape[axis] > 1:
+            raise ValueError(f"parallel: {axis}={shape[axis]} asks for {AXIS_MEANING[axis]}, which zerokit does not "
+                             f"implement yet; today only dp can be above 1 (use {axis}=1)")
+
+
+def coords_of(rank: int, shape: Dict[str, int]) -> Dict[str, int]:
+    """A global rank's coordinate on every axis (tp innermost)."""
+    tp_i = rank % shape["tp"]
+    dp_i = (rank // shape["tp"]) % shape["dp"]
+    pp_i = rank // (shape["tp"] * shape["dp"])
+    return {"pp": pp_i, "dp": dp_i, "tp": tp_i}
+
+
+def axis_ranks(rank: int, shape: Dict[str, int], axis: str) -> List[int]:
+    """The global ranks in ``rank``'s group along ``axis`` (its other coordinates fixed), in axis order."""
+    mine = coords_of(rank, shape)
+    out = []
+    for i in range(shape[axis]):
+        c = dict(mine, **{axis: i})
+        out.append((c["pp"] * shape["dp"] + c["dp"]) * shape["tp"] + c["tp"])
+    return out
+
+
+@dataclass
+class Mesh:
+    """One rank's view of the grid: the shape, its coordinates, and a process group per axis."""
+
+    shape: Dict[str, int]
+    rank: int
+    #: axis -> process group (None: the world group, or no process group in a world of one)
+    groups: Dict[str, object] = field(default_factory=dict)
+    device_mesh: Optional[object] = None
+
+    @classmethod
+    def build(cls, rank: int, world_size: int, device_type: str = "cpu", parallel=None) -> "Mesh":
+        shape = parse_parallel(parallel, world_size)
+        import torch.distributed as dist
+
+        if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return cls(shape, rank, {axis: None for axis in AXES})
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, tuple(shape[a] for a in AXES), mesh_dim_names=AXES)
+        groups = {axis: (None if shape[axis] == world_size else mesh.get_group(axis)) for axis in AXES}
+        return cls(shape, rank, groups, mesh)
+
+    @property
+    def coords(self) -> Dict[str, int]:
+        return coords_of(self.rank, self.shape)
+
+    def size(self, axis: str) -> int:
+        return self.shape[axis]
+
+    def coord(self, axis: str) -> int:
+        return self.coords[axis]
+
+    def group(self, axis: str):
+        """The process group along ``axis`` (None: the world, when the axis spans every rank)."""
+        if axis not in AXES:
+            raise ValueError(f"axis={axis!r}; allowed: {', '.join(AXES)}")
+        return self.groups[axis]
+
+    def ranks(self, axis: str) -> List[int]:
+        return axis_ranks(self.rank, self.shape, axis)
+
+    def axis_of(self, group) -> str:
+        """The axis a process group belongs to; "world" for the world group when no single axis spans it."""
+        for axis in AXES:
+            if self.groups.get(axis) is group and (group is not None or self.shape[axis] > 1):
+                return axis
+        return "world"
