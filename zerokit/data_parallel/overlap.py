@@ -21,6 +21,10 @@ The lifecycle of one step, as in torch's reducer and picotron's DP wrapper:
 3. At the end of backward the queued callback launches whatever has not been launched
    (unused parameters, see ``find_unused_parameters``) and waits for all of them.
 
+Steps 2 and 3 — counting, in-order launching, waiting, the engine callback, and the
+reset when backward raises — are :class:`~zerokit.data_parallel.reducer.Reducer`'s,
+shared with ZeRO.
+
 Under ``no_sync`` the hooks only accumulate; the last micro-batch reduces once.
 ``overlap=False`` keeps the same buckets and views but launches every bucket after
 backward, so the two settings differ only in when communication starts.
@@ -31,11 +35,10 @@ ledger, but it blocks backward while it runs (the ring has no asynchronous form)
 """
 from __future__ import annotations
 
-from torch.autograd import Variable
-
 from ..strategies.base import Option, boolean, positive_number, register
 from .buckets import GradBuckets
 from .naive import DataParallel
+from .reducer import Reducer
 
 
 def none_or_positive(x) -> bool:
@@ -63,16 +66,9 @@ class OverlappedDataParallel(DataParallel):
         self.buckets.attach_views()
         #: parameters that received a gradient in any micro-batch of this step
         self._seen: set = set()
+        self.reducer = Reducer([len(b.params) for b in self.buckets.buckets], self._launch,
+                               before_finish=self._fill_missing)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.params]
-        self._new_pass()
-
-    def _new_pass(self) -> None:
-        self._ready_params: set = set()
-        self._ready = [0] * len(self.buckets)
-        self._next_bucket = 0
-        self._works: list = []
-        self._callback_queued = False
-        self._finished = False
 
     # -- during backward -----------------------------------------------------------
     def _on_gradient_ready(self, p) -> None:
@@ -82,54 +78,30 @@ class OverlappedDataParallel(DataParallel):
         if not self._sync:
             return
         bucket = self.buckets.where[p][0]
-        if p in self._ready_params:  # a second gradient in one backward (reentrant checkpointing, say)
-            if bucket < self._next_bucket:
+        if not self.reducer.ready(bucket, p):  # a second gradient in one backward (reentrant checkpointing, say)
+            if self.reducer.launched[bucket]:
                 raise RuntimeError(f"strategy 'ddp': parameter {self.param_names[p]!r} received a second gradient "
                                    f"in one backward after its bucket's all-reduce had started; ddp reduces each "
                                    f"gradient once per backward (use non-reentrant checkpointing)")
             return
-        self._ready_params.add(p)
-        self._ready[bucket] += 1
-        if not self._callback_queued:
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
         if self.opts["overlap"]:
-            self._launch_full_buckets()
+            self.reducer.launch_full()
 
-    def _launch_full_buckets(self) -> None:
-        """Launch the next buckets in index order while they are full."""
-        buckets = self.buckets.buckets
-        while self._next_bucket < len(buckets) and \
-                self._ready[self._next_bucket] == len(buckets[self._next_bucket].params):
-            self._launch_next()
+    def _launch(self, index: int) -> None:
+        bucket = self.buckets.buckets[index]
+        self.reducer.track(self.average(bucket.buffer, tag=f"bucket {bucket.index}", async_op=True))
 
-    def _launch_next(self) -> None:
-        bucket = self.buckets.buckets[self._next_bucket]
-        work = self.average(bucket.buffer, tag=f"bucket {bucket.index}", async_op=True)
-        if work is not None:
-            self._works.append(work)
-        self._next_bucket += 1
-
-    def _finish_backward(self) -> None:
-        """Queued on the autograd engine: runs once, after the whole backward pass."""
-        missing = [p for p in self.params if p not in self._ready_params]
+    def _fill_missing(self) -> None:
+        """End of backward, before the last buckets launch: a parameter without a gradient reduces zeros."""
+        missing = [p for p in self.params if p not in self.reducer.seen]
         # a parameter that had a gradient in an earlier micro-batch of the step keeps it
         self.handle_unused([p for p in missing if p not in self._seen])
         for p in missing:
             self.buckets.attach_view(p)  # its slot holds its accumulated gradient, or zeros
-        while self._next_bucket < len(self.buckets):
-            self._launch_next()
-        for work in self._works:
-            work.wait()
-        self._new_pass()
-        self._finished = True
 
     # -- the loop ------------------------------------------------------------------
     def backward(self, loss):
-        self._finished = False
-        loss.backward()
-        if self._sync and not self._finished:
-            self._finish_backward()  # no hook fired (nothing required grad): reduce anyway, in lockstep
+        self.reducer.backward(loss, sync=self._sync)
 
     def zero_grad(self):
         """Gradients to None, as torch does: the first gradient of the next step is copied into its slot

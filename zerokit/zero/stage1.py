@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
-from torch.autograd import Variable
 
 from .. import theory
 from ..runtime import comm
 from ..optim import MasterOptimizer
 from ..strategies.base import Option, Strategy, boolean, register
 from ..data_parallel.naive import check_replicas_match
+from ..data_parallel.reducer import Reducer
 from .flat_buffer import (FlatUnit, all_gather_unit, assign_units, check_elements, check_trainable,
                           check_world_size)
 
@@ -155,45 +155,6 @@ class ShardedDataParallel(Strategy):
                 + theory.ring_bytes_sent("all_gather", padded, self.world))
 
 
-class UnitLauncher:
-    """Launch each unit's reduction in unit order as units fill, so every rank issues the same collectives.
-
-    ``ready(unit)`` counts one parameter of the unit ready; a unit is *full* when all its
-    parameters are. Full units launch strictly in index order (a later unit that fills
-    first waits for the earlier ones), exactly as ``ddp``'s buckets do.
-    """
-
-    def __init__(self, units: List[FlatUnit], launch):
-        self.units = units
-        self.launch = launch
-        self.reset()
-
-    def reset(self) -> None:
-        self.counts = [0] * len(self.units)
-        self.seen: set = set()
-        self.next = 0
-
-    def ready(self, p) -> bool:
-        """Count ``p`` (once per backward); True when it was new."""
-        if p in self.seen:
-            return False
-        self.seen.add(p)
-        return True
-
-    def count(self, unit: FlatUnit) -> None:
-        self.counts[unit.index] += 1
-
-    def launch_full(self) -> None:
-        while self.next < len(self.units) and self.counts[self.next] == len(self.units[self.next].params):
-            self.launch(self.units[self.next])
-            self.next += 1
-
-    def launch_rest(self) -> None:
-        while self.next < len(self.units):
-            self.launch(self.units[self.next])
-            self.next += 1
-
-
 @register
 class ZeroStage1(ShardedDataParallel):
     """ZeRO-1: full params and grads; optimizer states for the own shard; reduce-scatter, step, all-gather."""
@@ -214,10 +175,7 @@ class ZeroStage1(ShardedDataParallel):
         self.grad_views = {p: v for unit, flat in zip(self.units, self.grad_buffers)
                            for p, v in zip(unit.params, unit.views(flat))}
         self.attach_grads()
-        self.launcher = UnitLauncher(self.units, self._launch)
-        self._works: list = []
-        self._callback_queued = False
-        self._finished = False
+        self.reducer = Reducer([len(u.params) for u in self.units], self._launch, before_finish=self.attach_grads)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.params]
 
     def attach_grads(self) -> None:
@@ -235,37 +193,15 @@ class ZeroStage1(ShardedDataParallel):
     def _on_gradient_ready(self, p) -> None:
         if not self._sync:
             return
-        if not self.launcher.ready(p):
-            return
-        self.launcher.count(self.unit_of[p])
-        if not self._callback_queued:
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
-        if self.opts["overlap_comm"]:
-            self.launcher.launch_full()
+        if self.reducer.ready(self.unit_of[p].index, p) and self.opts["overlap_comm"]:
+            self.reducer.launch_full()
 
-    def _launch(self, unit: FlatUnit) -> None:
-        flat = self.grad_buffers[unit.index]
-        work = self.reduce_unit(unit, flat, unit.shard(flat), async_op=self.opts["overlap_comm"])
-        if work is not None:
-            self._works.append(work)
-
-    def _finish_backward(self) -> None:
-        """After the whole backward: reduce what has not been reduced, and wait for every reduction."""
-        self.attach_grads()  # a parameter that got no gradient reduces zeros
-        self.launcher.launch_rest()
-        for work in self._works:
-            work.wait()
-        self._works.clear()
-        self.launcher.reset()
-        self._callback_queued = False
-        self._finished = True
+    def _launch(self, index: int) -> None:
+        unit, flat = self.units[index], self.grad_buffers[index]
+        self.reducer.track(self.reduce_unit(unit, flat, unit.shard(flat), async_op=self.opts["overlap_comm"]))
 
     def backward(self, loss):
-        self._finished = False
-        loss.backward()
-        if self._sync and not self._finished:
-            self._finish_backward()
+        self.reducer.backward(loss, sync=self._sync)
 
     def zero_grad(self):
         for flat in self.grad_buffers:

@@ -31,19 +31,10 @@ from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
-from torch.autograd import Variable
 
 from ..strategies.base import Option, boolean, register
-from .stage1 import SHARED_OPTIONS, ShardedDataParallel, UnitLauncher, stage_option
-
-
-class _InFlight:
-    """A bucket whose reduction was launched: the buffer to free, where the result goes."""
-
-    __slots__ = ("unit", "bucket", "work", "out", "into")
-
-    def __init__(self, unit, bucket, work, out, into):
-        self.unit, self.bucket, self.work, self.out, self.into = unit, bucket, work, out, into
+from ..data_parallel.reducer import Reducer
+from .stage1 import SHARED_OPTIONS, ShardedDataParallel, stage_option
 
 
 @register
@@ -76,10 +67,10 @@ class ZeroStage2(ShardedDataParallel):
         #: units whose shard holds this step's gradients already (later micro-batches add)
         self._written = [False] * len(self.units)
         self.buckets: List[Optional[torch.Tensor]] = [None] * len(self.units)
-        self._in_flight: List[_InFlight] = []
-        self.launcher = UnitLauncher(self.units, self._launch)
-        self._callback_queued = False
-        self._finished = False
+        #: (bucket, reduced output) of each reduction in flight, for the memory ledger
+        self._in_flight: list = []
+        self.reducer = Reducer([len(u.params) for u in self.units], self._launch,
+                               before_finish=self._fill_missing, on_abort=self._drop_buckets)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.params]
 
     # -- during backward (every micro-batch) ---------------------------------------------
@@ -93,21 +84,17 @@ class ZeroStage2(ShardedDataParallel):
         """Copy ``p.grad`` into its unit's bucket, drop it, and launch the buckets that are full."""
         unit = self.unit_of[p]
         offset, numel = self.slot[p]
-        bucket = self._bucket(unit)
-        view = bucket[offset:offset + numel].view_as(p)
-        if self.launcher.ready(p):
+        view = self._bucket(unit)[offset:offset + numel].view_as(p)
+        if self.reducer.ready(unit.index, p):
             view.copy_(p.grad)
-            self.launcher.count(unit)
         else:  # the same parameter a second time in one backward (a reused module): accumulate
             view.add_(p.grad)
         p.grad = None
-        if not self._callback_queued:
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
-        self.launcher.launch_full()
+        self.reducer.launch_full()
 
-    def _launch(self, unit) -> None:
+    def _launch(self, index: int) -> None:
         """Reduce a full bucket into the own shard; at most one other reduction stays in flight."""
+        unit = self.units[index]
         bucket = self._bucket(unit)
         i = unit.index
         if self.shards[i] is None:
@@ -119,48 +106,40 @@ class ZeroStage2(ShardedDataParallel):
             out = self.shards[i] if first else unit.new_shard()
         else:
             out = unit.shard(bucket)  # all-reduce in place, then keep the own slice
-        into = None if (first and self.opts["reduce_scatter"]) else (self.shards[i], first)
+        shard = self.shards[i]
+        copy = not (first and self.opts["reduce_scatter"])
         work = self.reduce_unit(unit, bucket, out, async_op=overlap)
-        self.buckets[i] = None
-        flight = _InFlight(unit, bucket, work, out, into)
         if overlap:
-            self._complete_all()  # double buffering: the previous bucket must be done before this one is
-            self._in_flight.append(flight)
-        else:
-            self._complete(flight)
+            self.reducer.wait_all()  # double buffering: the previous bucket is done before this one is tracked
+        self.buckets[i] = None
+        flight = [bucket, out]
+        self._in_flight.append(flight)
 
-    def _complete(self, flight: _InFlight) -> None:
-        if flight.work is not None:
-            flight.work.wait()
-        if flight.into is not None:
-            shard, first = flight.into
-            if first:
-                shard.copy_(flight.out)
-            else:
-                shard.add_(flight.out)
-        flight.bucket = flight.out = None  # the bucket's memory goes back now
+        def done():
+            if copy:
+                if first:
+                    shard.copy_(out)
+                else:
+                    shard.add_(out)
+            flight[0] = flight[1] = None  # the bucket's memory goes back now
+            self._in_flight.remove(flight)
 
-    def _complete_all(self) -> None:
-        while self._in_flight:
-            self._complete(self._in_flight.pop(0))
+        self.reducer.track(work, bucket.numel(), done)
 
-    def _finish_backward(self) -> None:
-        """After the whole backward: a parameter without a gradient adds zeros; reduce the rest, wait for all."""
+    def _fill_missing(self) -> None:
+        """End of backward: a parameter without a gradient adds zeros to its unit's bucket."""
         for unit in self.units:
-            if self.launcher.counts[unit.index] < len(unit.params):
-                missing = {p for p in unit.params if p not in self.launcher.seen}
+            if not self.reducer.is_full(unit.index):
+                missing = {p for p in unit.params if p not in self.reducer.seen}
                 unit.zero_slots(self._bucket(unit), missing)  # zeros where no gradient came
-        self.launcher.launch_rest()
-        self._complete_all()
-        self.launcher.reset()
-        self._callback_queued = False
-        self._finished = True
+
+    def _drop_buckets(self) -> None:
+        """Backward failed: the half-filled buckets are dropped; the next backward starts afresh."""
+        self.buckets = [None] * len(self.units)
+        self._in_flight.clear()
 
     def backward(self, loss):
-        self._finished = False
-        loss.backward()
-        if not self._finished:
-            self._finish_backward()
+        self.reducer.backward(loss)
 
     @contextmanager
     def no_sync(self):
@@ -185,7 +164,7 @@ class ZeroStage2(ShardedDataParallel):
             yield from (s for s in self.shards if s is not None)
             yield from (b for b in self.buckets if b is not None)
             for flight in self._in_flight:
-                yield from (t for t in (flight.bucket, flight.out) if t is not None)
+                yield from (t for t in flight if t is not None)
 
         ledger.track("grads", gradient_memory)
 
