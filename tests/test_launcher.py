@@ -319,6 +319,53 @@ def test_the_ranks_listen_on_loopback_only():
     assert addresses == {"127.0.0.1"}
 
 
+# --- what a rank starts dies with it ---------------------------------------------------------
+
+def _own_session(ctx):
+    return os.getpid(), os.getpgid(0), os.getsid(0)
+
+
+def _leave_a_child(ctx, folder, how):
+    """Start a process that would outlive this rank, note its pid, then return, raise or hang."""
+    child = subprocess.Popen(["sleep", "60"])
+    (Path(folder) / f"child{ctx.rank}.pid").write_text(str(child.pid))
+    if how == "raise" and ctx.rank == 1:
+        raise RuntimeError("rank 1 leaves a child behind")
+    if how == "hang" and ctx.rank == 1:
+        time.sleep(3600)
+    return child.pid
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs, by psutil (a zombie waiting for init to reap it does not)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_each_rank_leads_its_own_session_and_process_group():
+    for pid, pgid, sid in launch(_own_session, 2):
+        assert pid == pgid == sid != os.getpgid(0)
+
+
+@pytest.mark.parametrize("how, error", [("return", None), ("raise", RankFailed), ("hang", RankTimeout)])
+def test_a_rank_s_own_children_do_not_outlive_the_launch(how, error, tmp_path):
+    pytest.importorskip("psutil")
+    if error is None:
+        launch(_leave_a_child, 2, str(tmp_path), how, timeout_s=60)
+    else:
+        with pytest.raises(error):
+            launch(_leave_a_child, 2, str(tmp_path), how, timeout_s=60 if error is RankFailed else 3)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("child*.pid"))]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if _running(pid)] == []
+
+
 # --- the parent interrupted or killed ---------------------------------------------------------
 
 _SLEEPER = textwrap.dedent("""
@@ -372,6 +419,36 @@ def test_a_parent_killed_hard_takes_its_ranks_along(tmp_path):
     proc.kill()
     proc.communicate(timeout=30)
     assert _wait_gone(pids) == []
+
+
+_ABANDONED = textwrap.dedent("""
+    import os, subprocess, sys, threading, time
+    from zerokit.runtime.launch import launch
+
+    def sleep(ctx, folder):
+        child = subprocess.Popen(["sleep", "60"])
+        with open(os.path.join(folder, f"pids{ctx.rank}.tmp"), "w") as f:
+            f.write(f"{os.getpid()} {child.pid}")
+        os.rename(os.path.join(folder, f"pids{ctx.rank}.tmp"), os.path.join(folder, f"pids{ctx.rank}"))
+        time.sleep(3600)
+
+    if __name__ == "__main__":
+        threading.Thread(target=launch, args=(sleep, 2, sys.argv[1]), daemon=True).start()
+        while len([n for n in os.listdir(sys.argv[1]) if n.startswith("pids") and n[-1].isdigit()]) < 2:
+            time.sleep(0.05)
+        sys.exit(0)  # the launch thread is abandoned: only the atexit hook can stop its ranks
+""")
+
+
+def test_at_exit_a_launch_left_running_in_a_thread_takes_its_ranks_and_their_children_along(tmp_path):
+    script = tmp_path / "abandoned.py"
+    script.write_text(_ABANDONED)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=_env_without_torchrun(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pids = [int(pid) for p in tmp_path.glob("pids?") for pid in p.read_text().split()]
+    assert len(pids) == 4
+    assert _wait_gone(pids, timeout_s=5) == []
 
 
 # --- under torchrun ---------------------------------------------------------------------------

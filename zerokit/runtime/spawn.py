@@ -5,8 +5,11 @@ any rank starts; each rank gets a :class:`RankSpec` (rank, world, backend, port,
 and rank 0 also gets the listening socket itself. When the start method is spawn,
 :func:`main_module_hidden` keeps the child from re-running the caller's script.
 
-Lifecycle, in the child (:func:`rank_main`): tie itself to the parent
-(:func:`die_with_parent`, so that Linux kills it if the parent dies), ignore Ctrl-C (the
+Lifecycle, in the child (:func:`rank_main`): first become the leader of a session and
+process group of its own (:func:`own_session`), so that whatever the rank starts
+(DataLoader workers, a subprocess) is in that group and the parent can kill it all
+with ``os.killpg``; tie itself to the parent (:func:`die_with_parent`, so that Linux
+kills it if the parent dies), ignore Ctrl-C (the
 parent takes it), point fd 1 and 2 at the parent's pipes (:func:`redirect_output`),
 arm faulthandler (a crash prints its stacks; SIGUSR1 prints them on a hang), install
 the status slot the parent reads on a hang, join the process group through rank 0's
@@ -70,6 +73,7 @@ def rendezvous_socket() -> socket.socket:
 
 def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket) -> None:
     """Entry point of a rank process: tie it to the parent, join the group, run fn, report back."""
+    own_session()
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent takes Ctrl-C and kills the ranks
     redirect_output(stdout, stderr)
@@ -102,6 +106,19 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
         finally:
             os._exit(1)  # skip the group's teardown: peers may be gone or hung
     dist.destroy_process_group()
+
+
+def own_session() -> None:
+    """Make this rank the leader of a new session and process group, whose id is its pid.
+
+    Its children inherit the group, so ``os.killpg(rank_pid, ...)`` reaches them too, even
+    after the rank itself has exited. Called first thing, before the rank can start any
+    process: until then the parent's plain kill of the rank is enough. (A descendant
+    that starts a session of its own, e.g. ``start_new_session=True``, leaves the group.)
+    """
+    if hasattr(os, "setsid"):
+        with contextlib.suppress(PermissionError):  # already a group leader: nothing to do
+            os.setsid()
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -14,11 +14,16 @@ Lifecycle (:meth:`Supervisor.run`):
    earliest failure that is not a mere peer-loss victim; on a hang, send SIGUSR1 so
    each hung rank prints its stacks, then stop them and raise
    :class:`.errors.RankTimeout` with the collective each last entered.
-4. *stop* — on every path (return, raise, Ctrl-C), SIGTERM then SIGKILL and reap every
-   rank, print what is left in its pipes, close them.
+4. *stop* — on every path (return, raise, Ctrl-C), SIGTERM then SIGKILL every rank's
+   whole process group (``os.killpg``: each rank leads one, :func:`.spawn.own_session`),
+   so what a rank started dies with it even after the rank exited; reap, print what is
+   left in the pipes, close them. An ``atexit`` hook kills the groups of launches still
+   running at interpreter exit (in a daemon thread). A parent killed hard takes its
+   ranks along (PDEATHSIG) but nothing is left to kill their children.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import multiprocessing as mp
@@ -26,7 +31,9 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -136,14 +143,21 @@ class Supervisor:
         self.timeout_s = timeout_s
         self.threads = threads
         self.ranks: List[_Rank] = []
+        self.owner_pid = os.getpid()
 
     def run(self) -> list:
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
         try:
             self._start()
             self._supervise()
             return [rank.value for rank in self.ranks]
         finally:
-            self._stop()
+            try:
+                self._stop()
+            finally:
+                with _ACTIVE_LOCK:
+                    _ACTIVE.discard(self)
 
     def _start(self) -> None:
         sys.stdout.flush()  # what the caller printed comes before what the ranks print
@@ -242,13 +256,13 @@ class Supervisor:
         started = [rank.process for rank in self.ranks if rank.process.pid is not None]
         try:
             for process in started:
-                process.terminate()
+                _signal_rank(process, signal.SIGTERM)
             end = time.monotonic() + _TERMINATE_S
             for process in started:
                 process.join(max(0.0, end - time.monotonic()))
         finally:
             for process in started:
-                process.kill()
+                _signal_rank(process, signal.SIGKILL)
                 process.join()
             for rank in self.ranks:
                 for output in rank.outputs:
@@ -256,3 +270,38 @@ class Supervisor:
                         output.pump()
                         output.close()
                 rank.results.close()
+
+    def kill_now(self) -> None:
+        """SIGKILL every rank's group, from the ``atexit`` hook: no waiting, no printing."""
+        for rank in list(self.ranks) if os.getpid() == self.owner_pid else ():  # not in a fork
+            if rank.process.pid is not None:
+                _signal_rank(rank.process, signal.SIGKILL)
+
+
+def _signal_rank(process, sig: int) -> None:
+    """Send ``sig`` to the rank's process group (its id is the rank's pid, and it outlives
+    the rank while anything the rank started runs), and to the rank itself, which may not
+    have made its group yet (it has then started nothing)."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+    if process.exitcode is None:  # not reaped yet, so the pid is still this rank's
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, sig)
+
+
+#: launches in progress in this process, for the atexit hook
+_ACTIVE: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
+_ACTIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _kill_active_launches() -> None:
+    """Kill the ranks' groups of launches still running (in a daemon thread) at interpreter exit.
+
+    Registered after multiprocessing's own hook, so it runs first: multiprocessing then
+    joins dead ranks instead of waiting forever on hung ones."""
+    with _ACTIVE_LOCK:
+        active = list(_ACTIVE)
+    for launch in active:
+        launch.kill_now()
