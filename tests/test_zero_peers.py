@@ -2,7 +2,7 @@
 
 Same workload, same reference, same ledgers; the losses match across all of them.
 DeepSpeed's peers need ``pip install deepspeed`` (the ``peers`` extra) and are skipped
-without it.
+without it. Every peer also trains a GPT whose token embedding is its output head.
 """
 import pytest
 
@@ -53,3 +53,48 @@ def test_deepspeed_peers_side_by_side():
 def test_torch_zero1_refuses_bf16_mixed():
     with pytest.raises(zerokit.RankFailed, match="runs in fp32 only"):
         zerokit.train(odd_mlp(), "torch-zero1", world_size=2, steps=1, precision="bf16-mixed", reference=False)
+
+
+# --- tied weights: GPT-2's token embedding is its output head --------------------------------------
+
+def tied_gpt():
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12, tie_weights=True)
+
+
+ALL_PEERS = ["torch-ddp", *TORCH_PEERS, *(DEEPSPEED_PEERS if deepspeed_available() else [])]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_peers_train_tied_gpt(n):
+    """Every peer trains the tied-weight GPT as one process does (FSDP2: the tied embedding and head end up
+    in the root's fully_shard group). SGD, because AdamW's normalisation amplifies the summation order of the
+    gradients to ~1e-6 on GPTs; lr 0.1 moves the parameters by ~0.1, so a missing share of the tied gradient
+    would show far above the tolerance."""
+    report = compare(tied_gpt(), n, ["single", *ALL_PEERS], steps=3, optimizer="sgd", lr=0.1)
+    for name in ALL_PEERS:
+        result = report[name]
+        assert result.param_diff["max_abs"] <= 1e-5, (name, result.param_diff)
+        assert result.losses == pytest.approx(report["single"].losses, abs=1e-5), name
+
+
+def test_fsdp2_unit_sizes_on_tied_gpt():
+    """unit_size 0 (every module a group) and a size that makes the ModuleList a unit (one fully_shard group
+    over its children) train the tied model too."""
+    sizes = {"fsdp2-zero2": 0, "fsdp2-zero3": 5000}
+    report = compare(tied_gpt(), 2, ["single", *sizes], steps=3, optimizer="sgd", lr=0.1,
+                     options_for=lambda name: {"unit_size": sizes[name]} if name in sizes else {})
+    for name in sizes:
+        assert report[name].param_diff["max_abs"] <= 1e-5, (name, report[name].param_diff)
+
+
+@pytest.mark.parametrize("value", ["blocks", -1, 1.5, True, None])
+def test_fsdp2_unit_size_is_checked(value):
+    with pytest.raises(ValueError, match=r"option unit_size=.*'block'.*0.*whole number of elements"):
+        zerokit.strategies.get("fsdp2-zero3").resolve_options({"unit_size": value})
+
+
+def test_fsdp2_unit_size_default_is_block():
+    from zerokit.zero.units import BLOCK
+
+    assert zerokit.strategies.get("fsdp2-zero2").resolve_options({})["unit_size"] == BLOCK
+    assert zerokit.strategies.get("fsdp2-zero3").resolve_options({"unit_size": 4096.0})["unit_size"] == 4096.0

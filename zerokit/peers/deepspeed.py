@@ -84,6 +84,9 @@ class DeepSpeedPeer(Peer):
             "train_micro_batch_size_per_gpu": 1,  # only its bookkeeping: zerokit feeds the batches
             "gradient_accumulation_steps": config.micro_batches,
             "gradient_clipping": 0,
+            # DeepSpeed's list of "tested" ZeRO optimizers has Adam(W) but not torch.optim.SGD, which steps the flat
+            # partitions elementwise like any other torch optimizer
+            "zero_allow_untested_optimizer": config.optimizer.name != "adamw",
             "zero_optimization": zero,
             "bf16": {"enabled": config.precision == "bf16-mixed"},
             "steps_per_print": 10 ** 9,

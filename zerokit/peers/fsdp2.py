@@ -2,10 +2,15 @@
 
 Lifecycle:
 
-1. **setup**: the model is cut into the same units zerokit's ``zero3`` forms (option
-   ``unit_size``, in elements); ``fully_shard`` is applied to each unit's module,
-   children before parents, then to the root; every parameter becomes a DTensor holding this
-   rank's shard (dim 0, padded to a multiple of N);
+1. **setup**: the model is cut into the same units zerokit's ``zero3`` forms
+   (:func:`zerokit.zero.units.form_units`, option ``unit_size``: ``"block"`` by default —
+   each repeated transformer block is a unit, the root takes the rest — or a number of
+   elements). A shared parameter (tied embedding and head) belongs to the unit of the
+   lowest common ancestor of the modules that hold it, so both of its uses end up in
+   one ``fully_shard`` group. ``fully_shard`` is applied to each unit's module, children
+   before parents (a ModuleList unit, which has no forward to hook, as the list of its
+   children that hold the unit's parameters: one group), then to the root; every
+   parameter becomes a DTensor holding this rank's shard (dim 0, padded to a multiple of N);
 2. **forward**: each group's pre-forward hook all-gathers its parameters; after its
    forward it frees them (``reshard_after_forward=True``, ``fsdp2-zero3``) or keeps them
    until its backward (``False``, ``fsdp2-zero2``);
@@ -24,13 +29,41 @@ import warnings
 from contextlib import contextmanager
 
 import torch
+import torch.nn as nn
 
 from .. import theory
 from ..runtime import comm
 from ..strategies.base import Option, register
-from ..zero.stage1 import ELEMENTS
-from ..zero.stage3 import form_units, non_negative_elements
+from ..zero.stage3 import non_negative_elements
+from ..zero.units import BLOCK, form_units
 from .recording import Peer, ledgered_torch_collectives
+
+
+def block_or_elements(value) -> bool:
+    """``unit_size``: the string ``"block"``, or 0, or a positive whole number of elements."""
+    if isinstance(value, str):
+        return value == BLOCK
+    try:
+        return non_negative_elements(value)
+    except (OverflowError, ValueError):  # inf, nan
+        return False
+
+
+UNIT_SIZE = Option(BLOCK, block_or_elements,
+                   f"{BLOCK!r} (each repeated block — a child of a ModuleList/Sequential of one class — is a "
+                   f"fully_shard group, the root takes the rest), 0 (every module with parameters of its own) or a "
+                   f"positive whole number of elements (modules are grouped with their parent until they reach it), "
+                   f"as zero3's unit_size")
+
+
+def _shard_target(unit):
+    """What ``fully_shard`` is applied to for one unit: its module, or — for a ModuleList/ModuleDict, which
+    has no forward for FSDP2's hooks — the list of its children that hold the unit's parameters (one group)."""
+    module = unit.module
+    if isinstance(module, (nn.ModuleList, nn.ModuleDict)) and type(module).forward is nn.Module.forward:
+        mine = {id(p) for p in unit.params}
+        return [child for child in module.children() if any(id(p) in mine for p in child.parameters())]
+    return module
 
 
 def _local(t):
@@ -41,14 +74,15 @@ class FSDP2(Peer):
     """fully_shard on zerokit's units, then on the root; ``reshard_after_forward`` set by the subclass."""
 
     reshard_after_forward = True
-    options = {"unit_size": Option(0, non_negative_elements, f"0 or {ELEMENTS}: as zero3's unit_size (the same "
-                                                            f"modules get fully_shard)")}
+    options = {"unit_size": UNIT_SIZE}
 
     def __init__(self, model, ctx, config, **options):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         super().__init__(model, ctx, config, **options)
+        unit_size = self.opts["unit_size"]
+        unit_size = unit_size if unit_size == BLOCK else int(unit_size)
         # The workloads split a Linear's output into views (q, k, v) and never write into them
         # in place, which is the case this warning is about; silence it so each rank's output stays readable.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
@@ -58,9 +92,9 @@ class FSDP2(Peer):
             model.float()  # bf16 values, exactly: FSDP2 keeps the fp32 shards and computes in bf16
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
         with comm.phase("setup"), ledgered_torch_collectives(self.name):
-            for module, _, _ in form_units(model, int(self.opts["unit_size"]), set()):
-                if module is not model:
-                    fully_shard(module, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+            for unit in form_units(model, unit_size, set()):  # children before parents
+                if unit.module is not model:
+                    fully_shard(_shard_target(unit), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
                                 mp_policy=policy)
             fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         self.params = list(model.parameters())
