@@ -11,80 +11,190 @@ from pathlib import Path
 from . import strategies as strategy_registry
 from . import theory
 from .report import Report
+from .runtime.errors import RankFailed, RankTimeout
+from .runtime.mesh import AXES, check_built, parse_parallel
 from .train import make_job, run_job, run_reference
 from .workloads import Workload, tiny_gpt
 
 #: the tiny GPT the tour runs: small enough for every strategy at 2 and 4 ranks in a minute
 TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
 
+#: how ``--parallel`` is written, for its help and its error messages
+PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, tp, pp, e.g. dp=2,tp=1,pp=1"
+
+
+class UsageError(ValueError):
+    """Bad input on the command line: printed as ``zerokit: error: …``, exit status 2."""
+
 
 def load_workload(spec: str) -> Workload:
     """``FILE.py:FUNC`` -> the Workload FUNC() returns."""
     if ":" not in spec:
-        raise SystemExit(f"--model {spec!r}: expected FILE.py:FUNC")
+        raise UsageError(f"--model {spec!r}: expected FILE.py:FUNC")
     path, func = spec.rsplit(":", 1)
     file = Path(path)
     if not file.is_file():
-        raise SystemExit(f"--model: no such file {path!r}")
+        raise UsageError(f"--model: no such file {path!r}")
     module_spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[file.stem] = module
     module_spec.loader.exec_module(module)
     if not hasattr(module, func):
-        raise SystemExit(f"--model: {path} defines no {func!r}")
+        raise UsageError(f"--model: {path} defines no {func!r}")
     workload = getattr(module, func)()
     if not isinstance(workload, Workload):
-        raise SystemExit(f"--model: {func}() returned {type(workload).__name__}, not a zerokit.Workload")
+        raise UsageError(f"--model: {func}() returned {type(workload).__name__}, not a zerokit.Workload")
     return workload
+
+
+# --- compare: plan (every check, nothing started), then run ------------------------------------
+
+def _plan(workload: Workload, world_size: int, strategies, steps: int, precision: str, optimizer: str,
+          lr: float, micro_batches: int, options_for, track_peak: bool, keep_records: bool, parallel) -> list:
+    """``[(job, number of ranks), …]``, every argument checked (ValueError) before any process starts."""
+    strategies = list(strategies)
+    if not strategies:
+        raise ValueError("no strategies to compare; name at least one, e.g. single,ddp "
+                         f"(allowed: {', '.join(strategy_registry.names())})")
+    options_for = options_for or (lambda name: {})
+    jobs = []
+    for name in strategies:
+        single = name == "single"  # the reference runs in one process: no mesh
+        n = 1 if single else world_size
+        jobs.append((make_job(workload, name, n, steps, precision, optimizer, lr, micro_batches,
+                              options_for(name), track_peak, keep_records,
+                              parallel=None if single else parallel), n))
+    return jobs
+
+
+def _run(jobs: list, reference=None, timeout_s: float = 300.0) -> Report:
+    """Run planned jobs one after another against ``reference`` (default: one made from the first job).
+
+    A failure raises :class:`RankFailed` / :class:`RankTimeout` with ``strategy`` and
+    ``world_size`` set to the job that failed.
+    """
+    if reference is None:
+        reference = run_reference(jobs[0][0])
+    results = []
+    for job, n in jobs:
+        try:
+            results.append(run_job(job, n, reference, timeout_s=timeout_s))
+        except (RankFailed, RankTimeout) as e:
+            e.strategy, e.world_size = job.strategy, n
+            raise
+    return Report(results, reference=reference)
 
 
 def compare(workload: Workload, world_size: int, strategies, steps: int = 10, precision: str = "fp32",
             optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1, options_for=None,
-            timeout_s: float = 300.0, track_peak: bool = True, keep_records: bool = False) -> Report:
+            timeout_s: float = 300.0, track_peak: bool = True, keep_records: bool = False,
+            parallel=None) -> Report:
     """Run each strategy on the same workload and compare it with one single-process reference.
 
     ``options_for(strategy) -> dict`` gives each strategy its options (default: none).
+    ``parallel={"dp": …, "tp": …, "pp": …}`` lays every strategy's ranks out on a device mesh
+    (see :func:`zerokit.train.train`); ``single`` always runs in one process, without one.
+    Every job is checked before any runs; a failing rank raises :class:`zerokit.RankFailed`.
     """
-    options_for = options_for or (lambda name: {})
-    jobs = []
-    for name in strategies:
-        n = 1 if name == "single" else world_size
-        jobs.append((make_job(workload, name, n, steps, precision, optimizer, lr, micro_batches,
-                              options_for(name), track_peak, keep_records), n))
-    reference = run_reference(jobs[0][0])
-    results = [run_job(job, n, reference, timeout_s=timeout_s) for job, n in jobs]
-    return Report(results, reference=reference)
+    jobs = _plan(workload, world_size, strategies, steps, precision, optimizer, lr, micro_batches,
+                 options_for, track_peak, keep_records, parallel)
+    return _run(jobs, timeout_s=timeout_s)
 
 
-def _strategy_options(args):
+# --- command-line parsing ------------------------------------------------------------------------
+
+def parse_parallel_arg(text: str, world_size: int) -> dict:
+    """``"dp=2,tp=1"`` -> ``{"dp": 2, "tp": 1}``, checked against the world size and what is built."""
+    parallel = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        try:
+            degree = int(value)
+        except ValueError:
+            degree = None
+        if not sep or not key or degree is None:
+            raise UsageError(f"--parallel {text!r}: {item.strip()!r} is not AXIS=N; expected {PARALLEL_FORM}")
+        if key in parallel:
+            raise UsageError(f"--parallel {text!r}: {key} is given twice; expected {PARALLEL_FORM}")
+        parallel[key] = degree
+    try:
+        check_built(parse_parallel(parallel, world_size))
+    except ValueError as e:
+        raise UsageError(f"--parallel {text!r}: {str(e).removeprefix('parallel: ')}") from e
+    return parallel
+
+
+def _option_value(text: str):
+    """A JSON value (``4``, ``false``, ``"ring"``), Python's ``True``/``False``/``None``, else the bare string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(text.strip(), text)
+
+
+def _strategy_names(text: str) -> list:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise UsageError(f"--strategies {text!r} names no strategy; give a comma-separated list, e.g. single,ddp "
+                         f"(allowed: {', '.join(strategy_registry.names())})")
+    for name in names:
+        try:
+            strategy_registry.get(name)  # unknown names fail before any process starts
+        except ValueError as e:
+            raise UsageError(f"--strategies: {e}") from e
+    return names
+
+
+def _strategy_options(args, names):
+    """``options_for(name)``: the ``--option`` and ``--deepspeed-config`` values that strategy has.
+
+    A key none of ``names`` has is an error; one that only some have goes to those.
+    """
     options = {}
     for item in args.option or []:
-        if "=" not in item:
-            raise SystemExit(f"--option {item!r}: expected KEY=VALUE")
-        key, value = item.split("=", 1)
-        options[key] = json.loads(value) if value not in ("true", "false") else value == "true"
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--option {item!r}: expected KEY=VALUE, e.g. bucket_mb=4, overlap=false or "
+                             f"algorithm=ring")
+        options[key] = _option_value(value)
     config = {}
     if getattr(args, "deepspeed_config", None):
         from .zero.config import from_deepspeed
 
-        config = from_deepspeed(args.deepspeed_config)
+        try:
+            config = from_deepspeed(args.deepspeed_config)
+        except ValueError as e:
+            raise UsageError(f"--deepspeed-config: {e}") from e
+    merged = {**config, **options}
+    classes = {name: strategy_registry.get(name) for name in names}
+    for key in merged:
+        if not any(key in cls.options for cls in classes.values()):
+            source = f"--option {key}" if key in options else f"--deepspeed-config (mapped to {key!r})"
+            have = "; ".join(f"{name}: {', '.join(sorted(cls.options)) or 'none'}" for name, cls in classes.items())
+            raise UsageError(f"{source}: none of the chosen strategies has an option {key!r}; "
+                             f"their options are — {have}")
 
     def options_for(name):
-        cls = strategy_registry.get(name)
-        chosen = {k: v for k, v in {**config, **options}.items() if k in cls.options}
-        return chosen
+        cls = classes.get(name) or strategy_registry.get(name)
+        return {k: v for k, v in merged.items() if k in cls.options}
 
     return options_for
 
 
 def cmd_compare(args) -> int:
     workload = load_workload(args.model)
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    for name in names:
-        strategy_registry.get(name)  # unknown names fail before any process starts
-    report = compare(workload, args.world_size, names, steps=args.steps, precision=args.precision,
-                     optimizer=args.optimizer, lr=args.lr, micro_batches=args.micro_batches,
-                     options_for=_strategy_options(args))
+    names = _strategy_names(args.strategies)
+    if args.world_size < 1:
+        raise UsageError(f"--world-size {args.world_size}: must be a positive integer")
+    parallel = parse_parallel_arg(args.parallel, args.world_size) if args.parallel else None
+    options_for = _strategy_options(args, names)
+    try:
+        jobs = _plan(workload, args.world_size, names, args.steps, args.precision, args.optimizer, args.lr,
+                     args.micro_batches, options_for, True, False, parallel)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    report = _run(jobs)
     if args.json:
         print(report.dumps())
     else:
@@ -101,15 +211,24 @@ def tour_strategies() -> list:
 
 def cmd_tour(args) -> int:
     start = time.perf_counter()
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if any(n < 1 for n in args.world_sizes):
+        raise UsageError(f"--world-sizes {' '.join(map(str, args.world_sizes))}: each must be a positive integer")
     workload = tiny_gpt(**TOUR_WORKLOAD)
+    names = tour_strategies()
+    try:  # every world size checked before the first runs
+        plans = [(n, _plan(workload, n, ["single", *names] if i == 0 else names, args.steps, "fp32", "adamw",
+                           1e-3, 1, None, True, False, None))
+                 for i, n in enumerate(args.world_sizes)]
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     psi = workload.param_count()
     print(f"zerokit tour — {workload.description}; Ψ = {psi:,} parameters; fp32 AdamW, {args.steps} steps.")
     print("Model states and traffic are rank 0's, measured after the last step, next to zerokit.theory.\n")
-    names = tour_strategies()
     reference = None
-    for n in args.world_sizes:
-        report = compare(workload, n, ["single", *names] if reference is None else names, steps=args.steps,
-                         timeout_s=args.timeout)
+    for n, jobs in plans:
+        report = _run(jobs, reference, timeout_s=args.timeout)
         reference = report.reference
         print(f"-- {n} ranks --")
         print(report.table())
@@ -138,14 +257,21 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="run strategies on a workload of yours, side by side")
     cmp_.add_argument("--model", required=True, help="FILE.py:FUNC, where FUNC() returns a zerokit.Workload")
     cmp_.add_argument("--world-size", type=int, required=True)
-    cmp_.add_argument("--strategies", required=True, help="comma-separated; see `zerokit compare --list`")
+    cmp_.add_argument("--strategies", required=True,
+                      help="comma-separated, e.g. single,ddp,zero1 (README.md lists them; an unknown name is "
+                           "refused with the list)")
     cmp_.add_argument("--steps", type=int, default=10)
     cmp_.add_argument("--precision", choices=theory.PRECISIONS, default="fp32")
     cmp_.add_argument("--optimizer", choices=theory.OPTIMIZERS, default="adamw")
     cmp_.add_argument("--lr", type=float, default=1e-3)
     cmp_.add_argument("--micro-batches", type=int, default=1)
+    cmp_.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
+                      help=f"the device mesh, degrees multiplying to --world-size ({PARALLEL_FORM}; "
+                           f"an axis left out is 1, or for dp the rest); default: every rank on dp; "
+                           f"axes {', '.join(AXES)}, today only dp above 1")
     cmp_.add_argument("--option", action="append", metavar="KEY=VALUE",
-                      help="a strategy option (JSON value), given to every strategy that has it")
+                      help="a strategy option, repeatable: a JSON value (4, 0.5, true, false, null) or a bare "
+                           "string (ring, 1f1b); given to every chosen strategy that has it, an error if none has")
     cmp_.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON (zero_optimization)")
     cmp_.add_argument("--json", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
@@ -157,13 +283,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _failure_message(e: Exception) -> str:
+    """One message for a failed launch: which strategy, which rank, its error, its own traceback."""
+    where = ""
+    if getattr(e, "strategy", None):
+        where = f"{e.strategy} on {e.world_size} rank{'s' if e.world_size != 1 else ''}: "
+    if isinstance(e, RankFailed):
+        lines = [line for line in e.traceback.strip().splitlines() if line.strip()]
+        error = lines[-1].strip() if lines else "no traceback"
+        code = f" (exit code {e.exitcode})" if e.exitcode is not None else ""
+        text = f"{where}rank {e.rank} failed{code}: {error}\nrank {e.rank}'s traceback:\n{e.traceback.rstrip()}"
+        if e.others:
+            text += "\nother ranks failed after it:" + "".join(f"\n  rank {r}: {s}" for r, s in e.others)
+        return text
+    return f"{where}{e}"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError) as e:
-        print(f"zerokit {args.command}: {e}", file=sys.stderr)
+    except UsageError as e:  # bad input, found before anything ran: argparse's style and status
+        print(f"zerokit: error: {e}", file=sys.stderr)
         return 2
+    except (RankFailed, RankTimeout) as e:  # a rank failed or hung: its own traceback, not the CLI's
+        print(f"zerokit {args.command}: {_failure_message(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
