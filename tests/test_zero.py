@@ -19,7 +19,7 @@ from zerokit.runtime.launch import RankFailed
 from zerokit.report import param_difference
 from zerokit.strategies import TrainConfig, get
 from zerokit.zero.flat_buffer import FlatUnit, all_gather_unit, assign_units, check_world_size
-from zerokit.zero.stage3 import form_units
+from zerokit.zero.units import form_units
 
 STAGES = ["zero1", "zero2", "zero2-naive", "zero3"]
 #: elements: gives the odd MLP (1,830 parameters) several units in zero1 / zero2

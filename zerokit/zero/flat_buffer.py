@@ -178,8 +178,19 @@ class FlatUnit:
                 f"{self.padded_numel} = {self.world_size} × {self.shard_numel})")
 
 
+def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group, algorithm: str, async_op: bool, tag: str):
+    """Gather every rank's ``shard`` into ``output``: the backend's all-gather, or zerokit's ring (synchronous)."""
+    from ..runtime import comm
+    from ..runtime.ring import ring_all_gather
+
+    if algorithm == "ring":
+        ring_all_gather(output, shard, group=group, tag=tag)
+        return None
+    return comm.all_gather(output, shard, group=group, async_op=async_op, tag=tag)
+
+
 def all_gather_unit(unit: FlatUnit, shard: torch.Tensor, bucket_numel: int, group=None, tag: str = "",
-                    async_op: bool = False):
+                    async_op: bool = False, algorithm: str = "torch"):
     """Fill ``unit.data`` with every rank's shard (``shard`` is this rank's).
 
     One call when the whole buffer fits in ``bucket_numel`` elements (DeepSpeed's
@@ -187,16 +198,14 @@ def all_gather_unit(unit: FlatUnit, shard: torch.Tensor, bucket_numel: int, grou
     most ``bucket_numel`` elements. The bytes sent are (N−1)/N of the padded buffer
     either way. Returns the Work of an async single call, else None.
     """
-    from ..runtime import comm
-
     n = unit.world_size
     if unit.padded_numel <= bucket_numel:
-        return comm.all_gather(unit.data, shard, group=group, async_op=async_op, tag=tag)
+        return all_gather_flat(unit.data, shard, group, algorithm, async_op, tag)
     chunk = max(1, bucket_numel // n)
     rows = unit.data.view(n, unit.shard_numel)
     for start in range(0, unit.shard_numel, chunk):
         k = min(chunk, unit.shard_numel - start)
         gathered = torch.empty(n * k, dtype=unit.dtype, device=unit.device)
-        comm.all_gather(gathered, shard[start:start + k].contiguous(), group=group, tag=f"{tag} chunk")
+        all_gather_flat(gathered, shard[start:start + k].contiguous(), group, algorithm, False, f"{tag} chunk")
         rows[:, start:start + k].copy_(gathered.view(n, k))
     return None

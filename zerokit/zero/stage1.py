@@ -16,6 +16,10 @@ step:
    in bf16-mixed) and the updated parameters are all-gathered, in chunks of at most
    ``allgather_bucket_size`` elements.
 
+``algorithm="ring"`` runs every reduce-scatter and all-gather on zerokit's ring over
+send/recv, so the ledger's ``sent_bytes`` shows a reduce-scatter really sending
+(N−1)/N of the buffer (gloo's own reduce-scatter is an all-reduce underneath).
+
 Per rank: params 2Ψ and grads 2Ψ (bf16) or 4Ψ + 4Ψ (fp32), padded; optimizer K·Ψ/N
 (FACTS §1). Traffic 2(N−1)/N·Ψb, the same as DDP (FACTS §2): a reduce-scatter and
 an all-gather are an all-reduce cut in half. With accumulation the gradients
@@ -34,7 +38,8 @@ from .. import theory
 from ..runtime import comm
 from ..optim import MasterOptimizer
 from ..strategies.base import Option, Strategy, boolean, register
-from ..data_parallel.naive import check_replicas_match
+from ..data_parallel.naive import ALGORITHMS, check_replicas_match, one_of
+from ..runtime.ring import ring_all_reduce, ring_reduce_scatter
 from ..data_parallel.reducer import Reducer
 from .flat_buffer import (FlatUnit, all_gather_unit, assign_units, check_elements, check_trainable,
                           check_world_size)
@@ -71,6 +76,27 @@ SHARED_OPTIONS = {
     "reduce_scatter": Option(True, boolean, "True (reduce-scatter gradients) or False (all-reduce them and keep "
                                             "the own shard: DeepSpeed's reduce_scatter=false)"),
 }
+
+#: ``algorithm``: the backend's collectives, or zerokit's ring on send/recv (which counts the bytes it sends)
+ALGORITHM_OPTION = Option("torch", one_of(*ALGORITHMS),
+                          "'torch' (the backend's collectives) or 'ring' (zerokit's ring on send/recv: the ledger "
+                          "counts the bytes really sent; synchronous, so nothing overlaps)")
+SHARED_OPTIONS["algorithm"] = ALGORITHM_OPTION
+
+
+def reduce_scatter_flat(out: torch.Tensor, flat: torch.Tensor, group, algorithm: str, async_op: bool, tag: str):
+    """Sum ``flat`` over the ranks and leave this rank's chunk in ``out``: the backend's or zerokit's ring."""
+    if algorithm == "ring":
+        ring_reduce_scatter(out, flat, group=group, tag=tag)
+        return None
+    return comm.reduce_scatter(out, flat, group=group, async_op=async_op, tag=tag)
+
+
+def all_reduce_flat(flat: torch.Tensor, group, algorithm: str, async_op: bool, tag: str):
+    if algorithm == "ring":
+        ring_all_reduce(flat, group=group, tag=tag)
+        return None
+    return comm.all_reduce(flat, group=group, async_op=async_op, tag=tag)
 
 
 class ShardedDataParallel(Strategy):
@@ -109,9 +135,10 @@ class ShardedDataParallel(Strategy):
         own slice (``out`` must then be that slice of ``flat``).
         """
         flat.div_(self.world)
+        algorithm, tag = self.opts.get("algorithm", "torch"), f"grads unit {unit.index}"
         if self.opts.get("reduce_scatter", True):
-            return comm.reduce_scatter(out, flat, group=self.group, async_op=async_op, tag=f"grads unit {unit.index}")
-        return comm.all_reduce(flat, group=self.group, async_op=async_op, tag=f"grads unit {unit.index}")
+            return reduce_scatter_flat(out, flat, self.group, algorithm, async_op, tag)
+        return all_reduce_flat(flat, self.group, algorithm, async_op, tag)
 
     def grad_shards(self) -> List[torch.Tensor]:
         raise NotImplementedError
@@ -126,7 +153,8 @@ class ShardedDataParallel(Strategy):
         works = []
         for unit, shard in zip(self.units, self.param_shards):
             work = all_gather_unit(unit, shard, self.allgather_numel, group=self.group,
-                                   tag=f"params unit {unit.index}", async_op=True)
+                                   tag=f"params unit {unit.index}", async_op=True,
+                                   algorithm=self.opts.get("algorithm", "torch"))
             if work is not None:
                 works.append(work)
         for work in works:

@@ -1,10 +1,11 @@
 """``zero3``: ZeRO stage 3, + parameter partitioning (P_os+g+p, arXiv 1910.02054 §5.3).
 
 At rest a rank holds only its shard of everything: parameters, gradients, optimizer
-states, 16Ψ/N in all (FACTS §1). The model is cut into *units* — a module, or a group
-of small modules whose parameters together reach ``unit_size`` elements (FSDP's
-wrapping) — each a flat buffer padded to a multiple of N (:mod:`.flat_buffer`). The
-hook lifecycle of one unit, as in FSDP2's ``fully_shard``:
+states, 16Ψ/N in all (FACTS §1). The model is cut into *units* (:mod:`.units`: by default one
+per transformer block, the root taking embeddings and head; tied parameters join the
+unit of their modules' common ancestor) — each a flat buffer padded to a multiple of
+N (:mod:`.flat_buffer`), each in one state, sharded → gathering → gathered → sharded.
+The hook lifecycle of one unit, as in FSDP2's ``fully_shard``:
 
 1. **before its forward** (module pre-hook): all-gather the unit — allocate its full
    buffer (the parameters are views into it) and gather every rank's shard into it;
@@ -16,10 +17,19 @@ hook lifecycle of one unit, as in FSDP2's ``fully_shard``:
 4. **after its backward** (post-accumulate-grad hooks: every parameter's gradient is
    there): copy the gradients into a flat bucket, reduce-scatter it into the own
    gradient shard (divided by N first), free the bucket and the gathered parameters.
+   The counting, the in-flight reductions and the end-of-backward callback are the
+   shared :class:`~zerokit.data_parallel.reducer.Reducer`'s.
 
-``prefetch``: from the second step on, the order in which units ran in the first
-forward and backward is known, and the gather of the next units (up to
-``prefetch_bucket_size`` elements) is launched asynchronously while this one computes.
+A forward under ``torch.no_grad()`` (evaluation) frees each unit after its forward:
+no backward will come. A block under non-reentrant activation checkpointing runs its
+forward again *during* backward: its unit is gathered again (if it was freed) and is
+not freed after the recompute — its backward is about to use it. ``step`` frees any
+unit still gathered before it updates the shards, so no stale copy survives a step.
+If backward raises, every unit is freed and the pass is dropped.
+
+``prefetch`` (:mod:`.prefetch`): from the second step on, the gathers of the next
+units are launched while this one computes, every unit ahead in flight counting
+against ``prefetch_bucket_size`` elements.
 ``overlap_comm``: reduce-scatters are asynchronous, at most ``reduce_bucket_size``
 gradient elements in flight; otherwise each is waited for at once.
 ``param_persistence_threshold``: parameters with fewer elements are never sharded —
@@ -32,22 +42,24 @@ micro-batch: two all-gathers and one reduce-scatter of every unit, 3(N−1)/N·�
 """
 from __future__ import annotations
 
-import enum
 from contextlib import contextmanager
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
-from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten
 
 from .. import theory
-from ..runtime import comm
-from ..optim import MasterOptimizer
-from ..strategies.base import Option, Strategy, boolean, register
 from ..data_parallel.naive import check_replicas_match
-from .flat_buffer import FlatUnit, check_trainable, check_world_size
-from .stage1 import DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from ..data_parallel.reducer import Reducer
+from ..optim import MasterOptimizer
+from ..runtime import comm
+from ..strategies.base import Option, Strategy, boolean, register
+from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
+from .prefetch import Prefetcher
+from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, reduce_scatter_flat, \
+    stage_option
+from .units import BLOCK, State, Unit, form_units
 
 #: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)
 DEFAULT_PREFETCH_BUCKET = 50_000_000
@@ -57,56 +69,19 @@ def non_negative_elements(value) -> bool:
     return value == 0 and not isinstance(value, bool) or positive_elements(value)
 
 
-class State(enum.Enum):
-    FREE = "free"
-    GATHERING = "gathering"
-    GATHERED = "gathered"
+def unit_size_allowed(value) -> bool:
+    return value == BLOCK or non_negative_elements(value)
 
 
-class Unit:
-    """A sharded unit: the module whose hooks drive it, its flat buffer, its shard and gradient state."""
-
-    def __init__(self, module: nn.Module, label: str, flat: FlatUnit):
-        self.module = module
-        self.label = label
-        self.flat = flat
-        self.index = flat.index
-        #: this rank's parameter shard: the only copy of the unit that lives between steps
-        self.shard = flat.shard(flat.data).clone()
-        self.state = State.GATHERED
-        self.gather_work: Optional[comm.Work] = None
-        self.bucket: Optional[torch.Tensor] = None
-        self.arrived: set = set()
-        self.backward_started = False
-        self.reduced = False
+UNIT_SIZE_OPTION = Option(BLOCK, unit_size_allowed,
+                          f"'block' (each repeated block — a transformer layer — is a unit, the root takes the rest), "
+                          f"0 (every module with parameters of its own is a unit) or {ELEMENTS}: modules are grouped "
+                          f"with their parent until their parameters reach this many")
 
 
-def form_units(model: nn.Module, unit_size: int, skip: set) -> List[tuple]:
-    """(module, label, parameters) per unit, children before parents (FSDP's size-based wrapping).
-
-    Walking the module tree bottom-up, a module takes its own parameters and those its
-    children left over; it becomes a unit when they reach ``unit_size`` elements (0:
-    whenever it has any). The root takes whatever is left. Parameters in ``skip``
-    (persistent ones) and parameters already placed (shared ones) take no part.
-    """
-    units: List[tuple] = []
-    placed = set(skip)
-
-    def visit(module: nn.Module, label: str, is_root: bool) -> list:
-        pending = []
-        for p in module.parameters(recurse=False):
-            if p not in placed:
-                placed.add(p)
-                pending.append(p)
-        for name, child in module.named_children():
-            pending += visit(child, f"{label}.{name}" if label else name, False)
-        if pending and (is_root or sum(p.numel() for p in pending) >= unit_size):
-            units.append((module, label or type(module).__name__, pending))
-            return []
-        return pending
-
-    visit(model, "", True)
-    return units
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward on this thread (a checkpointed block's recompute)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 @register
@@ -117,13 +92,12 @@ class ZeroStage3(Strategy):
     stage = 3
     options = {
         "stage": stage_option(3),
-        "unit_size": Option(0, non_negative_elements,
-                            f"0 (every module with parameters of its own is a unit) or {ELEMENTS}: modules are "
-                            f"grouped with their parent until their parameters reach this many"),
+        "unit_size": UNIT_SIZE_OPTION,
         "prefetch": Option(True, boolean, "True (gather the next units while this one computes, from the second "
                                           "step on) or False"),
         "prefetch_bucket_size": Option(DEFAULT_PREFETCH_BUCKET, positive_elements,
-                                       f"{ELEMENTS}: the most elements prefetched ahead (stage3_prefetch_bucket_size)"),
+                                       f"{ELEMENTS}: the most elements in flight ahead of the current unit "
+                                       f"(stage3_prefetch_bucket_size)"),
         "reshard_after_forward": Option(True, boolean, "True (free each unit after its forward, gather it again for "
                                                        "backward: 3Ψ traffic) or False (keep it until its backward: "
                                                        "2Ψ traffic, ZeRO-2-like memory)"),
@@ -136,6 +110,7 @@ class ZeroStage3(Strategy):
                                               "(each waited for at once)"),
         "contiguous_gradients": Option(True, boolean, "True (all gradient shards in one flat buffer) or False "
                                                       "(one shard tensor per unit)"),
+        "algorithm": ALGORITHM_OPTION,
     }
 
     def __init__(self, model, ctx, config, **options):
@@ -151,39 +126,31 @@ class ZeroStage3(Strategy):
         if persistent:
             self.persistent = FlatUnit(persistent, 1, 0, -1, [self.names[p] for p in persistent])
         self.units: List[Unit] = []
-        for index, (module, label, members) in enumerate(form_units(model, int(self.opts["unit_size"]),
-                                                                    set(persistent))):
-            flat = FlatUnit(members, self.world, self.rank, index, [self.names[p] for p in members])
-            self.units.append(Unit(module, label, flat))
+        for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent))):
+            flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params])
+            self.units.append(Unit(spec, flat, self.group))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:
-            self._free(unit)
+            unit.free()
         stepped = [u.shard for u in self.units] + ([self.persistent.data] if self.persistent else [])
         self.optimizer = MasterOptimizer(stepped, config.optimizer)
-        # gradient shards
-        dtype, device = params[0].dtype, params[0].device
+        self.grad_shards: List[Optional[torch.Tensor]] = [None] * len(self.units)
+        self.shard_buffer = None
         if self.opts["contiguous_gradients"]:
-            self.shard_buffer = torch.zeros(sum(u.flat.shard_numel for u in self.units), dtype=dtype, device=device)
-            self.grad_shards: List[Optional[torch.Tensor]] = []
+            self.shard_buffer = torch.zeros(sum(u.flat.shard_numel for u in self.units), dtype=params[0].dtype,
+                                            device=params[0].device)
             offset = 0
-            for u in self.units:
-                self.grad_shards.append(self.shard_buffer[offset:offset + u.flat.shard_numel])
+            for i, u in enumerate(self.units):
+                self.grad_shards[i] = self.shard_buffer[offset:offset + u.flat.shard_numel]
                 offset += u.flat.shard_numel
-        else:
-            self.shard_buffer = None
-            self.grad_shards = [None] * len(self.units)
         self.persistent_grad: Optional[torch.Tensor] = None
         self._written = [False] * len(self.units)
+        #: [bucket, reduced output] of each reduce-scatter in flight, for the memory ledger
         self._in_flight: list = []
-        self._in_flight_numel = 0
-        #: unit indices in the order their forward / backward began, recorded once (for prefetch)
-        self.forward_order: Optional[List[int]] = None
-        self.backward_order: Optional[List[int]] = None
-        self._forward_seen: List[int] = []
-        self._backward_seen: List[int] = []
-        self._callback_queued = False
-        self._finished = False
+        self.prefetcher = Prefetcher(self.units, int(self.opts["prefetch_bucket_size"]), self.opts["prefetch"])
+        self.reducer = Reducer([len(u.flat.params) for u in self.units], self._reduce_unit, in_order=False,
+                               after_finish=self._close_backward, on_abort=self._drop_backward)
         self._hooks = []
         for unit in self.units:
             self._hooks.append(unit.module.register_forward_pre_hook(
@@ -193,141 +160,98 @@ class ZeroStage3(Strategy):
         for p in params:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
 
-    # -- gathering and freeing ---------------------------------------------------------
-    def _gather(self, unit: Unit, async_op: bool) -> None:
-        if unit.state is not State.FREE:
-            return
-        unit.flat.materialize()
-        unit.gather_work = comm.all_gather(unit.flat.data, unit.shard, group=self.group, async_op=True,
-                                           tag=f"params {unit.label}")
-        unit.state = State.GATHERING
-        if not async_op:
-            self._wait_gathered(unit)
+    # -- gathering -------------------------------------------------------------------
+    def _gather(self, unit: Unit) -> None:
+        unit.gather(lambda out, shard, tag: all_gather_flat(out, shard, self.group, self.opts["algorithm"], True, tag))
 
-    def _wait_gathered(self, unit: Unit) -> None:
-        if unit.state is State.GATHERING:
-            unit.gather_work.wait()
-            unit.gather_work = None
-            unit.state = State.GATHERED
-
-    def _free(self, unit: Unit) -> None:
-        self._wait_gathered(unit)
-        unit.flat.free()
-        unit.state = State.FREE
-
-    def _prefetch(self, order: Optional[List[int]], current: Unit) -> None:
-        """Launch the gathers of the units after ``current`` in ``order``, up to prefetch_bucket_size elements."""
-        if not self.opts["prefetch"] or order is None or current.index not in order:
-            return
-        budget = int(self.opts["prefetch_bucket_size"])
-        for index in order[order.index(current.index) + 1:]:
-            unit = self.units[index]
-            if unit.state is not State.FREE:
-                continue
-            budget -= unit.flat.padded_numel
-            if budget < 0:
-                break
-            self._gather(unit, async_op=True)
+    def _free_all(self) -> None:
+        for unit in self.units:
+            if unit.state is not State.SHARDED:
+                unit.free()
 
     # -- forward -------------------------------------------------------------------
     def _pre_forward(self, unit: Unit) -> None:
-        if torch.is_grad_enabled():
-            self._forward_seen.append(unit.index)
-        self._gather(unit, async_op=True)
-        self._prefetch(self.forward_order, unit)
-        self._wait_gathered(unit)
+        recompute = in_backward()
+        if torch.is_grad_enabled() and not recompute:
+            self.prefetcher.record("forward", unit)
+        self._gather(unit)
+        if not recompute:
+            self.prefetcher.prefetch("forward", unit, self._gather)
+        unit.wait()
 
     def _post_forward(self, unit: Unit, output) -> None:
+        if in_backward():
+            return  # a checkpointed block's recompute: its backward runs next and needs the parameters
         if not torch.is_grad_enabled():
+            unit.free()  # evaluation: no backward will come
             return
-        tensors = [t for t in tree_flatten(output)[0] if torch.is_tensor(t) and t.requires_grad]
-        for t in tensors:
-            t.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
+        for t in tree_flatten(output)[0]:
+            if torch.is_tensor(t) and t.requires_grad:
+                t.register_hook(lambda grad, unit=unit: self._pre_backward(unit))
         if self.opts["reshard_after_forward"]:
-            self._free(unit)
+            unit.free()
 
     # -- backward ------------------------------------------------------------------
-    def _queue_finish(self) -> None:
-        if not self._callback_queued:
-            Variable._execution_engine.queue_callback(self._finish_backward)
-            self._callback_queued = True
-
     def _pre_backward(self, unit: Unit) -> None:
         """A hook on the gradient of the unit's output: its backward is next, so gather it."""
-        self._queue_finish()
+        self.reducer.begin()
         if unit.backward_started:
             return
         unit.backward_started = True
-        self._backward_seen.append(unit.index)
-        self._gather(unit, async_op=True)
-        self._prefetch(self.backward_order, unit)
-        self._wait_gathered(unit)
+        self.prefetcher.record("backward", unit)
+        self._gather(unit)
+        self.prefetcher.prefetch("backward", unit, self._gather)
+        unit.wait()
 
     @torch.no_grad()
     def _on_gradient_ready(self, p) -> None:
-        self._queue_finish()
         unit = self.unit_of.get(p)
         if unit is None:
+            self.reducer.begin()
             return  # persistent: its gradient stays in p.grad until the end of backward
+        if self.reducer.launched[unit.index]:
+            raise RuntimeError(f"strategy 'zero3': parameter {self.names[p]!r} received a gradient after its unit "
+                               f"{unit.label!r} was reduce-scattered in this backward (reentrant checkpointing "
+                               f"runs backward twice); use torch.utils.checkpoint(..., use_reentrant=False)")
         if unit.bucket is None:
             unit.bucket = unit.flat.new_bucket()
         offset, numel = self.slot[p]
         view = unit.bucket[offset:offset + numel].view_as(p)
-        if p in unit.arrived:
-            view.add_(p.grad)
-        else:
+        if self.reducer.ready(unit.index, p):
             view.copy_(p.grad)
-            unit.arrived.add(p)
+        else:
+            view.add_(p.grad)
         p.grad = None
-        if len(unit.arrived) == len(unit.flat.params):
-            self._post_backward(unit)
+        self.reducer.launch_full(unit.index)
 
-    def _post_backward(self, unit: Unit) -> None:
-        """Every gradient of the unit is in its bucket: reduce-scatter it, free the bucket and the parameters."""
-        if unit.reduced:
-            return
-        unit.reduced = True
+    def _reduce_unit(self, index: int) -> None:
+        """Every gradient of the unit is in its bucket: free the parameters, reduce-scatter the bucket."""
+        unit = self.units[index]
         if unit.bucket is None:
             unit.bucket = unit.flat.new_flat()  # no gradient came: reduce zeros, in lockstep
-        elif len(unit.arrived) < len(unit.flat.params):
-            unit.flat.zero_slots(unit.bucket, set(unit.flat.params) - unit.arrived)
-        if unit.state is not State.FREE:
-            self._free(unit)
-        i = unit.index
-        if self.grad_shards[i] is None:
-            self.grad_shards[i] = unit.flat.new_shard()
-        first = not self._written[i]
-        self._written[i] = True
-        out = self.grad_shards[i] if first else unit.flat.new_shard()
+        elif not self.reducer.is_full(index):
+            unit.flat.zero_slots(unit.bucket, set(unit.flat.params) - self.reducer.seen)
+        unit.free()
+        if self.grad_shards[index] is None:
+            self.grad_shards[index] = unit.flat.new_shard()
+        first, self._written[index] = not self._written[index], True
+        shard = self.grad_shards[index]
+        out = shard if first else unit.flat.new_shard()
         bucket, unit.bucket = unit.bucket, None
         bucket.div_(self.world)
         overlap = self.opts["overlap_comm"]
-        limit = int(self.opts["reduce_bucket_size"])
-        self._reap()
-        while self._in_flight and self._in_flight_numel + bucket.numel() > limit:
-            self._complete(self._in_flight.pop(0))
-        work = comm.reduce_scatter(out, bucket, group=self.group, async_op=overlap, tag=f"grads {unit.label}")
-        flight = [work, bucket, out, None if first else self.grad_shards[i]]
         if overlap:
-            self._in_flight.append(flight)
-            self._in_flight_numel += bucket.numel()
-        else:
-            self._complete(flight, counted=False)
+            self.reducer.wait_until(int(self.opts["reduce_bucket_size"]), bucket.numel())
+        work = reduce_scatter_flat(out, bucket, self.group, self.opts["algorithm"], overlap, f"grads {unit.label}")
+        flight = [bucket, out]
+        self._in_flight.append(flight)
 
-    def _reap(self) -> None:
-        """Release the buckets of reduce-scatters that have finished, without waiting for any."""
-        while self._in_flight and (self._in_flight[0][0] is None or self._in_flight[0][0].is_completed()):
-            self._complete(self._in_flight.pop(0))
+        def done():
+            if not first:
+                shard.add_(out)
+            self._in_flight.remove(flight)
 
-    def _complete(self, flight, counted: bool = True) -> None:
-        work, bucket, out, accumulate_into = flight
-        if work is not None:
-            work.wait()
-        if accumulate_into is not None:
-            accumulate_into.add_(out)
-        if counted:
-            self._in_flight_numel -= bucket.numel()
-        flight[1] = flight[2] = None
+        self.reducer.track(work, bucket.numel(), done)
 
     @torch.no_grad()
     def _reduce_persistent(self) -> None:
@@ -340,36 +264,31 @@ class ZeroStage3(Strategy):
             p.grad = None
         flat.div_(self.world)
         comm.all_reduce(flat, group=self.group, tag="persistent grads")
-        if self.persistent_grad is None:
-            self.persistent_grad = flat
-        else:
-            self.persistent_grad.add_(flat)
+        self.persistent_grad = flat if self.persistent_grad is None else self.persistent_grad.add_(flat)
 
-    def _finish_backward(self) -> None:
-        """After the whole backward: reduce every unit not reduced yet (in unit order), wait for all."""
-        for unit in self.units:
-            self._post_backward(unit)
-        while self._in_flight:
-            self._complete(self._in_flight.pop(0))
+    def _close_backward(self) -> None:
+        """End of backward, after every reduce-scatter landed."""
         if self.persistent is not None:
             self._reduce_persistent()
         for unit in self.units:
-            unit.arrived.clear()
-            unit.backward_started = False
-            unit.reduced = False
-        if self.forward_order is None and self._forward_seen:
-            self.forward_order = list(dict.fromkeys(self._forward_seen))
-            self.backward_order = list(dict.fromkeys(self._backward_seen))
-        self._forward_seen, self._backward_seen = [], []
-        self._callback_queued = False
-        self._finished = True
+            unit.reset_backward()
+        self.prefetcher.close_pass()
+
+    def _drop_backward(self) -> None:
+        """Backward failed: drop half-filled buckets and the pass's bookkeeping."""
+        self._in_flight.clear()
+        for unit in self.units:
+            unit.bucket = None
+            unit.reset_backward()
+        self.prefetcher.drop_pass()
 
     # -- the loop --------------------------------------------------------------------
     def backward(self, loss):
-        self._finished = False
-        loss.backward()
-        if not self._finished:
-            self._finish_backward()
+        try:
+            self.reducer.backward(loss)
+        except BaseException:
+            self._free_all()
+            raise
 
     @contextmanager
     def no_sync(self):
@@ -377,6 +296,7 @@ class ZeroStage3(Strategy):
         yield
 
     def step(self):
+        self._free_all()  # a unit gathered now would be stale once its shard steps
         grads = list(self.grad_shards) + ([self.persistent_grad] if self.persistent is not None else [])
         self.optimizer.step(grads)
 
@@ -392,14 +312,15 @@ class ZeroStage3(Strategy):
     @contextmanager
     def gathered(self):
         """Every unit gathered (phase-neutral, synchronous), freed again on exit: the whole model, briefly."""
-        was_free = [u for u in self.units if u.state is State.FREE]
+        was_free = [u for u in self.units if u.state is State.SHARDED]
         for unit in was_free:
-            self._gather(unit, async_op=False)
+            self._gather(unit)
+            unit.wait()
         try:
             yield
         finally:
             for unit in was_free:
-                self._free(unit)
+                unit.free()
 
     def full_parameters(self):
         with self.gathered():
@@ -416,8 +337,8 @@ class ZeroStage3(Strategy):
             if self.persistent_grad is not None:
                 yield self.persistent_grad
             yield from (u.bucket for u in self.units if u.bucket is not None)
-            for _, bucket, out, _ in self._in_flight:
-                yield from (t for t in (bucket, out) if t is not None)
+            for flight in self._in_flight:
+                yield from flight
 
         ledger.track("grads", gradient_memory)
 
