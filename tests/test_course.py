@@ -101,10 +101,13 @@ def test_timeline_panel_reruns_when_the_bucket_slider_moves(work, capsys):
     assert small.options["bucket_mb"] == 0.001
     assert small.ranks[0].comm_calls_per_step > calls  # smaller buckets, more calls
     psi = work.param_count()
-    assert small.ranks[0].comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, psi, 2, 4)  # same bytes
+    assert small.ranks[0].comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, psi, 2, 4)  # same bytes
+    assert small.ranks[0].comm_payload_bytes_per_step == 4 * psi  # every fp32 gradient all-reduced once (measured)
+    assert small.ranks[0].comm_sent_bytes_per_step is None  # gloo ran it: nothing counted the wire
     assert picture(panel).startswith(PNG) and picture(panel) != first
     assert set(panel.last_exposed_s) == {0, 1} and all(s >= 0 for s in panel.last_exposed_s.values())
     assert "exposed ms/step" in panel.details.value
+    assert "ring cost B/step (formula on measured payload)" in panel.details.value
 
     panel.strategy.value = "ddp-bucketed"  # has no overlap option: its checkbox is disabled
     assert panel.runs == 3 and panel.controls["overlap"].disabled
@@ -117,13 +120,13 @@ def test_timeline_panel_for_zero3_shows_traffic_and_peak_memory(work):
                                  steps=2, show_memory=True)
     psi = work.param_count()
     rank0 = panel.last_report.result.ranks[0]
-    assert rank0.comm_bytes_sent_per_step == rank0.theory_comm_bytes_per_step
-    resharded = rank0.comm_bytes_sent_per_step
+    assert rank0.comm_ring_cost_bytes_per_step == rank0.theory_comm_bytes_per_step
+    resharded = rank0.comm_ring_cost_bytes_per_step
     panel.controls["reshard_after_forward"].value = False  # gathered once per step, not twice
     kept = panel.last_report.result.ranks[0]
     assert panel.runs == 2
-    assert kept.comm_bytes_sent_per_step == kept.theory_comm_bytes_per_step
-    assert kept.comm_bytes_sent_per_step / resharded == 2 / 3  # one gather per step instead of two
+    assert kept.comm_ring_cost_bytes_per_step == kept.theory_comm_bytes_per_step
+    assert kept.comm_ring_cost_bytes_per_step / resharded == 2 / 3  # one gather per step instead of two
     assert resharded >= theory.comm_bytes_per_step(3, psi, 2, 4)  # 3(N−1)/N·Ψb, padded units
 
 
@@ -135,7 +138,10 @@ def test_collective_panel_measures_the_ring(capsys):
     assert panel.runs == 3
     for rank in panel.last_result:
         assert rank["rounds"] == theory.ring_steps("reduce_scatter", 3)
-        assert rank["bytes_sent"] == theory.ring_bytes_sent("reduce_scatter", rank["payload_bytes"], 3)
+        # measured on the wire (zerokit's ring ran it) and equal to the ring formula
+        assert rank["sent_bytes"] == theory.ring_bytes_sent("reduce_scatter", rank["payload_bytes"], 3)
+        assert rank["ring_cost_bytes"] == rank["sent_bytes"]
+    assert "sent B (measured, ring)" in panel.details.value
     assert picture(panel).startswith(PNG)
     assert capsys.readouterr().out == ""
 
@@ -166,6 +172,16 @@ def test_ring_schedule_figure_draws_every_round():
     assert len(ax.patches) == 3 * theory.ring_steps("all_reduce", 3)
     assert "4 rounds" in ax.get_title()
     assert course.png(fig).startswith(PNG)
+
+
+def test_volume_figure_labels_what_its_points_are():
+    fig = course.volume_figure({"ddp": {"N": [2, 4], "ring_cost": [1.0, 1.5], "theory": [1.0, 1.5]},
+                                "ring": {"N": [2, 4], "sent": [1.0, 1.5], "theory": [1.0, 1.5]}})
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "ddp: ring cost (formula on measured payload)" in labels and "ring: sent (measured, ring)" in labels
+    assert not any(label.endswith(": measured") for label in labels)
+    with pytest.raises(ValueError, match="exactly one"):
+        course.volume_figure({"ddp": {"N": [2], "theory": [1.0]}})
 
 
 def test_machine_summary_names_a_backend_per_world_size():

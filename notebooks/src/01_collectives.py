@@ -8,8 +8,8 @@
 #
 # **What you will see.** The ring algorithm drawn round by round; a ring reduce-scatter
 # followed by a ring all-gather, run on real ranks over send/recv, giving exactly
-# `torch.distributed.all_reduce`'s result; the bytes each phase really sent, `(N−1)/N` of the
-# tensor, next to the formula; the traffic per rank against the world size; and the time
+# `torch.distributed.all_reduce`'s result; the bytes each phase really sent — counted on
+# send/recv, measured — `(N−1)/N` of the tensor, next to the formula; the traffic per rank against the world size; and the time
 # of an all-reduce against its size, fitted by the latency–bandwidth (α-β) model.
 
 # %%
@@ -48,8 +48,9 @@ for rank in range(4):
 # ## The two halves on real ranks
 #
 # `ring.ring_reduce_scatter` and `ring.ring_all_gather` run that schedule on
-# `torch.distributed` send/recv and count every byte they send. Run one after the other and
-# compare with torch's own all-reduce of the same tensors:
+# `torch.distributed` send/recv and count every byte they send: their ledger records carry
+# `sent_bytes`, **measured** on the wire, next to the payload (the tensor's bytes, measured).
+# Run one after the other and compare with torch's own all-reduce of the same tensors:
 
 # %%
 def all_reduce_in_two_halves(ctx, numel):
@@ -60,22 +61,24 @@ def all_reduce_in_two_halves(ctx, numel):
     expected = x.clone()
     torch.distributed.all_reduce(expected)
     rs, ag = zerokit.comm.ledger().records[-2:]
-    return {"rank": ctx.rank, "payload B": rs.payload_bytes, "reduce-scatter sent B": rs.bytes_sent,
-            "all-gather sent B": ag.bytes_sent, "max |ring − torch|": (out - expected).abs().max().item()}
+    return {"rank": ctx.rank, "payload B (measured)": rs.payload_bytes,
+            "reduce-scatter sent B (measured)": rs.sent_bytes, "all-gather sent B (measured)": ag.sent_bytes,
+            "max |ring − torch|": (out - expected).abs().max().item()}
 
 
 world, numel = 4, 3 * 4096
 rows = zerokit.launch(all_reduce_in_two_halves, world, numel)
 for row in rows:
-    row["theory: each half B"] = theory.ring_bytes_sent("reduce_scatter", row["payload B"], world)
+    row["ring formula: each half B"] = theory.ring_bytes_sent("reduce_scatter", row["payload B (measured)"], world)
 course.table(rows)
 
 # %%
 for row in rows:
     assert row["max |ring − torch|"] < 1e-5  # same sum, another order of additions
-    assert row["reduce-scatter sent B"] == row["all-gather sent B"] == row["theory: each half B"]
-    assert row["reduce-scatter sent B"] + row["all-gather sent B"] == theory.ring_bytes_sent(
-        "all_reduce", row["payload B"], world)
+    assert row["reduce-scatter sent B (measured)"] == row["all-gather sent B (measured)"] \
+        == row["ring formula: each half B"]
+    assert row["reduce-scatter sent B (measured)"] + row["all-gather sent B (measured)"] == theory.ring_bytes_sent(
+        "all_reduce", row["payload B (measured)"], world)
 
 # %% [markdown]
 # Each half sends `(N−1)/N·S` — here 3/4 of the 48 KiB tensor — and together they send what
@@ -86,7 +89,8 @@ for row in rows:
 # ## Traffic per rank against the world size
 #
 # Time the ring all-reduce on 2, 3 and 4 ranks over payloads from 96 B to 6 MiB, and run the
-# largest on 6 and 8 ranks too; every call records the bytes it really sent.
+# largest on 6 and 8 ranks too; every call records the bytes it really sent (`sent_bytes`,
+# measured on send/recv).
 
 # %%
 payloads = [96 * 4 ** k for k in range(9)]  # 96 B … 6 MiB: whole chunks on 2, 3, 4, 6 and 8 ranks
@@ -95,7 +99,7 @@ largest = max(payloads)
 at_largest = [p for p in points if p["payload_bytes"] == largest]
 at_largest += course.time_ring_all_reduce([6, 8], [largest], repeats=1)  # bytes only: 8 ranks share 2 cores
 series = {"ring all-reduce": {
-    "N": [p["n"] for p in at_largest], "measured": [p["bytes_sent"] / 2**20 for p in at_largest],
+    "N": [p["n"] for p in at_largest], "sent": [p["sent_bytes"] / 2**20 for p in at_largest],
     "theory_N": list(range(2, 9)),
     "theory": [theory.ring_bytes_sent("all_reduce", largest, n) / 2**20 for n in range(2, 9)]}}
 course.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest / 2**20, "2S"),
@@ -103,7 +107,7 @@ course.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest 
 
 # %%
 for p in points + at_largest:
-    assert p["bytes_sent"] == theory.ring_bytes_sent("all_reduce", p["payload_bytes"], p["n"])
+    assert p["sent_bytes"] == theory.ring_bytes_sent("all_reduce", p["payload_bytes"], p["n"])  # measured = formula
 growth = {f"{a} → {b} ranks": {"bytes per rank": theory.ring_bytes_sent("all_reduce", largest, b)
                                                  / theory.ring_bytes_sent("all_reduce", largest, a),
                                "rounds": theory.ring_steps("all_reduce", b) / theory.ring_steps("all_reduce", a)}
@@ -120,8 +124,8 @@ course.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3),
 #
 # The α-β model prices one collective as *rounds × α + bytes sent per rank / β*: α is the
 # fixed cost of a round (a message's start-up), β the link's bandwidth. Fit it to the
-# timings above (`course.fit_latency_bandwidth` takes the rounds and bytes from
-# `zerokit.theory`):
+# timings above (`course.fit_latency_bandwidth` takes the rounds and bytes from the ring
+# formulas of `zerokit.theory` — equal, as just checked, to the bytes the ring sent):
 
 # %%
 fit = course.fit_latency_bandwidth(points)
@@ -164,8 +168,9 @@ assert shares == sorted(shares, reverse=True)  # the larger the payload, the sma
 # ## Try it
 #
 # Pick a collective, a world size and a payload; the panel runs the ring on that many ranks
-# and shows the rounds and the bytes each rank sent. Watch the rounds grow with N while the
-# bytes per rank stay below the payload (reduce-scatter, all-gather) or twice it (all-reduce).
+# and shows the rounds and the bytes each rank sent (measured) next to the ring formula.
+# Watch the rounds grow with N while the bytes per rank stay below the payload
+# (reduce-scatter, all-gather) or twice it (all-reduce).
 
 # %%
 course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
@@ -175,7 +180,9 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 #
 # - All-reduce = reduce-scatter + all-gather: the ring runs N−1 rounds of each, `2(N−1)` in all.
 # - Each half sends `(N−1)/N·S` per rank, the all-reduce `2(N−1)/N·S` — measured on send/recv
-#   above, equal to `theory.ring_bytes_sent`. Bytes per rank are nearly flat in N.
+#   above, equal to `theory.ring_bytes_sent`. Bytes per rank are nearly flat in N. From
+#   lesson 03 on, the backend runs the collectives and the ledger can only apply this formula
+#   to the payloads it measures: the **ring cost**, not a count of the wire.
 # - Time = rounds·α + bytes/β. Real gradients are bandwidth-bound; latency is fought with
 #   fewer, larger calls (buckets).
 #

@@ -10,7 +10,8 @@
 # **What you will see.** Three data-parallel strategies built up one mechanism at a time —
 # an all-reduce per tensor, then per bucket, then launched from gradient hooks during
 # backward — and torch's own DDP beside them, all matching single-process training; the
-# bytes per step measured against `2(N−1)/N·Ψb`; each rank's **timeline** with the
+# gradient bytes each all-reduces per step (the payload, measured) and their ring cost (the
+# ring formula applied to that payload) against the theory's `2(N−1)/N·Ψb`; each rank's **timeline** with the
 # **exposed** communication shaded; and a panel where the bucket size and overlap are yours.
 
 # %%
@@ -51,25 +52,33 @@ strategies = ["single", "ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]
 bucketed = ("ddp-bucketed", "ddp", "torch-ddp")
 report = compare(work, 2, strategies, steps=3, keep_records=True,
                  options_for=lambda name: {"bucket_mb": bucket_mb} if name in bucketed else {})
-course.table(course.summary_rows(report), ["strategy", "N", "sent B/step", "theory sent B/step", "calls/step",
+course.table(course.summary_rows(report), ["strategy", "N", "payload B/step (measured)",
+                                           "ring cost B/step (formula on measured payload)",
+                                           "theory B/step (formula on Ψ)", "calls/step",
                                            "model states B", "theory B", "|Δparam| vs single"])
 
 # %%
+gradient_bytes = psi * theory.param_bytes_per_element("fp32")
 expected_bytes = theory.comm_bytes_per_step(0, psi, 2, theory.param_bytes_per_element("fp32"))
 for name in strategies[1:]:
     result = report[name]
     assert result.param_diff["max_rel"] <= 1e-4  # the same training as one process, up to fp32 summation order
     for rank in result.ranks:
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step == expected_bytes
+        assert rank.comm_payload_bytes_per_step == gradient_bytes  # measured: every gradient, once
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step == expected_bytes
         assert sum(rank.model_state_bytes.values()) == rank.theory_model_states["total"]
 assert report["ddp-naive"].ranks[0].comm_calls_per_step == tensors  # one all-reduce per tensor
 assert report["ddp-bucketed"].ranks[0].comm_calls_per_step < tensors
 assert report["ddp"].ranks[0].comm_calls_per_step == report["ddp-bucketed"].ranks[0].comm_calls_per_step
 
 # %% [markdown]
-# Every variant sends exactly `2(N−1)/N·Ψ·4` bytes per step — the ring all-reduce of every
-# gradient once — and ends where single-process training ends, up to fp32 rounding (the
-# ranks sum in another order). Buckets change the **number of calls**, never the bytes.
+# Every variant all-reduces every gradient once: the ledger measured `Ψ·4` bytes of payload
+# per step, whose ring cost — the ring formula applied to that payload — is `2(N−1)/N·Ψ·4`
+# per rank, the theory's number. (That is what a ring would send; gloo picks its own
+# algorithm and reports no wire count, so the cost is a formula, not a measurement — lesson
+# 01 measured the ring itself.) Every variant ends where single-process training ends, up
+# to fp32 rounding (the ranks sum in another order). Buckets change the **number of calls**,
+# never the bytes.
 #
 # ## The timeline
 #
@@ -128,14 +137,17 @@ for rank in range(2):
 sizes = [0.005, 0.02, 0.05, 25.0]
 sweep = {mb: zerokit.train(work, "ddp", world_size=2, steps=2, bucket_mb=mb, reference=False) for mb in sizes}
 course.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
-               "sent B/step": r.result.ranks[0].comm_bytes_sent_per_step, "theory B/step": expected_bytes,
+               "payload B/step (measured)": r.result.ranks[0].comm_payload_bytes_per_step,
+               "ring cost B/step (formula on measured payload)": r.result.ranks[0].comm_ring_cost_bytes_per_step,
+               "theory B/step": expected_bytes,
                "step ms": round(1e3 * r.result.step_time_s_median, 1)} for mb, r in sweep.items()])
 
 # %%
 calls = [sweep[mb].result.ranks[0].comm_calls_per_step for mb in sizes]
 assert calls == sorted(calls, reverse=True) and calls[-1] == 1
 for r in sweep.values():
-    assert all(rank.comm_bytes_sent_per_step == expected_bytes for rank in r.result.ranks)
+    assert all(rank.comm_payload_bytes_per_step == gradient_bytes for rank in r.result.ranks)
+    assert all(rank.comm_ring_cost_bytes_per_step == expected_bytes for rank in r.result.ranks)
 
 # %% [markdown]
 # Small buckets: many calls, each paying the ring's latency (lesson 01), but the first
@@ -144,22 +156,26 @@ for r in sweep.values():
 #
 # ## Traffic per rank against the world size
 #
-# The seed claims data parallelism scales only to N ≤ 8. The bytes per rank say otherwise:
+# The seed claims data parallelism scales only to N ≤ 8. The bytes per rank say otherwise
+# (the ring cost of the gradients the ledger measured, next to the theory on Ψ):
 
 # %%
 by_n = {n: zerokit.train(work, "ddp", world_size=n, steps=1, bucket_mb=bucket_mb, reference=False)
         for n in (2, 3, 4)}
 b = theory.param_bytes_per_element("fp32")
 course.volume_figure(
-    {"ddp": {"N": list(by_n), "measured": [r.result.ranks[0].comm_bytes_sent_per_step / 1024 for r in by_n.values()],
+    {"ddp": {"N": list(by_n),
+             "ring_cost": [r.result.ranks[0].comm_ring_cost_bytes_per_step / 1024 for r in by_n.values()],
              "theory_N": list(range(2, 17)),
              "theory": [theory.comm_bytes_per_step(0, psi, n, b) / 1024 for n in range(2, 17)]}},
-    ylabel="KiB sent per rank per step", reference=(2 * psi * b / 1024, "2Ψb"),
-    title="data parallelism: bytes per rank per step, measured and 2(N−1)/N·Ψb")
+    ylabel="KiB per rank per step (ring)", reference=(2 * psi * b / 1024, "2Ψb"),
+    title="data parallelism: ring cost of the measured gradients per rank per step, and 2(N−1)/N·Ψb")
 
 # %%
 for n, r in by_n.items():
-    assert all(rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(0, psi, n, b) for rank in r.result.ranks)
+    assert all(rank.comm_payload_bytes_per_step == psi * b for rank in r.result.ranks)  # measured
+    assert all(rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, psi, n, b)
+               for rank in r.result.ranks)
 
 # %% [markdown]
 # Per rank, the traffic of a step approaches `2Ψb` and stays there: it does not grow with
@@ -170,8 +186,8 @@ for n, r in by_n.items():
 # ## Try it
 #
 # Move the bucket size, switch overlap off and on, or pick another strategy: the panel
-# trains again on 2 ranks and redraws the last step's timeline, with the calls, bytes and
-# exposed time per rank below it.
+# trains again on 2 ranks and redraws the last step's timeline, with the calls, the ring
+# cost of the measured payloads, the theory's bytes and the exposed time per rank below it.
 
 # %%
 course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
@@ -181,8 +197,9 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 # %% [markdown]
 # ## Summary
 #
-# - Data parallelism sends `2(N−1)/N·Ψb` per rank per step, whatever the bucketing:
-#   measured for four implementations above, including torch's.
+# - Data parallelism all-reduces `Ψb` of gradients per step — the payload, measured for four
+#   implementations above, including torch's — which a ring sends as `2(N−1)/N·Ψb` per rank
+#   (the ring cost, a formula on that payload), whatever the bucketing.
 # - Buckets trade calls (latency) for how early communication can start.
 # - Overlap launches each bucket from the gradient hooks during backward; only what is still
 #   in flight when backward ends is exposed.

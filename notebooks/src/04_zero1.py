@@ -8,7 +8,8 @@
 # **What you will see.** ZeRO-1 (`zero1`) next to DDP on 2, 3 and 4 ranks in bf16 mixed
 # precision: each rank's model states measured to the byte against the ZeRO paper's
 # `2Ψ + 2Ψ + 12Ψ/N`; the saving against `0.75·(1 − 1/N)` — a function of N, not a fixed
-# 33 %; the traffic, equal to DDP's; and a panel over stage, world size and precision.
+# 33 %; the traffic — the ring cost of the payloads the ledger measured — equal to DDP's;
+# and a panel over stage, world size and precision.
 
 # %%
 %matplotlib inline
@@ -83,13 +84,19 @@ ax.figure.tight_layout()
 
 # %% [markdown]
 # ## And the communication?
+#
+# The ledger measures each collective's payload (the bytes of its tensor) and prices it with
+# the ring formula: the **ring cost**, what a ring would send for that payload. It is a
+# formula, not a count of the wire — gloo runs the collectives its own way and counts
+# nothing. Next to it, the theory's formula on Ψ and N:
 
 # %%
 rows = []
 for n, report in runs.items():
     for name in ("ddp", "zero1"):
         rank0 = report[name].ranks[0]
-        rows.append({"N": n, "strategy": name, "sent B/step": rank0.comm_bytes_sent_per_step,
+        rows.append({"N": n, "strategy": name, "payload B/step (measured)": rank0.comm_payload_bytes_per_step,
+                     "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step,
                      "theory B/step": rank0.theory_comm_bytes_per_step,
                      "2(N−1)/N·Ψb": theory.comm_bytes_per_step(0, psi, n, 2),
                      "ops": ", ".join(f"{row['op']} ({row['phase']})" for row in rank0.comm_summary)})
@@ -98,16 +105,19 @@ course.table(rows)
 # %%
 for n, report in runs.items():
     for rank in report["zero1"].ranks:
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
         # as DDP's all-reduce, plus the padding of the flat shards
         ddp_bytes = theory.comm_bytes_per_step(0, psi, n, 2)
-        assert ddp_bytes <= rank.comm_bytes_sent_per_step < 1.01 * ddp_bytes
+        assert ddp_bytes <= rank.comm_ring_cost_bytes_per_step < 1.01 * ddp_bytes
     assert {row["op"] for row in report["zero1"].ranks[0].comm_summary} == {"reduce_scatter", "all_gather"}
 
 # %% [markdown]
-# ZeRO-1 sends what DDP sends, to within the padding that makes the flat buffers divide
-# by N: a reduce-scatter of the gradients and an all-gather of the parameters are the two
-# halves of DDP's all-reduce. The memory saving is free in bytes.
+# On a ring, ZeRO-1 sends what DDP sends, to within the padding that makes the flat
+# buffers divide by N: a reduce-scatter of the gradients and an all-gather of the
+# parameters are the two halves of DDP's all-reduce. The memory saving is free in bytes —
+# on a ring. gloo's own reduce-scatter is not one: it runs a whole all-reduce and keeps a
+# slice, so on this backend the wire carries more; lesson 05 runs ZeRO-2 on zerokit's ring,
+# counts the bytes, and shows the ledger's note on gloo's reduce-scatter.
 #
 # ## Try it
 #
@@ -126,14 +136,16 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #   precision, measured to the byte (padding and step scalars included).
 # - It saves `0.75·(1 − 1/N)` of DDP's model states — not a fixed 33 % — and stays O(Ψ):
 #   parameters and gradients are still whole on every rank.
-# - It sends what DDP sends: reduce-scatter + all-gather = all-reduce.
+# - On a ring it sends what DDP sends: reduce-scatter + all-gather = all-reduce (the ring
+#   cost of the payloads measured above).
 #
 # ## Interview questions
 #
 # 1. *How much memory does ZeRO-1 save on 8 GPUs with mixed-precision Adam?* —
 #    `0.75·(1 − 1/8)` of the model states (the N = 8 row; the formula is measured above at
 #    N = 2–4).
-# 2. *Does ZeRO-1 communicate more than DDP?* — no: the reduce-scatter and the all-gather
-#    together move what one all-reduce moves (the traffic table).
+# 2. *Does ZeRO-1 communicate more than DDP?* — not on a ring: the reduce-scatter and the
+#    all-gather together move what one all-reduce moves (the ring cost in the traffic
+#    table); a backend whose reduce-scatter is an all-reduce underneath (gloo) sends more.
 # 3. *Why can ZeRO-1 not train a model whose parameters and gradients alone exceed a GPU?* —
 #    it shards only the optimizer states; `4Ψ` stays on every rank (the bars).

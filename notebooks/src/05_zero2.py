@@ -16,8 +16,9 @@
 # **What you will see.** ZeRO-2 (`zero2`: reduce-scatter each bucket during backward, then
 # free it) next to the seed's version (`zero2-naive`) and ZeRO-1, on 4 ranks: the model
 # states after a step (the same), the **peak** (not the same: the naive version holds every
-# gradient), the traffic (the naive version sends 1.5× as much), the timeline, and gradient
-# accumulation, where ZeRO-2 pays a reduce-scatter per micro-batch.
+# gradient), the traffic (the ring cost of the naive version's payloads is 1.5× as much),
+# the timeline, ZeRO-2 on zerokit's ring — its reduce-scatters' bytes counted on the wire —
+# and gradient accumulation, where ZeRO-2 pays a reduce-scatter per micro-batch.
 
 # %%
 %matplotlib inline
@@ -44,6 +45,10 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 # frees the bucket. No rank ever holds all the gradients. The seed's version all-reduces
 # everything after backward (so every rank holds all of it, averaged) and only then drops
 # what it doesn't own.
+#
+# Traffic, until the section on zerokit's ring, is the **ring cost**: the ring formula
+# applied to the payloads the ledger measured — what a ring would send, not a count of
+# gloo's wire.
 
 # %%
 n = 4
@@ -58,7 +63,8 @@ for result in report.results[1:]:
                  "theory B": rank0.theory_model_states["total"],
                  "paper's formula B": theory.paper_model_state_bytes(stage[result.strategy], psi, n),
                  "peak grads B": rank0.peak_breakdown["grads"], "peak B": rank0.peak_bytes,
-                 "sent B/step": rank0.comm_bytes_sent_per_step, "theory sent B/step": rank0.theory_comm_bytes_per_step})
+                 "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step,
+                 "theory B/step": rank0.theory_comm_bytes_per_step})
 course.table(rows)
 
 # %%
@@ -67,7 +73,7 @@ for result in (zero1, naive, zero2):
     assert result.param_diff["max_rel"] <= 1e-2  # the same training, to bf16 rounding
     for rank in result.ranks:
         assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
 states = {name: sum(report[name].ranks[0].model_state_bytes.values()) for name in ("zero2-naive", "zero2")}
 for name, total in states.items():  # at rest both are ZeRO-2, within the padding of their shards
     assert abs(total - theory.paper_model_state_bytes(2, psi, n)) / total < 0.01
@@ -75,11 +81,11 @@ full_gradients = b * theory.padded_numel([psi], n)
 for rank in naive.ranks:
     assert rank.peak_breakdown["grads"] == full_gradients  # the naive version holds every gradient
     # an all-reduce and an all-gather: 3(N−1)/N·Ψb, what ZeRO-3 sends
-    assert rank.comm_bytes_sent_per_step == theory.comm_bytes_per_step(3, psi, n, b, units=[psi])
+    assert rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(3, psi, n, b, units=[psi])
 for rank in zero2.ranks:
     assert rank.peak_breakdown["grads"] < full_gradients
     ddp_bytes = theory.comm_bytes_per_step(0, psi, n, b)
-    assert ddp_bytes <= rank.comm_bytes_sent_per_step < 1.01 * ddp_bytes  # DDP's traffic, up to padding
+    assert ddp_bytes <= rank.comm_ring_cost_bytes_per_step < 1.01 * ddp_bytes  # DDP's traffic, up to padding
 assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.ranks)
 
 # %% [markdown]
@@ -88,9 +94,9 @@ assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.
 #
 # - **memory**: the naive version's gradients peak at the full padded buffer, on every
 #   rank; ZeRO-2's never exceed the own shard plus the buckets in flight;
-# - **traffic**: the naive version all-reduces (`2(N−1)/N·Ψb`) *and* all-gathers the
-#   updated parameters (`(N−1)/N·Ψb`): `3(N−1)/N·Ψb`, as much as ZeRO-3 will send, for
-#   ZeRO-2's memory. ZeRO-2 proper sends DDP's `2(N−1)/N·Ψb`.
+# - **traffic** (ring cost): the naive version all-reduces (`2(N−1)/N·Ψb`) *and*
+#   all-gathers the updated parameters (`(N−1)/N·Ψb`): `3(N−1)/N·Ψb`, as much as ZeRO-3
+#   will send, for ZeRO-2's memory. ZeRO-2 proper costs DDP's `2(N−1)/N·Ψb` on a ring.
 #
 # Each rank at its peak, by category:
 
@@ -110,7 +116,8 @@ for name in ("zero1", "zero2-naive", "zero2"):
     launched = course.comm_launch_positions(rank0, step=1)
     for row in rank0.comm_summary:
         rows.append({"strategy": name, "phase": row["phase"], "op": row["op"], "calls (2 steps)": row["calls"],
-                     "sent B (2 steps)": row["bytes_sent"]})
+                     "payload B (2 steps, measured)": row["payload_bytes"],
+                     "ring cost B (2 steps, formula on measured payload)": row["ring_cost_bytes"]})
     rows.append({"strategy": name, "phase": "2nd step", "op": "launched during / after backward",
                  "calls (2 steps)": f"{launched['during backward']} / {launched['after backward']}"})
 course.table(rows)
@@ -129,6 +136,50 @@ for ax, name in zip(axes, ["zero2-naive", "zero2"]):
 fig.tight_layout()
 
 # %% [markdown]
+# ## On zerokit's ring: the bytes on the wire
+#
+# Does a reduce-scatter really send only `(N−1)/N` of the buffer? The ring cost says so by
+# formula; gloo counts nothing. With `algorithm="ring"`, ZeRO-2 runs its collectives on
+# zerokit's ring over send/recv (lesson 01), which counts every byte it hands to send — the
+# summary's `sent_bytes`, **measured**. One step on 3 ranks, and the same step on the
+# backend's own collectives (the default):
+
+# %%
+n_ring = 3
+on_ring = zerokit.train(work, "zero2", world_size=n_ring, steps=1, algorithm="ring", reference=False)
+on_backend = zerokit.train(work, "zero2", world_size=n_ring, steps=1, reference=False, keep_records=True)
+rows = []
+for r in (on_ring, on_backend):
+    for row in r.result.ranks[0].comm_summary:
+        rows.append({"algorithm": row["algorithm"], "phase": row["phase"], "op": row["op"], "calls": row["calls"],
+                     "payload B (measured)": row["payload_bytes"],
+                     "ring cost B (formula on measured payload)": row["ring_cost_bytes"],
+                     "sent B (measured, ring)": row["sent_bytes"], "note": row["note"]})
+course.table(rows)
+
+# %%
+for rank in on_ring.result.ranks:
+    scatters = [row for row in rank.comm_summary if row["op"] == "reduce_scatter"]
+    assert scatters and all(row["algorithm"] == "ring" for row in scatters)
+    for row in scatters:  # measured on the wire: (N−1)/N of the buffer, as the formula says
+        assert row["sent_bytes"] * n_ring == (n_ring - 1) * row["payload_bytes"]
+        assert row["sent_bytes"] == row["ring_cost_bytes"]
+backend = on_backend.result.ranks[0].comm_records[0]["backend"]
+gloo_scatter = next(row for row in on_backend.result.ranks[0].comm_summary if row["op"] == "reduce_scatter")
+assert gloo_scatter["sent_bytes"] is None  # the backend ran it: nothing counted its wire
+if backend == "gloo":
+    assert "all-reduce" in gloo_scatter["note"]
+print(f"backend: {backend}")
+print(f"ledger's note on its reduce-scatter: {gloo_scatter['note'] or '(none)'}")
+
+# %% [markdown]
+# On the ring, every rank sent exactly `(N−1)/N` of each reduce-scatter's buffer — measured,
+# and equal to the ring cost. The backend's run has payloads and their ring cost, but no
+# "sent" (—): and on gloo the ledger's note says why its ring cost is not what its wire
+# carries — gloo's reduce-scatter is an all-reduce underneath, `2(N−1)/N` of the
+# buffer, then a slice. That an all-reduce splits into two halves costing the same in all
+# is a property of the ring, not of every backend.
+#
 # ## Gradient accumulation
 #
 # With A micro-batches per step, DDP (`no_sync`) and ZeRO-1 accumulate the full gradients
@@ -142,17 +193,19 @@ accumulation = compare(work, 2, ["zero1", "zero2"], steps=2, micro_batches=3, pr
 rows = []
 for result in accumulation.results:
     rank0 = result.ranks[0]
-    rows.append({"strategy": result.strategy, "micro-batches": 3, "sent B/step": rank0.comm_bytes_sent_per_step,
+    cost = rank0.comm_ring_cost_bytes_per_step
+    rows.append({"strategy": result.strategy, "micro-batches": 3,
+                 "ring cost B/step (formula on measured payload)": cost,
                  "theory B/step": rank0.theory_comm_bytes_per_step,
-                 "÷ DDP's 2(N−1)/N·Ψb": round(rank0.comm_bytes_sent_per_step / theory.comm_bytes_per_step(0, psi, 2, b), 3),
+                 "÷ DDP's 2(N−1)/N·Ψb": round(cost / theory.comm_bytes_per_step(0, psi, 2, b), 3),
                  "model states B": sum(rank0.model_state_bytes.values())})
 course.table(rows)
 
 # %%
 for result in accumulation.results:
     for rank in result.ranks:
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
-z1, z2 = (accumulation[name].ranks[0].comm_bytes_sent_per_step for name in ("zero1", "zero2"))
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
+z1, z2 = (accumulation[name].ranks[0].comm_ring_cost_bytes_per_step for name in ("zero1", "zero2"))
 assert z2 / z1 == (3 + 1) / 2  # (A + 1) halves against 2
 
 # %% [markdown]
@@ -181,16 +234,20 @@ course.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_siz
 #
 # - ZeRO-2 shards gradients and optimizer states: `2Ψ + 14Ψ/N` per rank, measured.
 # - It gets there by reduce-scattering each bucket *during* backward and freeing it; no rank
-#   ever holds all gradients, and it sends what DDP sends.
+#   ever holds all gradients, and on a ring it sends what DDP sends — the ring cost of the
+#   measured payloads, and the bytes zerokit's ring counted: `(N−1)/N` of each buffer.
+# - gloo's reduce-scatter is an all-reduce underneath: on that backend the wire carries more
+#   than the ring cost (the ledger's note).
 # - "All-reduce, then drop" ends with the same model states but peaks at the full
-#   gradients and sends `3(N−1)/N·Ψb` — ZeRO-3's traffic for ZeRO-2's memory.
+#   gradients and costs `3(N−1)/N·Ψb` — ZeRO-3's traffic for ZeRO-2's memory.
 # - With accumulation, ZeRO-2 reduce-scatters every micro-batch: `(A + 1)/2` × DDP's bytes.
 #
 # ## Interview questions
 #
 # 1. *"ZeRO-2 = all-reduce the gradients, then drop the ones you don't own" — right?* — no:
-#    that peaks at full gradients and sends 1.5× DDP; ZeRO-2 reduce-scatters during backward.
-# 2. *Does ZeRO-2 communicate more than DDP?* — not per step without accumulation; with A
-#    micro-batches it sends `(A + 1)/2` × as much (the accumulation table).
+#    that peaks at full gradients and costs 1.5× DDP; ZeRO-2 reduce-scatters during backward.
+# 2. *Does ZeRO-2 communicate more than DDP?* — on a ring, not per step without
+#    accumulation (each reduce-scatter sends `(N−1)/N` of its buffer, measured on zerokit's
+#    ring above); with A micro-batches it sends `(A + 1)/2` × as much (the accumulation table).
 # 3. *When would you pick ZeRO-1 over ZeRO-2?* — with many micro-batches per step and memory
 #    to spare for full gradients: ZeRO-1 reduces once per step.

@@ -8,9 +8,10 @@
 # prefetching and `reshard_after_forward` trade?
 #
 # **What you will see.** ZeRO-3 (`zero3`) next to DDP on 2, 3 and 4 ranks: model states at
-# `16Ψ/N`, measured; the traffic at `3(N−1)/N·Ψb` — 1.5× DDP's, flat in N; each rank's peak
-# with the gathered parameters on top of the shards; the four combinations of `prefetch` and
-# `reshard_after_forward` on the timeline; and the seed's numbers, checked.
+# `16Ψ/N`, measured; the traffic — the ring cost of the payloads the ledger measured — at
+# `3(N−1)/N·Ψb`, 1.5× DDP's, flat in N; each rank's peak with the gathered parameters on
+# top of the shards; the four combinations of `prefetch` and `reshard_after_forward` on the
+# timeline; and the seed's numbers, checked.
 
 # %%
 %matplotlib inline
@@ -38,7 +39,9 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 # 3. before its backward: **all-gather** it again; 4. after its backward: **reduce-scatter**
 #    its gradients into the own shard, and free the gathered parameters.
 #
-# Two gathers and one reduce-scatter, each `(N−1)/N` of the unit: `3(N−1)/N·Ψb` per step.
+# Two gathers and one reduce-scatter, each `(N−1)/N` of the unit on a ring: `3(N−1)/N·Ψb`
+# per step. The tables below show the **ring cost**: that ring formula applied to the
+# payloads the ledger measured (gloo counts nothing on its wire).
 
 # %%
 runs = {n: compare(work, n, ["single", "ddp", "zero3"], steps=2, precision="bf16-mixed") for n in (2, 3, 4)}
@@ -47,9 +50,10 @@ for n, report in runs.items():
     ddp, zero3 = report["ddp"].ranks[0], report["zero3"].ranks[0]
     rows.append({"N": n, "ZeRO-3 states B": sum(zero3.model_state_bytes.values()),
                  "theory B": zero3.theory_model_states["total"], "paper 16Ψ/N": theory.paper_model_state_bytes(3, psi, n),
-                 "ZeRO-3 sent B/step": zero3.comm_bytes_sent_per_step, "theory": zero3.theory_comm_bytes_per_step,
-                 "DDP sent B/step": ddp.comm_bytes_sent_per_step,
-                 "ZeRO-3 ÷ DDP": round(zero3.comm_bytes_sent_per_step / ddp.comm_bytes_sent_per_step, 4)})
+                 "ZeRO-3 ring cost B/step (formula on measured payload)": zero3.comm_ring_cost_bytes_per_step,
+                 "ZeRO-3 theory B/step": zero3.theory_comm_bytes_per_step,
+                 "DDP ring cost B/step (formula on measured payload)": ddp.comm_ring_cost_bytes_per_step,
+                 "ZeRO-3 ÷ DDP": round(zero3.comm_ring_cost_bytes_per_step / ddp.comm_ring_cost_bytes_per_step, 4)})
 course.table(rows)
 
 # %%
@@ -58,25 +62,26 @@ for n, report in runs.items():
     assert zero3.param_diff["max_rel"] <= 1e-2  # the same training, to bf16 rounding
     for rank in zero3.ranks:
         assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
         total = sum(rank.model_state_bytes.values())
         assert abs(total - theory.paper_model_state_bytes(3, psi, n)) / total < 0.01  # 16Ψ/N, up to padding
-    ratio = zero3.ranks[0].comm_bytes_sent_per_step / report["ddp"].ranks[0].comm_bytes_sent_per_step
+    ratio = zero3.ranks[0].comm_ring_cost_bytes_per_step / report["ddp"].ranks[0].comm_ring_cost_bytes_per_step
     assert abs(ratio - theory.comm_bytes_per_step(3, psi, n, b) / theory.comm_bytes_per_step(0, psi, n, b)) < 0.01
     assert abs(ratio - 1.5) < 0.01
 
 # %%
 ns = list(runs)
 course.volume_figure(
-    {"DDP": {"N": ns, "measured": [runs[n]["ddp"].ranks[0].comm_bytes_sent_per_step / 1024 for n in ns],
+    {"DDP": {"N": ns, "ring_cost": [runs[n]["ddp"].ranks[0].comm_ring_cost_bytes_per_step / 1024 for n in ns],
              "theory_N": list(range(2, 17)), "theory": [theory.comm_bytes_per_step(0, psi, n, b) / 1024 for n in range(2, 17)]},
-     "ZeRO-3": {"N": ns, "measured": [runs[n]["zero3"].ranks[0].comm_bytes_sent_per_step / 1024 for n in ns],
+     "ZeRO-3": {"N": ns, "ring_cost": [runs[n]["zero3"].ranks[0].comm_ring_cost_bytes_per_step / 1024 for n in ns],
                 "theory_N": list(range(2, 17)), "theory": [theory.comm_bytes_per_step(3, psi, n, b) / 1024 for n in range(2, 17)]}},
-    ylabel="KiB sent per rank per step", title="bytes per rank per step: ZeRO-3 = 1.5 × DDP at every N")
+    ylabel="KiB per rank per step (ring)",
+    title="ring cost of the measured payloads per rank per step: ZeRO-3 = 1.5 × DDP at every N")
 
 # %% [markdown]
-# ZeRO-3's traffic is **not** O(Ψ/N): it tends to `3Ψb` per rank, flat in N, and is exactly
-# 1.5× DDP's at every N. The memory is what divides by N — the traffic doesn't.
+# ZeRO-3's traffic is **not** O(Ψ/N): its ring cost tends to `3Ψb` per rank, flat in N, and
+# is exactly 1.5× DDP's at every N. The memory is what divides by N — the traffic doesn't.
 #
 # ## What a rank holds at its peak
 #
@@ -137,7 +142,8 @@ rows = []
 for (prefetch, reshard), report in grid.items():
     rank0 = report.result.ranks[0]
     rows.append({"prefetch": prefetch, "reshard_after_forward": reshard,
-                 "sent B/step": rank0.comm_bytes_sent_per_step, "theory B/step": rank0.theory_comm_bytes_per_step,
+                 "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step,
+                 "theory B/step": rank0.theory_comm_bytes_per_step,
                  "gathers in flight (max)": course.max_in_flight(rank0, "all_gather", step=2),
                  "exposed ms (rank 0)": course.timeline_rows(report, last)[0]["exposed ms/step"],
                  "step ms (rank 0)": course.timeline_rows(report, last)[0]["step ms"],
@@ -147,12 +153,12 @@ course.table(rows)
 # %%
 for (prefetch, reshard), report in grid.items():
     for rank in report.result.ranks:
-        assert rank.comm_bytes_sent_per_step == rank.theory_comm_bytes_per_step
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
         in_flight = course.max_in_flight(rank, "all_gather", step=2)
         assert (in_flight > 1) if prefetch else (in_flight == 1)  # prefetch = the next gathers launched ahead
-sent = {key: r.result.ranks[0].comm_bytes_sent_per_step for key, r in grid.items()}
+cost = {key: r.result.ranks[0].comm_ring_cost_bytes_per_step for key, r in grid.items()}
 peak = {key: max(x.peak_bytes for x in r.result.ranks) for key, r in grid.items()}
-assert sent[(False, True)] / sent[(False, False)] == 3 / 2  # two gathers per step, or one
+assert cost[(False, True)] / cost[(False, False)] == 3 / 2  # two gathers per step, or one
 assert peak[(True, True)] > peak[(False, True)]              # prefetched units are held early
 assert peak[(False, False)] > peak[(False, True)]            # kept units are held until backward
 
@@ -185,8 +191,8 @@ course.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
 
 # %% [markdown]
 # GPT-2 1.5B is tight but possible; T5-3B at 4.3 GB is impossible — its model states alone
-# take more. And "92 % less communication than an all-reduce": measured above, ZeRO-3 sends
-# **50 % more**.
+# take more. And "92 % less communication than an all-reduce": by the ring cost of the
+# payloads measured above, ZeRO-3 sends **50 % more**.
 #
 # ## Try it
 #
@@ -211,7 +217,8 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #
 # - ZeRO-3 shards everything: `16Ψ/N` model states per rank, measured — the only stage whose
 #   memory is O(Ψ/N).
-# - It sends `3(N−1)/N·Ψb` per step, **1.5× DDP at every N** — not O(Ψ/N), not 92 % less.
+# - On a ring it sends `3(N−1)/N·Ψb` per step (the ring cost of the payloads measured
+#   above), **1.5× DDP at every N** — not O(Ψ/N), not 92 % less.
 # - At its peak a rank also holds the gathered units and the activations; prefetch trades
 #   memory for exposed time, `reshard_after_forward=False` trades memory for bytes (3 → 2).
 #

@@ -2,9 +2,10 @@
 
 Figures are plain matplotlib ``Figure`` objects, never registered with pyplot, so a cell
 shows one only when it returns it, and a panel turns one into PNG bytes for its
-``ipywidgets.Image`` (:func:`png`). :func:`volume_figure` draws what a lesson measured
-(markers) next to :mod:`zerokit.theory` (lines) against the world size; it runs no job
-itself, it plots numbers a cell already measured.
+``ipywidgets.Image`` (:func:`png`). :func:`volume_figure` draws the traffic a lesson
+read off its runs (markers: measured on zerokit's ring, or the ring formula applied to
+measured payloads, labelled as such) next to :mod:`zerokit.theory` (lines) against the
+world size; it runs no job itself, it plots numbers a cell already has.
 """
 from __future__ import annotations
 
@@ -32,19 +33,31 @@ def png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def volume_figure(series: Dict[str, dict], ylabel: str = "bytes sent per rank", title: str = "",
-                  reference: Optional[tuple] = None):
-    """Measured points (markers) and theory (line) against the world size, one series per name.
+#: what the markers of a :func:`volume_figure` series are, by the key that holds them
+POINT_KINDS = {"sent": "sent (measured, ring)", "ring_cost": "ring cost (formula on measured payload)",
+               "measured": "measured"}
 
-    ``series[name] = {"N": [...], "measured": [...], "theory": [...]}``, with optionally
-    ``"theory_N"`` when the theory line is drawn at other world sizes than the measurements.
-    ``reference = (value, label)`` adds a dashed horizontal line (an asymptote).
+
+def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title: str = "",
+                  reference: Optional[tuple] = None):
+    """Points from the runs (markers) and theory (line) against the world size, one series per name.
+
+    ``series[name] = {"N": [...], KIND: [...], "theory": [...]}``, where KIND names what the
+    points are, and so their legend: ``"sent"`` — bytes zerokit's ring handed to send
+    (measured); ``"ring_cost"`` — the ring formula applied to the payloads the ledger
+    measured (the backend's collectives: nothing counted their wire); ``"measured"`` —
+    any other measured quantity. Optionally ``"theory_N"`` when the theory line is drawn at
+    other world sizes than the points. ``reference = (value, label)`` adds a dashed
+    horizontal line (an asymptote).
     """
     fig, ax = new_figure(5.5, 3.2)
     for i, (name, s) in enumerate(series.items()):
         color = f"C{i}"
+        kinds = [k for k in POINT_KINDS if k in s]
+        if len(kinds) != 1:
+            raise ValueError(f"series {name!r} needs exactly one of {', '.join(POINT_KINDS)}; has {kinds or 'none'}")
         ax.plot(s.get("theory_N", s["N"]), s["theory"], color=color, lw=1.5, label=f"{name}: theory")
-        ax.plot(s["N"], s["measured"], "o", color=color, ms=6, label=f"{name}: measured")
+        ax.plot(s["N"], s[kinds[0]], "o", color=color, ms=6, label=f"{name}: {POINT_KINDS[kinds[0]]}")
     if reference is not None:
         ax.axhline(reference[0], color="#999999", ls="--", lw=1, label=reference[1])
     ax.set_xlabel("world size N")

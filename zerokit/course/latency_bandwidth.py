@@ -2,10 +2,12 @@
 
 :func:`time_ring_all_reduce` runs real jobs: :func:`zerokit.ring.ring_all_reduce` of fp32
 tensors on each world size through :func:`zerokit.launch`, the fastest of a few calls per
-payload, the bytes sent read from the communication ledger. :func:`fit_latency_bandwidth`
-fits t = rounds·α + bytes_sent/β to those points, with rounds and bytes from
-:mod:`zerokit.theory`; :func:`modelled_seconds` splits one call's time into the two terms
-and :func:`latency_bandwidth_figure` draws the measurements against the fit.
+payload, the bytes the ring handed to send read from the communication ledger
+(``sent_bytes``: measured, since zerokit's ring ran the collective).
+:func:`fit_latency_bandwidth` fits t = rounds·α + bytes/β to those points, with rounds and
+bytes from the ring formulas of :mod:`zerokit.theory`; :func:`modelled_seconds` splits one
+call's time into the two terms and :func:`latency_bandwidth_figure` draws the measurements
+against the fit.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from .figures import new_figure
 
 
 def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> list:
-    """On each rank: the fastest of ``repeats`` ring all-reduces per payload, and the bytes it sent."""
+    """On each rank: the fastest of ``repeats`` ring all-reduces per payload, and the bytes it sent (measured)."""
     import torch
     import torch.distributed as dist
 
@@ -38,16 +40,16 @@ def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> li
                 torch.cuda.synchronize(x.device)
             best = min(best, time.perf_counter() - start)
         record = comm.ledger().records[-1]
-        out.append({"payload_bytes": record.payload_bytes, "bytes_sent": record.bytes_sent, "seconds": best})
+        out.append({"payload_bytes": record.payload_bytes, "sent_bytes": record.sent_bytes, "seconds": best})
     return out
 
 
 def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int], repeats: int = 3) -> list:
     """Time :func:`zerokit.ring.ring_all_reduce` of fp32 tensors on each world size, through zerokit.launch.
 
-    Returns one point per (world size, payload): ``op``, ``n``, ``payload_bytes``, the
-    ``bytes_sent`` the ring really sent (rank 0's ledger) and ``seconds``, the slowest
-    rank's fastest call.
+    Returns one point per (world size, payload): ``op``, ``n``, ``payload_bytes``
+    (measured), ``sent_bytes``, the bytes the ring really handed to send (measured, rank 0's
+    ledger), and ``seconds``, the slowest rank's fastest call.
     """
     from .. import launch
 
@@ -56,16 +58,18 @@ def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int
         per_rank = launch(_time_ring_all_reduce, n, list(payload_bytes), repeats)
         for i, point in enumerate(per_rank[0]):
             points.append({"op": "all_reduce", "n": n, "payload_bytes": point["payload_bytes"],
-                           "bytes_sent": point["bytes_sent"],
+                           "sent_bytes": point["sent_bytes"],
                            "seconds": max(rank[i]["seconds"] for rank in per_rank)})
     return points
 
 
 def fit_latency_bandwidth(points: Iterable[dict]) -> dict:
-    """Least-squares fit of t = rounds·α + bytes_sent/β to measured collectives.
+    """Least-squares fit of t = rounds·α + bytes/β to measured collectives.
 
-    Each point has ``op``, ``n``, ``payload_bytes`` and ``seconds``; rounds and bytes
-    sent come from :func:`zerokit.theory.ring_steps` and :func:`~zerokit.theory.ring_bytes_sent`.
+    Each point has ``op``, ``n``, ``payload_bytes`` and ``seconds``; rounds and bytes per
+    rank come from the ring formulas :func:`zerokit.theory.ring_steps` and
+    :func:`~zerokit.theory.ring_bytes_sent` (equal to the measured ``sent_bytes`` of
+    :func:`time_ring_all_reduce` when the payload divides into whole chunks).
     Residuals are relative, so the small calls that fix α count as much as the large
     ones that fix β. Returns ``{"alpha_s": latency per round, "beta_Bps": bandwidth}``.
     """

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from .. import theory
 from .figures import new_figure, png
 from .panel import Panel, ipywidgets
-from .tables import summary_rows, table
+from .tables import RING_COST, THEORY, summary_rows, table
 
 
 def peak_bars(report, ax=None):
@@ -109,5 +109,5 @@ class MemoryPanel(Panel):
                       fontsize=8)
         fig.tight_layout()
         self.image.value = png(fig)
-        self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", "sent B/step",
-                                                          "theory sent B/step", "peak B"])._repr_html_()
+        self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", RING_COST,
+                                                          THEORY, "peak B"])._repr_html_()

@@ -4,7 +4,8 @@
 rank sends in each round); it runs nothing. :class:`CollectivePanel` runs one ring
 collective of the chosen size on the chosen number of ranks through
 :func:`zerokit.launch` whenever a control changes, and puts the rounds and the bytes each
-rank sent on send/recv (from the communication ledger) next to
+rank handed to send/recv — the ledger's ``sent_bytes``, measured on the wire because
+zerokit's ring ran the collective — next to the ring formula
 :func:`zerokit.theory.ring_bytes_sent`.
 """
 from __future__ import annotations
@@ -57,7 +58,11 @@ def _rectangle(x, y, color):
 
 
 def _ring_collective(ctx, op: str, numel: int) -> dict:
-    """On each rank: one ring ``op`` of ``numel`` fp32 elements; its rounds, bytes sent and seconds."""
+    """On each rank: one ring ``op`` of ``numel`` fp32 elements; its rounds, bytes and seconds.
+
+    ``payload_bytes`` (measured: the tensor), ``sent_bytes`` (measured: what the ring handed
+    to send) and ``ring_cost_bytes`` (the ring formula on the payload), from the ledger.
+    """
     import torch
     import torch.distributed as dist
 
@@ -82,15 +87,15 @@ def _ring_collective(ctx, op: str, numel: int) -> dict:
     seconds = time.perf_counter() - start
     record = comm.ledger().records[-1]
     return {"rank": ctx.rank, "rounds": len(rounds), "payload_bytes": record.payload_bytes,
-            "bytes_sent": record.bytes_sent, "seconds": seconds}
+            "sent_bytes": record.sent_bytes, "ring_cost_bytes": record.ring_cost_bytes, "seconds": seconds}
 
 
 class CollectivePanel(Panel):
     """Collective × world size × payload → the ring's rounds, and the bytes each rank really sent.
 
     Runs :mod:`zerokit.ring` on send/recv through :func:`zerokit.launch`, so the bytes are
-    counted as they are sent; the picture puts them next to
-    :func:`zerokit.theory.ring_bytes_sent`. The trade-off it shows: more ranks mean more
+    counted as they are sent (``sent_bytes``, measured); the picture puts them next to the
+    ring formula :func:`zerokit.theory.ring_bytes_sent`. The trade-off it shows: more ranks mean more
     rounds (latency), while the bytes per rank stay under 2× the payload (bandwidth).
     """
 
@@ -152,8 +157,8 @@ class CollectivePanel(Panel):
         ring_schedule_figure(n, op, ax=left)
         payload = result[0]["payload_bytes"]
         expected = theory.ring_bytes_sent(op, payload, n)
-        right.bar(range(n), [r["bytes_sent"] / 1024 for r in result], color="#4C72B0", label="measured")
-        right.plot([-0.4, n - 0.6], [expected / 1024] * 2, color="black", lw=2, label="theory")
+        right.bar(range(n), [r["sent_bytes"] / 1024 for r in result], color="#4C72B0", label="sent (measured, ring)")
+        right.plot([-0.4, n - 0.6], [expected / 1024] * 2, color="black", lw=2, label="ring formula")
         right.plot([-0.4, n - 0.6], [payload / 1024] * 2, color="#999999", lw=1, ls="--", label="payload S")
         right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=8)
         right.set_ylabel("KiB sent per rank", fontsize=8)
@@ -162,7 +167,8 @@ class CollectivePanel(Panel):
         fig.tight_layout()
         self.image.value = png(fig)
         rows = [{"rank": r["rank"], "rounds": r["rounds"], "theory rounds": _rounds(op, n),
-                 "sent B": r["bytes_sent"], "theory sent B": expected, "ms": round(1e3 * r["seconds"], 2)}
+                 "payload B (measured)": r["payload_bytes"], "sent B (measured, ring)": r["sent_bytes"],
+                 "ring formula B": expected, "ms": round(1e3 * r["seconds"], 2)}
                 for r in result]
         self.details.value = table(rows)._repr_html_()
 

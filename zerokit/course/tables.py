@@ -2,7 +2,10 @@
 
 :func:`table` shows any rows; :func:`model_state_rows` and :func:`summary_rows` read a
 :class:`zerokit.Report` (what the ledgers measured, next to what :mod:`zerokit.theory`
-says). Nothing here runs a job or re-types a formula: the numbers come from the report.
+says). Column names say which is which: "measured" was read off the run, "formula" was
+computed, and "ring cost" is the ring formula applied to a measured payload — never a count
+of the bytes on the wire. Nothing here runs a job or re-types a formula: the numbers come
+from the report.
 """
 from __future__ import annotations
 
@@ -77,16 +80,34 @@ def model_state_rows(report) -> list:
     return rows
 
 
+#: column names of the traffic quantities, saying which are measured and which are formulas
+PAYLOAD = "payload B/step (measured)"
+RING_COST = "ring cost B/step (formula on measured payload)"
+SENT = "sent B/step (measured, ring)"
+THEORY = "theory B/step (formula on Ψ)"
+
+
 def summary_rows(report) -> list:
-    """One row per strategy: rank 0's model states and every rank's traffic, measured vs theory."""
+    """One row per strategy: rank 0's model states and every rank's traffic per step, measured vs formula.
+
+    Traffic columns (the most of any rank): ``PAYLOAD``, the bytes of the tensors the
+    collectives were issued on (measured); ``RING_COST``, the ring algorithm's bytes for
+    those payloads (a formula on the measured payload, not a count of the wire); ``SENT``,
+    the bytes zerokit's ring handed to send (measured; None where the backend ran the
+    collectives, so nothing counted its wire); ``THEORY``, :mod:`zerokit.theory`'s formula
+    on Ψ and N.
+    """
     rows = []
     for result in report.results:
         rank0 = result.ranks[0]
+        sent = [r.comm_sent_bytes_per_step for r in result.ranks]
         rows.append({"strategy": result.strategy, "N": result.world_size, "precision": result.precision,
                      "model states B": sum(rank0.model_state_bytes.values()),
                      "theory B": rank0.theory_model_states["total"],
-                     "sent B/step": max(r.comm_bytes_sent_per_step for r in result.ranks),
-                     "theory sent B/step": rank0.theory_comm_bytes_per_step,
+                     PAYLOAD: max(r.comm_payload_bytes_per_step for r in result.ranks),
+                     RING_COST: max(r.comm_ring_cost_bytes_per_step for r in result.ranks),
+                     SENT: None if any(s is None for s in sent) else max(sent),
+                     THEORY: rank0.theory_comm_bytes_per_step,
                      "calls/step": rank0.comm_calls_per_step,
                      "peak B": max(r.peak_bytes for r in result.ranks),
                      "|Δparam| vs single": result.max_abs_param_diff})
