@@ -292,3 +292,19 @@ def test_bad_input_fails_clearly():
     tiny = zerokit.mlp((1, 1), batch_size=4)  # two parameters
     with pytest.raises(RankFailed, match="world size 4 is larger than the parameter count 2"):
         zerokit.train(tiny, "zero1", world_size=4, steps=1, reference=False)
+
+
+def test_bench_zero_quick_run_writes_ratios(tmp_path):
+    import json
+
+    from zerokit import bench
+
+    out = tmp_path / "zero.json"
+    assert bench.main("zero", ["--world-sizes", "2", "--steps", "2", "--rounds", "1", "--no-deepspeed", "--quiet",
+                               "--only", "zero3", "fsdp2-zero3", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"N=2 zero3/fsdp2-zero3"}
+    assert {row["label"] for row in data["rows"]} == {"zero3", "fsdp2-zero3"}
+    assert "load average" in data["machine"]
+    with pytest.raises(SystemExit):
+        bench.main("zero", ["--unit-size", "blocks"])

@@ -69,7 +69,7 @@ def _rank_with_exposure(ctx, job):
 
 def measure(workload, strategy: str, world_size: int, steps: int, options: dict, timeout_s: float) -> dict:
     """One run: median step time of the slowest rank, median exposed communication per step (averaged
-    over the ranks), calls and bytes per step; the first (warm-up) step is left out of both medians."""
+    over the ranks), calls and ring cost (the ring formula on the measured payloads) per step; the first (warm-up) step is left out of both medians."""
     from ..runtime.launch import launch
     from ..report import StrategyResult
     from ..train import make_job
@@ -79,7 +79,7 @@ def measure(workload, strategy: str, world_size: int, steps: int, options: dict,
     result = StrategyResult.from_ranks(job, [rank for rank, _ in out], None)
     exposed = [sum(blocked[s] for _, blocked in out) / world_size for s in range(steps)]
     return {"step_s": result.step_time_s_median, "exposed_s": median(exposed[1:]),
-            "calls": result.ranks[0].comm_calls_per_step, "bytes": result.ranks[0].comm_ring_cost_bytes_per_step}
+            "calls": result.ranks[0].comm_calls_per_step, "ring_cost_bytes": result.ranks[0].comm_ring_cost_bytes_per_step}
 
 
 def run_rounds(workload, world_sizes, configs_for, steps: int, rounds: int, timeout_s: float, log) -> list:
@@ -100,7 +100,7 @@ def run_rounds(workload, world_sizes, configs_for, steps: int, rounds: int, time
         rows.append({"world_size": n, "label": label, "strategy": strategy, "options": options,
                      "bucket_mb": bucket, "step_s": median([s["step_s"] for s in runs]),
                      "exposed_s": median([s["exposed_s"] for s in runs]), "calls": runs[0]["calls"],
-                     "bytes": runs[0]["bytes"], "runs": runs})
+                     "ring_cost_bytes": runs[0]["ring_cost_bytes"], "runs": runs})
     return rows
 
 
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
                                       (PEER, PEER, {"bucket_mb": mb}, mb)],
                            args.steps, args.rounds, args.timeout, log)
         add_ratios(heavy)
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, 1 thread per rank, torch {torch.__version__}"
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, 1 thread per rank, torch {torch.__version__}, "
+               + "load average %.2f %.2f %.2f" % os.getloadavg())
     print(f"zerokit bench ddp — fp32 AdamW, gloo on CPU, {args.steps} steps × {args.rounds} interleaved rounds; "
           f"{machine}")
     print(table(sweep, f"\nsweep: {sweep_work.description}; Ψ = {sweep_work.param_count():,}"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -34,10 +35,10 @@ PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"
          ("zero3", ["fsdp2-zero3", "deepspeed-zero3"])]
 
 
-def configs(with_deepspeed: bool, unit_size: int = 0, only=None):
+def configs(with_deepspeed: bool, unit_size="block", only=None):
     """(label, strategy, options, note) for every run of one round; ``unit_size`` goes to zero3 and FSDP2."""
     def options(name):
-        return {"unit_size": unit_size} if unit_size and (name == "zero3" or name.startswith("fsdp2")) else {}
+        return {"unit_size": unit_size} if name == "zero3" or name.startswith("fsdp2") else {}
 
     out = []
     for ours, peers in PAIRS:
@@ -64,12 +65,24 @@ def add_ratios(rows) -> dict:
 
 def table(rows, title: str) -> str:
     lines = [title, f"{'N':>2}  {'strategy':<20} {'step ms':>8} {'exposed ms/step':>15} {'calls/step':>10} "
-                    f"{'MiB sent/step':>13}"]
+                    f"{'ring cost MiB/step':>18}"]
     for row in rows:
         exposed = "—" if row["strategy"] not in ("zero1", "zero2", "zero3") else f"{1000 * row['exposed_s']:.1f}"
         lines.append(f"{row['world_size']:>2}  {row['label']:<20} {1000 * row['step_s']:>8.1f} {exposed:>15} "
-                     f"{row['calls']:>10.1f} {row['bytes'] / 2 ** 20:>13.3f}")
+                     f"{row['calls']:>10.1f} {row['ring_cost_bytes'] / 2 ** 20:>18.3f}")
     return "\n".join(lines)
+
+
+def unit_size_arg(text: str):
+    if text == "block":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: 'block', 0 or a positive number of elements")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed peers")
-    parser.add_argument("--unit-size", type=int, default=0,
-                        help="zero3's and FSDP2's unit_size in elements (0: every module with parameters is a unit)")
+    parser.add_argument("--unit-size", type=unit_size_arg, default="block",
+                        help="zero3's and FSDP2's unit_size: 'block' (default: one unit per transformer block), 0 "
+                             "(every module with parameters is a unit) or a number of elements")
     parser.add_argument("--only", nargs="+", metavar="LABEL", help="run only these configurations (labels)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
     parser.add_argument("--json", metavar="FILE", help="also write every run and the ratios to FILE")
@@ -92,8 +106,6 @@ def main(argv=None) -> int:
     from ..workloads import tiny_gpt
 
     args = build_parser().parse_args(argv)
-    if args.unit_size < 0:
-        raise ValueError(f"--unit-size {args.unit_size}: must be 0 or a positive number of elements")
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
     with_deepspeed = deepspeed_available() and not args.no_deepspeed
@@ -103,7 +115,8 @@ def main(argv=None) -> int:
     rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps, args.rounds,
                       args.timeout, log)
     ratios = add_ratios(rows)
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    load = "load average %.2f %.2f %.2f" % os.getloadavg()
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {load}"
     print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds, "
           f"unit_size {args.unit_size}; {machine}"
           + ("" if with_deepspeed else "; DeepSpeed not installed"))

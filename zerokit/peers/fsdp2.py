@@ -33,27 +33,10 @@ import torch.nn as nn
 
 from .. import theory
 from ..runtime import comm
-from ..strategies.base import Option, register
-from ..zero.stage3 import non_negative_elements
+from ..strategies.base import register
+from ..zero.stage3 import UNIT_SIZE_OPTION
 from ..zero.units import BLOCK, form_units
 from .recording import Peer, ledgered_torch_collectives
-
-
-def block_or_elements(value) -> bool:
-    """``unit_size``: the string ``"block"``, or 0, or a positive whole number of elements."""
-    if isinstance(value, str):
-        return value == BLOCK
-    try:
-        return non_negative_elements(value)
-    except (OverflowError, ValueError):  # inf, nan
-        return False
-
-
-UNIT_SIZE = Option(BLOCK, block_or_elements,
-                   f"{BLOCK!r} (each repeated block — a child of a ModuleList/Sequential of one class — is a "
-                   f"fully_shard group, the root takes the rest), 0 (every module with parameters of its own) or a "
-                   f"positive whole number of elements (modules are grouped with their parent until they reach it), "
-                   f"as zero3's unit_size")
 
 
 def _shard_target(unit):
@@ -74,7 +57,7 @@ class FSDP2(Peer):
     """fully_shard on zerokit's units, then on the root; ``reshard_after_forward`` set by the subclass."""
 
     reshard_after_forward = True
-    options = {"unit_size": UNIT_SIZE}
+    options = {"unit_size": UNIT_SIZE_OPTION}
 
     def __init__(self, model, ctx, config, **options):
         from torch.distributed.device_mesh import init_device_mesh

@@ -16,6 +16,7 @@ is how ZeRO-3 gathers a unit before its forward and frees it after.
 """
 from __future__ import annotations
 
+import math
 from typing import List, Sequence
 
 import torch
@@ -43,7 +44,8 @@ def check_trainable(model: torch.nn.Module, strategy: str) -> List[torch.nn.Para
 
 def check_elements(name: str, value) -> int:
     """A size in elements (DeepSpeed's unit): a positive integer, or a float with an integral value (5e8)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
+            or value != int(value):
         raise ValueError(f"{name}={value!r} must be a positive whole number of elements")
     return int(value)
 

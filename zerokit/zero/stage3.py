@@ -70,7 +70,8 @@ def non_negative_elements(value) -> bool:
 
 
 def unit_size_allowed(value) -> bool:
-    return value == BLOCK or non_negative_elements(value)
+    """``unit_size``: the string "block", or 0, or a positive whole number of elements."""
+    return value == BLOCK if isinstance(value, str) else non_negative_elements(value)
 
 
 UNIT_SIZE_OPTION = Option(BLOCK, unit_size_allowed,
