@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import zerokit
 from zerokit import course, plot, theory
 from zerokit.cli import compare
+from zerokit.zero.units import form_units
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
@@ -32,8 +33,9 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 # ## The lifecycle of a unit
 #
 # ZeRO-3 (§5.3, P_os+g+p) shards the parameters too: at rest, a rank holds one N-th of
-# everything. The model is cut into **units** (here: every module with parameters of its
-# own), each a flat buffer. For every unit, every step (as FSDP's `fully_shard` does):
+# everything. The model is cut into **units** (by default one per transformer block, the
+# root taking the embeddings, the final norm and the head — as FSDP2 and DeepSpeed users
+# wrap them), each a flat buffer. For every unit, every step (as FSDP's `fully_shard` does):
 #
 # 1. before its forward: **all-gather** the unit; 2. after its forward: **free** it;
 # 3. before its backward: **all-gather** it again; 4. after its backward: **reduce-scatter**
@@ -91,7 +93,7 @@ course.volume_figure(
 
 # %%
 model = work.build_model()
-largest_unit = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+largest_unit = max(sum(p.numel() for p in params) for _, _, params in form_units(model, "block", set()))
 rows = []
 for n, report in runs.items():
     for name in ("ddp", "zero3"):

@@ -59,30 +59,12 @@ from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world
 from .prefetch import Prefetcher
 from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, reduce_scatter_flat, \
     stage_option
-from .units import BLOCK, State, Unit, form_units
+
+__all__ = ["ZeroStage3", "DEFAULT_PREFETCH_BUCKET", "UNIT_SIZE_OPTION", "non_negative_elements"]
+from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_negative_elements
 
 #: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)
 DEFAULT_PREFETCH_BUCKET = 50_000_000
-
-
-def non_negative_elements(value) -> bool:
-    return value == 0 and not isinstance(value, bool) or positive_elements(value)
-
-
-def unit_size_allowed(value) -> bool:
-    """``unit_size``: the string "block", or 0, or a positive whole number of elements."""
-    return value == BLOCK if isinstance(value, str) else non_negative_elements(value)
-
-
-UNIT_SIZE_OPTION = Option(BLOCK, unit_size_allowed,
-                          f"'block' (each repeated block — a transformer layer — is a unit, the root takes the rest), "
-                          f"0 (every module with parameters of its own is a unit) or {ELEMENTS}: modules are grouped "
-                          f"with their parent until their parameters reach this many")
-
-
-def in_backward() -> bool:
-    """True while the autograd engine runs a backward on this thread (a checkpointed block's recompute)."""
-    return torch._C._current_graph_task_id() != -1
 
 
 @register

@@ -32,9 +32,31 @@ import torch
 import torch.nn as nn
 
 from ..runtime import comm
+from ..strategies.base import Option
 from .flat_buffer import FlatUnit
+from .stage1 import ELEMENTS, positive_elements
 
 BLOCK = "block"
+
+
+def non_negative_elements(value) -> bool:
+    return value == 0 and not isinstance(value, bool) or positive_elements(value)
+
+
+def unit_size_allowed(value) -> bool:
+    """``unit_size``: the string "block", or 0, or a positive whole number of elements."""
+    return value == BLOCK if isinstance(value, str) else non_negative_elements(value)
+
+
+UNIT_SIZE_OPTION = Option(BLOCK, unit_size_allowed,
+                          f"'block' (each repeated block — a transformer layer — is a unit, the root takes the rest), "
+                          f"0 (every module with parameters of its own is a unit) or {ELEMENTS}: modules are grouped "
+                          f"with their parent until their parameters reach this many")
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward on this thread (a checkpointed block's recompute)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class UnitSpec(NamedTuple):
