@@ -49,6 +49,17 @@ def test_every_strategy_trains_a_tied_gpt_like_the_reference(n):
                                                                                           "optimizer")}, name
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_tied_gpt_in_bf16_mixed_precision_lands_within_a_bf16_ulp(n):
+    names = ["ddp", "zero1", "zero2", "zero3"]
+    report = compare(tied_gpt(), n, ["single", *names], steps=3, precision="bf16-mixed", **SGD)
+    for name in names:
+        assert report[name].param_diff["max_rel"] <= 1e-3, (name, report[name].param_diff)  # 2^-11 at N=3
+        for rank in report[name].ranks:
+            assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads",
+                                                                                          "optimizer")}, name
+
+
 def test_zero3_per_module_units_train_a_tied_gpt():
     report = compare(tied_gpt(), 3, ["single", "zero3"], steps=3, options_for=lambda name: {"unit_size": 0}
                      if name == "zero3" else {}, **SGD)
