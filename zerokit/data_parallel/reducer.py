@@ -63,8 +63,6 @@ class Reducer:
         self.on_abort = on_abort
         self._in_flight: List[_InFlight] = []
         self.in_flight_numel = 0
-        #: completed backward passes (a test can tell a pass finished)
-        self.passes = 0
         self._new_pass()
 
     def _new_pass(self) -> None:
@@ -170,7 +168,6 @@ class Reducer:
             self.after_finish()
         self._new_pass()
         self._finished = True
-        self.passes += 1
 
     def backward(self, loss, sync: bool = True) -> None:
         """``loss.backward()``, then the end of backward if no hook queued it (and ``sync``); reset on an error."""

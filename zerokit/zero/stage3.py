@@ -111,7 +111,7 @@ class ZeroStage3(Strategy):
         self.units: List[Unit] = []
         for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent))):
             flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params])
-            self.units.append(Unit(spec, flat, self.group))
+            self.units.append(Unit(spec, flat))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:

@@ -141,10 +141,9 @@ class State(enum.Enum):
 class Unit:
     """One unit's flat buffer, its shard, and its state; ``gather``/``wait``/``free`` are the only transitions."""
 
-    def __init__(self, spec: UnitSpec, flat: FlatUnit, group):
+    def __init__(self, spec: UnitSpec, flat: FlatUnit):
         self.module, self.label, self.flat = spec.module, spec.label, flat
         self.index = flat.index
-        self.group = group
         #: this rank's parameter shard: the only copy of the unit that lives between steps
         self.shard = flat.shard(flat.data).clone()
         self.state = State.GATHERED  # the flat buffer starts full; the strategy frees it at once
