@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from zerokit.runtime.context import current, note_collective
 from zerokit.runtime.launch import RankFailed, RankTimeout, launch, max_world_size
+from zerokit.runtime.torchrun import TORCHRUN_VARIABLES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def no_orphans():
 
 
 def _env_without_torchrun() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return env
 
@@ -317,6 +318,19 @@ def test_the_ranks_listen_on_loopback_only():
     pytest.importorskip("psutil")
     addresses = launch(_loopback_only, 2)[0]
     assert addresses == {"127.0.0.1"}
+
+
+# --- launchers around us ------------------------------------------------------------------------
+
+def test_rank_and_world_size_alone_are_not_torchrun(monkeypatch):
+    """SLURM, MPI or a user's script may set RANK and WORLD_SIZE; only torchrun's agent sets its own."""
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launch(_whoami, 2) == [(r, 2, "cpu", "gloo", {"world": None}, False) for r in range(2)]
+    assert not dist.is_initialized()
 
 
 # --- what a rank starts dies with it ---------------------------------------------------------

@@ -53,7 +53,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
     where that is safe (Linux, no process group or CUDA in this process), else spawns.
     Raises :class:`RankFailed` for the first rank that fails, :class:`RankTimeout` when
     the whole launch takes longer than ``timeout_s``; no rank outlives the call.
-    Under torchrun (RANK and WORLD_SIZE set) ``fn`` runs here, as this process's rank.
+    Under torchrun (its agent's TORCHELASTIC_RUN_ID, GROUP_RANK, LOCAL_RANK... set, not a
+    mere RANK and WORLD_SIZE) ``fn`` runs here, as this process's rank.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")

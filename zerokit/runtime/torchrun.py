@@ -1,7 +1,7 @@
 """``launch`` under torchrun: the ranks already exist, so ``fn`` runs in this process as its rank.
 
-Lifecycle: ``zerokit.launch`` sees it runs under torchrun and calls
-:func:`launch_under_torchrun` instead of starting processes. The first call joins the
+Lifecycle: ``zerokit.launch`` sees it runs under torchrun (:func:`under_torchrun`) and
+calls :func:`launch_under_torchrun` instead of starting processes. The first call joins the
 process group through torchrun's store (``init_method="env://"``) and keeps it for
 later calls (joining again after leaving is not reliable); an ``atexit`` hook leaves
 it when the interpreter exits. Each call runs ``fn(ctx)`` here, then gathers every
@@ -21,9 +21,20 @@ import torch.distributed as dist
 from .context import RankContext, set_current
 
 
+#: what torchrun's agent (torch.distributed.elastic's LocalElasticAgent; so in torch 2.4 to 2.13) sets
+#: in every worker's environment; SLURM, MPI or a user's own script may set RANK, WORLD_SIZE
+#: (even LOCAL_RANK) too, but TORCHELASTIC_RUN_ID and GROUP_RANK are torchrun's own
+TORCHRUN_VARIABLES = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE")
+
+
 def under_torchrun() -> bool:
-    """Whether this process is a rank that torchrun started."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Whether this process is a worker that torchrun (torch's elastic agent) started.
+
+    A bare ``RANK``/``WORLD_SIZE`` is not enough: schedulers and other launchers set
+    them too (and zerokit's DeepSpeed peer sets them inside a rank), and ``launch``
+    must then still start its own ranks.
+    """
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
 
 
 def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> list:
