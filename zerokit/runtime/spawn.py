@@ -17,6 +17,19 @@ store on the pre-bound socket (:func:`init_process_group`), run ``fn``, send bac
 ``("ok", value)`` or ``("error", ...)`` on the results pipe. A failure leaves with
 ``os._exit(1)``, skipping the group's teardown (peers may be gone or hung); success
 destroys the group and returns.
+
+The torch floor (pyproject: ``torch>=2.8``), raised rather than worked around: rank 0's
+store serves on the parent's socket through ``TCPStore(master_listen_fd=...)``, and the
+default (libuv) store server takes a listen fd only from torch 2.8 on
+(pytorch/pytorch#150215); 2.4 to 2.7 raise ``NotImplementedError``. The legacy server
+(``use_libuv=False``) would take the fd, but on those versions a rank's final
+``destroy_process_group`` then deadlocks now and then: the gloo group's destructor joins
+its worker thread while holding the GIL, which that thread needs to free a tensor the
+rank's ``fn`` had used (gone in 2.8, presumably by pytorch/pytorch#154976, which releases
+the GIL in that destructor).
+Measured with the legacy-server fallback, three-rank launches hung in
+``destroy_process_group`` 3 times in 8 on torch 2.4.1 and 7 in 12 on 2.7.1, never in 12
+on 2.8.0, where tests/test_launcher.py passes whole.
 """
 from __future__ import annotations
 
@@ -156,7 +169,7 @@ def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) ->
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(seconds=spec.group_timeout_s)
-    serve = {"master_listen_fd": store_socket.detach()} if store_socket is not None else {}
+    serve = {"master_listen_fd": store_socket.detach()} if store_socket is not None else {}  # torch>=2.8
     store = dist.TCPStore(LOOPBACK, spec.port, spec.world_size, is_master=spec.rank == 0,
                           timeout=timeout, **serve)
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
