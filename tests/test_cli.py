@@ -75,7 +75,7 @@ def test_empty_or_unknown_strategies_are_clean_errors(capsys):
 def test_tensor_parallelism_is_refused_until_it_exists(capsys):
     code, out, err = compare(capsys, *ODD, "--strategies", "single,ddp", "--parallel", "dp=1,tp=2")
     assert code == 2
-    assert "--parallel 'dp=1,tp=2'" in err and "tensor parallelism" in err and "does not implement yet" in err
+    assert "tensor parallelism" in err and "does not implement yet" in err
     code, out, err = compare(capsys, *ODD, "--strategies", "ddp", "--parallel", "dp:2")
     assert code == 2 and "--parallel 'dp:2'" in err and "e.g. dp=2,tp=1,pp=1" in err
 

@@ -160,7 +160,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
         raise ValueError(f"strategy 'single' runs in one process; world_size must be 1, got {world_size}")
     cls.resolve_options(options)
     shape = parse_parallel(parallel, world_size)
-    check_built(shape)
+    check_built(shape, cls.axes, f"strategy {cls.name!r}")
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
     degree = shape["dp"] if cls.data_parallel else 1

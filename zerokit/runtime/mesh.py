@@ -22,8 +22,8 @@ AXES = ("pp", "dp", "tp")
 #: what each axis is for, in error messages and tables
 AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
                 "pp": "pipeline parallelism"}
-#: axes whose strategies are built; a degree above 1 on another axis is refused
-BUILT_AXES = ("dp",)
+#: axes some strategy runs on; a degree above 1 on another axis is refused before any process starts
+BUILT_AXES = ("dp", "tp")
 
 
 def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
@@ -53,12 +53,13 @@ def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
     return shape
 
 
-def check_built(shape: Dict[str, int]) -> None:
-    """Refuse degrees above 1 on axes whose parallelism zerokit does not implement yet."""
+def check_built(shape: Dict[str, int], axes=BUILT_AXES, who: str = "zerokit") -> None:
+    """Refuse degrees above 1 on axes outside ``axes``: the parallelisms ``who`` (zerokit, or one strategy) runs."""
     for axis in AXES:
-        if axis not in BUILT_AXES and shape[axis] > 1:
-            raise ValueError(f"parallel: {axis}={shape[axis]} asks for {AXIS_MEANING[axis]}, which zerokit does not "
-                             f"implement yet; today only dp can be above 1 (use {axis}=1)")
+        if axis not in axes and shape[axis] > 1:
+            allowed = " and ".join(a for a in AXES if a in axes)
+            raise ValueError(f"parallel: {axis}={shape[axis]} asks for {AXIS_MEANING[axis]}, which {who} does not "
+                             f"implement yet; only {allowed} can be above 1 there (use {axis}=1)")
 
 
 def coords_of(rank: int, shape: Dict[str, int]) -> Dict[str, int]:

@@ -56,6 +56,11 @@ class Strategy:
     stage = 0
     #: the data-parallel degree is the world size unless a strategy says otherwise
     data_parallel = True
+    #: the mesh axes this strategy can run on with a degree above 1
+    axes = ("dp",)
+    #: the strategy shards the model over ``tp`` itself (a peer library); otherwise the training loop applies
+    #: zerokit's tensor-parallel plan before the strategy sees the model
+    own_tensor_parallel = False
     #: accepted keyword options: name -> Option
     options: Dict[str, Option] = {}
     #: strategies implemented by a peer library (torch DDP, FSDP2, DeepSpeed)
