@@ -196,8 +196,8 @@ class Report:
                          f"{_mb(row['peak']):>9} {row['loss']:>10.4f} {diff:>12} {1000 * row['step_s']:>8.1f}")
         for r in self.results:
             notes.update(row["note"] for row in r.ranks[0].comm_summary if row.get("note"))
-        lines.append("sent: bytes zerokit's ring handed to send (algorithm='ring'); — where the backend ran the "
-                     "collective and nothing counts its wire bytes.")
+        lines.append("MiB per rank (traffic: per step, the busiest rank). sent: bytes zerokit's ring handed to send "
+                     "(algorithm='ring'); — where the backend ran the collective and nothing counts its wire bytes.")
         lines += sorted(f"note: {n}" for n in notes)
         return "\n".join(lines)
 
