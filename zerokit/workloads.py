@@ -57,15 +57,19 @@ class CausalSelfAttention(nn.Module):
         if d_model % n_head:
             raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
         self.n_head = n_head
+        self.head_dim = d_model // n_head
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
     def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q, k, v = (t.view(b, s, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # sizes come from the qkv output, not from x: under tensor parallelism this rank holds
+        # only its heads, and under sequence parallelism x is a slice of the sequence
+        qkv = self.qkv(x)
+        b, s = qkv.shape[:2]
+        q, k, v = qkv.chunk(3, dim=-1)
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, s, d))
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLPBlock(nn.Module):
