@@ -7,8 +7,10 @@ way); a parameter the plan leaves whole is *replicated*. Under sequence parallel
 replicated parameter that sees sequence-sharded inputs (LayerNorms, row-parallel
 biases, sliced position embeddings) is marked ``sequence_parallel``: each rank's
 gradient covers only its slice of the sequence, so after backward
-:func:`allreduce_sequence_parallel_gradients` sums them over ``tp`` (Megatron's
-``allreduce_sequence_parallel_gradients``). For parity checks
+:func:`allreduce_sequence_parallel_gradients` sums them over ``tp`` in one collective
+(Megatron's ``allreduce_sequence_parallel_gradients``), or, for strategies that reduce
+gradients during backward, :func:`register_sequence_parallel_gradient_hooks` sums each
+one as it arrives. For parity checks
 :func:`full_parameters` / :func:`full_gradients` all-gather the shards and return
 every tensor whole under the unsharded model's names; :func:`parameter_counts` states
 model states per rank as sharded/t + replicated.
@@ -107,6 +109,25 @@ def allreduce_sequence_parallel_gradients(model: nn.Module, group=None, tag: str
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return flat.numel()
+
+
+def register_sequence_parallel_gradient_hooks(model: nn.Module, group=None,
+                                              tag: str = "sequence_parallel_grad") -> list:
+    """The alternative to :func:`allreduce_sequence_parallel_gradients` for strategies that reduce
+    gradients during backward (ZeRO-2/3): all-reduce each sequence-parallel parameter's incoming
+    gradient over ``tp`` *before* it is accumulated, one collective per parameter per backward.
+    Register before such a strategy's own hooks. Correct under gradient accumulation (only the new
+    contribution is reduced). Returns the handles."""
+    if group_size(group) == 1:
+        return []
+
+    def hook(grad, name):
+        out = grad.contiguous().clone()
+        comm.all_reduce(out, group=group, tag=f"{tag}:{name}")
+        return out
+
+    return [p.register_hook(lambda grad, name=name: hook(grad, name))
+            for name, p in sequence_parallel_parameters(model).items()]
 
 
 def _gather_whole(t: torch.Tensor, shard: Optional[Shard], group, tag: str) -> torch.Tensor:
