@@ -49,9 +49,8 @@ def shard_tensor(full: torch.Tensor, shard: Shard, rank: int, n: int, what: str 
 
 def unshard_tensor(gathered: torch.Tensor, shard: Shard) -> torch.Tensor:
     """The whole tensor from every rank's slice stacked on a new leading dimension (n, *local)."""
-    n, dim = gathered.shape[0], shard.dim + 1
-    local = gathered.shape[dim]
-    per_block = local // shard.blocks
+    dim = shard.dim + 1
+    per_block = gathered.shape[dim] // shard.blocks
     # (n, …, blocks·c, …) -> (blocks, n, …, c, …) -> cat: block-major, then rank, then c
     split = gathered.unflatten(dim, (shard.blocks, per_block)).movedim(dim, 0)
     return torch.cat([split[b].movedim(0, shard.dim).flatten(shard.dim, shard.dim + 1)
