@@ -1,5 +1,9 @@
 """Counting a peer library's collectives in zerokit's ledger.
 
+Two ways in, by how the library communicates: wrappers around the ``torch.distributed``
+functions (FSDP2, DeepSpeed, ZeroRedundancyOptimizer), and a dispatch mode that sees the
+functional collectives DTensor issues (torch's tensor parallelism).
+
 FSDP2 and DeepSpeed have no comm hook, so zerokit cannot route their traffic through
 :mod:`zerokit.runtime.comm` the way ``torch-ddp`` does. Instead, the lifecycle of every
 forward, backward and step of a peer (:class:`Peer`) is:
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..runtime import comm
 from ..strategies.base import Strategy
@@ -142,3 +149,104 @@ def fp32_only(name: str, config) -> None:
     if config.precision != "fp32":
         raise ValueError(f"strategy {name!r} runs in fp32 only: it steps the model's own parameters, with no fp32 "
                          f"master copy to make bf16-mixed comparable; use precision='fp32'")
+
+
+# --- the traffic: functional collectives into zerokit's ledger --------------------------------------
+
+_FUNCOL = torch.ops._c10d_functional
+#: functional collective -> (zerokit's op name, payload rule): "input" the input tensor's bytes, "output" the
+#: gathered output's (input × group size)
+_RECORDED = {
+    _FUNCOL.all_reduce: ("all_reduce", "input"),
+    _FUNCOL.all_reduce_: ("all_reduce", "input"),
+    _FUNCOL.all_gather_into_tensor: ("all_gather", "output"),
+    _FUNCOL.reduce_scatter_tensor: ("reduce_scatter", "input"),
+    _FUNCOL.broadcast: ("broadcast", "input"),
+}
+_AUTOGRAD = getattr(torch.ops, "_c10d_functional_autograd", None)
+if _AUTOGRAD is not None:
+    for _name, _rule in (("all_gather_into_tensor", ("all_gather", "output")),
+                         ("reduce_scatter_tensor", ("reduce_scatter", "input"))):
+        if hasattr(_AUTOGRAD, _name):
+            _RECORDED[getattr(_AUTOGRAD, _name)] = _rule
+#: functional collectives with no ring formula in zerokit's ledger: refused loudly rather than dropped
+_UNRECORDABLE = {_FUNCOL.all_to_all_single, _FUNCOL.all_reduce_coalesced, _FUNCOL.all_gather_into_tensor_coalesced,
+                 _FUNCOL.reduce_scatter_tensor_coalesced}
+
+
+class LedgeredFunctionalCollectives(TorchDispatchMode):
+    """Record every functional collective (DTensor's communication) in zerokit's ledger, on one mesh axis.
+
+    A ``TorchDispatchMode`` sees the ops below DTensor: DTensor's own dispatch is let
+    through (``NotImplemented``) and desugars into ``_c10d_functional`` ops on plain
+    local tensors, which are recorded here with their payload, then run. The group of
+    each op must be the ``axis`` group of this rank's mesh.
+    """
+
+    def __init__(self, mesh, axis: str, tag: str):
+        super().__init__()
+        self.mesh = mesh
+        self.axis = axis
+        self.tag = tag
+        self._ranks = mesh.ranks(axis)
+        self._checked: set = set()
+        #: id(output tensor) -> (weakref to it, its record): the wait that blocks on it is timed
+        self._pending: dict = {}
+        self._inside = False
+
+    def _group(self, group_name):
+        if group_name not in self._checked:
+            pg = dist.distributed_c10d._resolve_process_group(group_name)
+            ranks = dist.get_process_group_ranks(pg)
+            if list(ranks) != list(self._ranks):
+                raise RuntimeError(f"torch-tp: a functional collective ran on ranks {ranks}, not on this rank's "
+                                   f"{self.axis} group {self._ranks}")
+            self._checked.add(group_name)
+        return self.mesh.group(self.axis)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor desugar into ops on local tensors (and collectives) first
+        packet = func._overloadpacket
+        if packet is _FUNCOL.wait_tensor:
+            entry = self._pending.pop(id(args[0]), None)
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            if entry is not None and entry[0]() is args[0]:
+                record = entry[1]
+                record.t_end = time.perf_counter()
+                record.blocked_s += record.t_end - t0
+            return out
+        if packet in _UNRECORDABLE and not self._inside:
+            raise RuntimeError(f"torch-tp: DTensor issued {packet}, which zerokit's ledger has no ring formula "
+                               f"for; refusing to drop its traffic silently")
+        rule = _RECORDED.get(packet)
+        if rule is None or self._inside:
+            return func(*args, **kwargs)
+        op, payload = rule
+        tensor = args[0]
+        group_name = args[-1] if isinstance(args[-1], str) else kwargs.get("group_name")
+        group = self._group(group_name)
+        nbytes = tensor.numel() * tensor.element_size()
+        if payload == "output":
+            nbytes *= len(self._ranks)
+        extra = {}
+        if op == "broadcast":
+            extra = {"rank": self._ranks.index(dist.get_rank()), "src": int(args[1])}
+        record = comm.new_record(op, tensor, nbytes, group, True, tag=f"{self.tag} {packet._qualified_op_name}",
+                                 **extra)
+        t0 = time.perf_counter()
+        self._inside = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._inside = False
+        record.blocked_s += time.perf_counter() - t0
+        if isinstance(out, torch.Tensor):
+            self._pending[id(out)] = (weakref.ref(out), record)
+        return out

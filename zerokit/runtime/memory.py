@@ -24,8 +24,19 @@ CATEGORIES = ("params", "grads", "optimizer", "buffers", "activations")
 TensorSource = Union[torch.Tensor, Callable[[], Iterable[torch.Tensor]]]
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor whose storage holds ``t``'s bytes on this rank: under a wrapper subclass (a DTensor,
+    an async collective's result) its local shard, else ``t`` itself. A wrapper has no storage of its own."""
+    while type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        if not inner:
+            break
+        t = getattr(t, inner[0])
+    return t
+
+
 def _storage_key(t: torch.Tensor):
-    s = t.untyped_storage()
+    s = local_tensor(t).untyped_storage()
     return (s.data_ptr(), s.device), s.nbytes()
 
 
