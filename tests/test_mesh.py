@@ -62,7 +62,9 @@ def test_degrees_are_checked_before_any_process_starts():
         with pytest.raises(ValueError, match=match):
             parse_parallel(bad, 4)
     work = zerokit.mlp((13, 37, 29, 7), batch_size=12)
-    with pytest.raises(ValueError, match="tensor parallelism"):
+    with pytest.raises(ValueError, match="tensor parallelism, which strategy 'torch-ddp' does not implement"):
+        zerokit.train(work, "torch-ddp", world_size=4, parallel={"dp": 2, "tp": 2})
+    with pytest.raises(ValueError, match="has no tensor-parallel plan"):
         zerokit.train(work, "ddp", world_size=4, parallel={"dp": 2, "tp": 2})
     with pytest.raises(ValueError, match="pipeline parallelism"):
         zerokit.train(work, "zero3", world_size=2, parallel={"dp": 1, "pp": 2})

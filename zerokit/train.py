@@ -41,6 +41,8 @@ class Job:
     keep_records: bool = False
     #: the device mesh: {"dp": …, "tp": …, "pp": …} (None: every rank on dp)
     parallel: Optional[Dict[str, int]] = None
+    #: with tp > 1: shard LayerNorm/dropout regions along the sequence (Korthikanti et al.)
+    sequence_parallel: bool = False
 
 
 def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
@@ -60,6 +62,31 @@ def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
     return list(zip(inputs.chunk(a), targets.chunk(a)))
 
 
+def _tensor_parallel(job: Job, ctx: RankContext, model):
+    """Split ``model`` over the mesh's ``tp`` axis by the workload's plan (before any data-parallel strategy
+    sees it); returns the loss to use (vocabulary-parallel when the plan leaves the logits sharded)."""
+    from .tensor_parallel import apply_plan, plan_loss, register_sequence_parallel_gradient_hooks
+
+    group = ctx.mesh.group("tp")
+    plan = job.workload.tensor_parallel_plan(job.sequence_parallel)
+    apply_plan(model, plan, group)
+    # hooks on the parameters, registered before the strategy's own: a LayerNorm that saw a sequence shard
+    # sums its gradient over tp before any data-parallel reduction sees it
+    register_sequence_parallel_gradient_hooks(model, group)
+    loss = plan_loss(plan, group)
+    return loss if loss is not None else job.workload.loss
+
+
+def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
+    """Every parameter whole: gathered over dp by the strategy, and over tp by the plan's layout."""
+    if not tensor_parallel:
+        return strategy.full_parameters()
+    from .tensor_parallel import full_parameters
+
+    with getattr(strategy, "gathered", nullcontext)():
+        return {name: t.float().cpu() for name, t in full_parameters(model, ctx.mesh.group("tp")).items()}
+
+
 def run_rank(ctx: RankContext, job: Job) -> RankResult:
     """Train on this rank and return its measurements."""
     cls = get_strategy(job.strategy)
@@ -69,6 +96,13 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     psi = sum(p.numel() for p in model.parameters())
     ledger = comm.ledger()
     ledger.reset()
+    tensor_parallel = ctx.mesh.size("tp") > 1 and not cls.own_tensor_parallel
+    loss_fn = job.workload.loss
+    if tensor_parallel:
+        with comm.phase("setup"):
+            loss_fn = _tensor_parallel(job, ctx, model)
+    #: what this rank holds: the tensor-parallel shard of the model (Ψ itself without tp)
+    psi_rank = sum(p.numel() for p in model.parameters())
     strategy = cls(model, ctx, job.config, **job.options)
     memory = MemoryLedger()
     strategy.track_memory(memory)
@@ -93,7 +127,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
             sync = nullcontext() if i == len(micro) - 1 else strategy.no_sync()
             with sync:
                 with comm.phase("forward"), memory.watch_activations(), span("forward"):
-                    loss = job.workload.loss(strategy.forward(x), y) / len(micro)
+                    loss = loss_fn(strategy.forward(x), y) / len(micro)
                 memory.sample("after forward")
                 with comm.phase("backward"), span("backward"):
                     strategy.backward(loss)
@@ -108,7 +142,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         losses.append(step_loss)
     now = memory.current()
     comm.set_step(job.steps)
-    params = strategy.full_parameters()
+    with comm.phase("setup"):
+        params = _full_parameters(strategy, model, ctx, tensor_parallel)
     memory.remove_hooks()
     if tracer is not None:
         tracer.remove_hooks()
@@ -133,8 +168,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         comm_summary=ledger.summary(),
         comm_records=ledger.to_list() if job.keep_records else None,
         trace=tracer.events() if tracer is not None else None,
-        theory_model_states=strategy.theory_model_states(psi).as_dict(),
-        theory_comm_bytes_per_step=strategy.theory_comm_bytes(psi),
+        theory_model_states=strategy.theory_model_states(psi_rank).as_dict(),
+        theory_comm_bytes_per_step=strategy.theory_comm_bytes(psi_rank),
         params=params if ctx.rank == 0 else None,
         param_count=psi,
     )
@@ -144,7 +179,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
 
 def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
              optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
-             keep_records: bool = False, parallel: Optional[Dict[str, int]] = None) -> Job:
+             keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
+             sequence_parallel: bool = False) -> Job:
     """Check every argument and build the job, before any process starts."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
@@ -158,9 +194,12 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
         raise ValueError(f"world_size={world_size!r} must be a positive integer")
     if cls.name == "single" and world_size != 1:
         raise ValueError(f"strategy 'single' runs in one process; world_size must be 1, got {world_size}")
+    if sequence_parallel is True and cls.own_tensor_parallel and "sequence_parallel" in cls.options:
+        options = {**options, "sequence_parallel": True}  # a peer that shards over tp itself takes it as an option
     cls.resolve_options(options)
     shape = parse_parallel(parallel, world_size)
     check_built(shape, cls.axes, f"strategy {cls.name!r}")
+    _check_tensor_parallel(workload, cls, shape["tp"], sequence_parallel)
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
     degree = shape["dp"] if cls.data_parallel else 1
@@ -169,7 +208,24 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                          f"({degree}) times micro_batches ({micro_batches}); choose a batch size that is a "
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
-               track_peak, keep_records, None if parallel is None else shape)
+               track_peak, keep_records, None if parallel is None else shape, sequence_parallel)
+
+
+def _check_tensor_parallel(workload: Workload, cls, tp: int, sequence_parallel) -> None:
+    """The workload's plan against the model and the degree, before any process starts."""
+    if not isinstance(sequence_parallel, bool):
+        raise ValueError(f"sequence_parallel={sequence_parallel!r} must be True or False")
+    if tp == 1 or cls.own_tensor_parallel:
+        if sequence_parallel and tp == 1:
+            raise ValueError("sequence_parallel=True needs tensor parallelism: a tp degree above 1 in parallel")
+        return
+    if workload.tensor_parallel_plan is None:
+        raise ValueError(f"parallel tp={tp}: workload {workload.name!r} has no tensor-parallel plan; give "
+                         f"Workload(tensor_parallel_plan=lambda sequence_parallel: zerokit.tensor_parallel.Plan(...))")
+    from .tensor_parallel import check_plan
+
+    seq_len = workload.batch(0)[0].shape[1] if sequence_parallel else None
+    check_plan(workload.build_model(), workload.tensor_parallel_plan(sequence_parallel), tp, seq_len)
 
 
 def run_reference(job: Job) -> RankResult:
@@ -199,17 +255,19 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1,
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
-          **options) -> Report:
+          sequence_parallel: bool = False, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
     ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
-    multiplying to ``world_size``; default: every rank on ``dp``).
+    multiplying to ``world_size``; default: every rank on ``dp``). With ``tp`` above 1 the
+    model is split by the workload's tensor-parallel plan before the strategy runs on
+    ``dp`` (``sequence_parallel=True`` also shards the LayerNorm regions along the sequence).
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
     """
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
-                   options, track_peak, keep_records, parallel)
+                   options, track_peak, keep_records, parallel, sequence_parallel)
     ref = run_reference(job) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
     return Report([result], reference=ref)

@@ -7,7 +7,7 @@ compared after training. Each rank trains on its share of the global batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,9 @@ class Workload:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     seed: int = 0
     description: str = ""
+    #: ``tensor_parallel_plan(sequence_parallel) -> zerokit.tensor_parallel.Plan``: how the model is split over
+    #: the mesh's ``tp`` axis (None: the workload can't run with tp > 1)
+    tensor_parallel_plan: Optional[Callable[[bool], Any]] = None
 
     def build_model(self) -> nn.Module:
         """The model, initialised from ``seed`` (the same on every rank)."""
@@ -127,6 +130,12 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def _tiny_gpt_tensor_parallel_plan(sequence_parallel: bool):
+    from .tensor_parallel import tiny_gpt_plan
+
+    return tiny_gpt_plan(sequence_parallel)
+
+
 def _lm_loss(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
@@ -152,7 +161,7 @@ def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: i
     return Workload(
         name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else ""),
         model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights),
-        batch_fn=batch, loss_fn=_lm_loss, seed=seed,
+        batch_fn=batch, loss_fn=_lm_loss, seed=seed, tensor_parallel_plan=_tiny_gpt_tensor_parallel_plan,
         description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
                     f"sequence {seq_len}, global batch {batch_size}"
                     + (", embedding tied to the head" if tie_weights else ""))

@@ -95,6 +95,8 @@ def check_replicas_match(model: torch.nn.Module, group=None, device=None) -> Non
 class DataParallel(Replicated):
     """``ddp-naive``: the full model on every rank; after backward one all-reduce per parameter."""
 
+    #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
+    axes = ("dp", "tp")
     name = "ddp-naive"
     stage = 0
     options = {

@@ -102,6 +102,8 @@ def all_reduce_flat(flat: torch.Tensor, group, algorithm: str, async_op: bool, t
 class ShardedDataParallel(Strategy):
     """Flat units of whole parameters on every rank; each rank steps its shards and all-gathers the rest."""
 
+    #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
+    axes = ("dp", "tp")
     name = "zero-base"
     stage = 1
 

@@ -71,6 +71,8 @@ DEFAULT_PREFETCH_BUCKET = 50_000_000
 class ZeroStage3(Strategy):
     """ZeRO-3: parameters sharded at rest, gathered unit by unit for forward and for backward."""
 
+    #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
+    axes = ("dp", "tp")
     name = "zero3"
     stage = 3
     options = {
