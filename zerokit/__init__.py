@@ -9,10 +9,11 @@ from .runtime import comm, ring, timeline
 from .runtime.context import RankContext, current
 from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
+from .planner import plan
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
-           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report"]
+           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan"]
 __version__ = "0.1.0"

@@ -251,6 +251,31 @@ def tp_elements_sent_per_layer(b: int, s: int, h: int, t: int) -> float:
     return 8 * b * s * h * (t - 1) / t
 
 
+def tp_comm_bytes_per_step(tokens: int, reduced_width: int, t: int, bytes_per_element: int,
+                           micro_batches: int = 1, gathered_width: int = 0, loss_reductions: int = 0,
+                           sequence_parallel_numel: int = 0) -> float:
+    """Bytes a rank sends on ``tp`` per step under the ring formula, for any model a plan split.
+
+    Per micro-batch of ``tokens`` (local b·s): every conjugate pair f/g moves ``tokens``
+    times its width once, as an all-reduce (2(t−1)/t) or, under sequence parallelism, as an
+    all-gather + reduce-scatter pair ((t−1)/t each, the same bytes); ``reduced_width`` is
+    the sum of those widths (Megatron's layer: 4h, so 8·b·s·h·(t−1)/t elements, §3).
+    ``gathered_width``: outputs all-gathered whole, (t−1)/t. ``loss_reductions``: the
+    vocabulary-parallel cross-entropy's all-reduces of ``tokens`` fp32 values (max,
+    Σexp, target logit: 3). ``sequence_parallel_numel``: replicated parameters whose
+    gradients are all-reduced over ``tp`` once per backward.
+    """
+    if t < 1:
+        raise ValueError(f"t={t!r}: the tensor-parallel degree must be >= 1")
+    if t == 1:
+        return 0
+    per_micro_batch = (2 * (t - 1) / t * tokens * reduced_width * bytes_per_element
+                       + (t - 1) / t * tokens * gathered_width * bytes_per_element
+                       + 2 * (t - 1) / t * tokens * loss_reductions * 4
+                       + 2 * (t - 1) / t * sequence_parallel_numel * bytes_per_element)
+    return per_micro_batch * micro_batches
+
+
 # --- activations and checkpointing ------------------------------------------------------
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1) -> float:
@@ -273,3 +298,393 @@ def optimal_checkpoint_segments(n: int) -> int:
 def offload_traffic_bytes(psi: int, bytes_per_element: int = 2) -> int:
     """Device↔host bytes per step: gradients out and parameters back, 2·psi·b."""
     return 2 * psi * bytes_per_element
+
+
+# --- planning real models and clusters (zerokit.planner) --------------------------------
+#
+# What zerokit.planner needs beyond the sections above: the parameter inventory of a
+# transformer, Korthikanti's activations generalised (tensor and sequence parallelism,
+# dropout, fused attention, gated MLPs) and under a checkpointing policy, the bytes of each
+# collective per step, ZeRO-Offload's device/host split, DeepSpeed's two memory estimators
+# as its code computes them, and the α-β time of a transfer on a link.
+
+GIB = 2**30
+GB = 10**9
+
+
+def tp_model_state_bytes(sharded_numel: int, replicated_numel: int, t: int, precision: str = "bf16-mixed",
+                         optimizer: str = "adamw", optimizer_tensors: int = 0) -> ModelStates:
+    """Model states of one tensor-parallel rank (Megatron 1909.08053 §3), no data-parallel sharding.
+
+    ``sharded_numel`` elements (the split weight matrices and their column-parallel biases)
+    are divided over ``t`` ranks, ``ceil(sharded_numel / t)`` each; ``replicated_numel``
+    (layer norms, row-parallel biases) are held whole by every rank. Each element costs
+    what stage 0 of :func:`model_state_bytes` charges: params and grads ``b`` bytes, the
+    optimizer K bytes (+ 4 per stepped tensor for Adam's ``step``).
+    """
+    if t < 1:
+        raise ValueError(f"t={t!r}: the tensor-parallel degree must be >= 1")
+    if sharded_numel < 0 or replicated_numel < 0:
+        raise ValueError(f"sharded_numel={sharded_numel!r}, replicated_numel={replicated_numel!r} must be >= 0")
+    per_rank = -(-int(sharded_numel) // t) + int(replicated_numel)
+    return model_state_bytes(0, per_rank, 1, precision, optimizer, optimizer_tensors=optimizer_tensors)
+
+
+def activation_bytes_per_layer_sequence_parallel(s: int, b: int, h: int, a: int, t: int) -> float:
+    """Korthikanti et al. §4.2.2, 16-bit with dropout, tensor + sequence parallel: s·b·h·(34/t + 5·a·s/(h·t)).
+
+    Sequence parallelism splits the layer norms, dropouts and the linear layers' inputs
+    along the sequence, so the 10·s·b·h that tensor parallelism alone replicates is divided
+    by t as well.
+    """
+    return s * b * h * (34 / t + 5 * a * s / (h * t))
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor of a transformer: its name, size, module, layer and how Megatron's TP splits it."""
+
+    name: str
+    numel: int
+    #: the module that holds it (DeepSpeed's "largest layer" is the largest module)
+    module: str
+    #: the transformer layer it belongs to; None for embeddings, final norms and the head
+    layer: int | None
+    #: True: split over the tensor-parallel ranks; False: every TP rank holds it whole
+    tp_sharded: bool
+
+
+MLPS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rotary", "relative")
+
+
+def transformer_parameters(layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq_len: int,
+                           tied: bool, kv_heads: int | None = None, head_dim: int | None = None,
+                           mlp: str = "gelu", norm: str = "layernorm", bias: bool = True,
+                           position: str = "learned", cross_attention_layers: int = 0,
+                           relative_buckets: int = 32) -> list[ParamTensor]:
+    """Every parameter tensor of a decoder (or encoder-decoder) transformer, in registration order.
+
+    A layer: a norm, attention (Q of heads·head_dim, K and V of kv_heads·head_dim, an output
+    projection), a second norm, an MLP (``gelu``/``relu``: h→ffn→h; ``swiglu``: gate and up
+    h→ffn, down ffn→h); decoder layers of an encoder-decoder (the last
+    ``cross_attention_layers``) add a norm and a cross-attention. Around the layers: the
+    token embedding, a learned position embedding (``learned``) or relative-position biases
+    (``relative``, one table per stack), the final norm(s) and the head (none if ``tied``).
+    With ``mlp="gelu"``, one head size and learned positions this is GPT's
+    12·L·h² + 13·L·h + (V + s)·h + 2h (+ V·h untied). Names follow zerokit's tiny GPT.
+    """
+    if mlp not in MLPS or norm not in NORMS or position not in POSITIONS:
+        raise ValueError(f"mlp={mlp!r}, norm={norm!r}, position={position!r}; allowed: {MLPS}, {NORMS}, {POSITIONS}")
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim = hidden // heads if head_dim is None else head_dim
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    out: list[ParamTensor] = []
+
+    def add(module, kind, numel, layer, sharded):
+        out.append(ParamTensor(f"{module}.{kind}", int(numel), module, layer, sharded))
+
+    def norm_params(module, layer):
+        add(module, "weight", hidden, layer, False)
+        if norm == "layernorm":
+            add(module, "bias", hidden, layer, False)
+
+    def linear(module, n_in, n_out, layer, column):
+        """A column-parallel linear splits its outputs (and bias); a row-parallel one its inputs, bias whole."""
+        add(module, "weight", n_in * n_out, layer, True)
+        if bias:
+            add(module, "bias", n_out, layer, column)
+
+    def attention(prefix, layer):
+        if q_dim == kv_dim:
+            linear(f"{prefix}.qkv", hidden, 3 * q_dim, layer, True)
+        else:
+            linear(f"{prefix}.q", hidden, q_dim, layer, True)
+            linear(f"{prefix}.kv", hidden, 2 * kv_dim, layer, True)
+        linear(f"{prefix}.proj", q_dim, hidden, layer, False)
+
+    add("tok", "weight", vocab * hidden, None, True)
+    if position == "learned":
+        add("pos", "weight", seq_len * hidden, None, False)
+    stacks = 2 if cross_attention_layers else 1
+    if position == "relative":
+        for stack in range(stacks):
+            add(f"relative_bias.{stack}", "weight", relative_buckets * heads, None, True)
+    for i in range(layers):
+        block = f"blocks.{i}"
+        norm_params(f"{block}.ln1", i)
+        attention(f"{block}.attn", i)
+        if i >= layers - cross_attention_layers:
+            norm_params(f"{block}.ln_cross", i)
+            attention(f"{block}.cross", i)
+        norm_params(f"{block}.ln2", i)
+        if mlp == "swiglu":
+            linear(f"{block}.mlp.gate", hidden, ffn, i, True)
+            linear(f"{block}.mlp.up", hidden, ffn, i, True)
+            linear(f"{block}.mlp.down", ffn, hidden, i, False)
+        else:
+            linear(f"{block}.mlp.fc", hidden, ffn, i, True)
+            linear(f"{block}.mlp.proj", ffn, hidden, i, False)
+    for stack in range(stacks):
+        norm_params("ln_f" if stack == stacks - 1 else "ln_enc", None)
+    if not tied:
+        add("head", "weight", vocab * hidden, None, True)
+    return out
+
+
+def transformer_param_count(*args, **kwargs) -> int:
+    """Ψ of :func:`transformer_parameters` (same arguments): the sum of its tensors."""
+    return sum(p.numel for p in transformer_parameters(*args, **kwargs))
+
+
+def transformer_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                                       ffn: int | None = None, q_dim: int | None = None,
+                                       kv_dim: int | None = None, element_bytes: int = 2, dropout: bool = True,
+                                       fused_attention: bool = False, mlp: str = "gelu",
+                                       cross_attention: bool = False) -> float:
+    """Bytes one transformer layer saves for backward per micro-batch: Korthikanti et al. §4, term by term.
+
+    Per token, ``e`` bytes per element: two norm inputs and the inputs of QKV and of the
+    MLP (4e·h, kept whole on every TP rank unless sequence parallel) and two dropout masks
+    (2h, 1 byte each); split over t: Q, K, V and the output projection's input
+    (e·(2·q + 2·kv)), the MLP's activation input and second linear's input (2e·ffn; SwiGLU
+    4e·ffn: gate, its SiLU, up, and their product), and per head either the materialised
+    softmax (e·s) with its dropout mask (s) and output (e·s), or, fused (flash attention),
+    the fp32 log-sum-exp (4 bytes). With e = 2, ffn = 4h, dropout, unfused this is
+    s·b·h·(10 + 24/t + 5·a·s/(h·t)), and s·b·h·(34/t + 5·a·s/(h·t)) sequence parallel.
+    A decoder layer's cross-attention adds a norm input, a query input, Q/K/V, the
+    projection input, scores and a mask again (the encoder's output it reads is not counted).
+    """
+    ffn = 4 * h if ffn is None else ffn
+    q_dim = h if q_dim is None else q_dim
+    kv_dim = q_dim if kv_dim is None else kv_dim
+    e = element_bytes
+    mask = 1 if dropout else 0
+    replicated = 4 * e * h + 2 * mask * h
+    mlp_bytes = (4 if mlp == "swiglu" else 2) * e * ffn
+    attention = e * (2 * q_dim + 2 * kv_dim)
+    scores = a * (4 if fused_attention else s * (e + mask * (1 + e)))
+    if cross_attention:
+        replicated += 2 * e * h + mask * h
+        attention *= 2
+        scores *= 2
+    per_token = (replicated / t if sequence_parallel else replicated) + (attention + mlp_bytes + scores) / t
+    return s * b * per_token
+
+
+def embedding_activation_bytes(s: int, b: int, h: int, t: int = 1, sequence_parallel: bool = False,
+                               dropout: bool = True) -> float:
+    """The embedding's dropout mask, s·b·h bytes (Korthikanti §4.3); none without dropout (token ids not counted)."""
+    if not dropout:
+        return 0
+    return s * b * h / (t if sequence_parallel else 1)
+
+
+def output_activation_bytes(s: int, b: int, h: int, v: int, t: int = 1, sequence_parallel: bool = False,
+                            element_bytes: int = 2) -> float:
+    """The final norm's and the head's inputs (e·s·b·h each) and the fp32 logits cross-entropy keeps, 4·s·b·v/t.
+
+    Korthikanti §4.3: "2sbh + 2sbh + 4sbv/t" in 16-bit; sequence parallelism splits the
+    norm's input, the head's is gathered whole.
+    """
+    norm_input = element_bytes * s * b * h / (t if sequence_parallel else 1)
+    return norm_input + element_bytes * s * b * h + 4 * s * b * v / t
+
+
+CHECKPOINTING = ("none", "full", "every-k", "sqrt")
+
+
+def checkpointed_activation_bytes(n: int, layer_bytes: float, boundary_bytes: float, policy: str = "none",
+                                  segment_layers: int | None = None, in_flight: int = 1) -> float:
+    """Activation bytes of n layers under a checkpointing policy, with ``in_flight`` micro-batches stashed.
+
+    ``none``: every layer's activations, n·A per micro-batch. ``full`` (Korthikanti §5): each
+    layer keeps only its input X (``boundary_bytes``), n·X, and one layer's A exists while
+    it is recomputed. ``every-k`` (Chen et al. 1604.06174): segments of k layers keep their
+    input, ⌈n/k⌉·X, and one segment's k·A during its recompute. ``sqrt``: k = √n, about
+    2√n of Chen's blocks. Each in-flight micro-batch holds its stored part; the recompute
+    working set exists once (one micro-batch is recomputed at a time).
+    """
+    if n < 0 or in_flight < 0:
+        raise ValueError(f"n={n!r} and in_flight={in_flight!r} must be >= 0")
+    if policy == "none":
+        return in_flight * n * layer_bytes
+    if n == 0:
+        return 0
+    if policy == "full":
+        k = 1
+    elif policy == "sqrt":
+        k = -(-n // optimal_checkpoint_segments(n))
+    elif policy == "every-k":
+        if not isinstance(segment_layers, int) or segment_layers < 1:
+            raise ValueError(f"segment_layers={segment_layers!r}: every-k needs a positive number of layers")
+        k = min(segment_layers, n)
+    else:
+        raise ValueError(f"policy={policy!r} is not a checkpointing policy; allowed: {', '.join(CHECKPOINTING)}")
+    return in_flight * -(-n // k) * boundary_bytes + k * layer_bytes
+
+
+def zero_collective_bytes(stage: int, psi: int, n: int, bytes_per_element: int, micro_batches: int = 1,
+                          units: Sequence[int] | None = None) -> dict:
+    """:func:`comm_bytes_per_step` by collective: ``{"all_reduce" | "reduce_scatter" | "all_gather": bytes}``.
+
+    DDP one all-reduce per step; ZeRO-1 a reduce-scatter and an all-gather; ZeRO-2 a
+    reduce-scatter per micro-batch and one all-gather; ZeRO-3 two all-gathers and a
+    reduce-scatter per micro-batch (ZeRO §7.2). The values sum to :func:`comm_bytes_per_step`.
+    """
+    if n <= 1:
+        return {}
+    a, b = micro_batches, bytes_per_element
+    if stage == 0:
+        return {"all_reduce": comm_bytes_per_step(0, psi, n, b)}
+    units = [psi] if units is None else list(units)
+    half = _exact(Fraction((n - 1) * padded_numel(units, n) * b, n))
+    if stage == 1:
+        return {"reduce_scatter": half, "all_gather": half}
+    if stage == 2:
+        return {"reduce_scatter": a * half, "all_gather": half}
+    if stage == 3:
+        return {"all_gather": 2 * a * half, "reduce_scatter": a * half}
+    raise ValueError(f"stage={stage!r} is not a ZeRO stage; allowed: 0, 1, 2, 3")
+
+
+def tp_bytes_sent_per_step(s: int, b: int, h: int, t: int, layers: int, micro_batches: int,
+                           element_bytes: int = 2, recompute: bool = False) -> float:
+    """Bytes a TP rank sends per step: 8·b·s·h·(t−1)/t elements per layer per micro-batch (Megatron §3).
+
+    Sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
+    same total (Korthikanti §4.2.2). Recomputing the forward (full checkpointing) repeats its
+    two all-reduces: 1.5 × the traffic.
+    """
+    per_layer = tp_elements_sent_per_layer(b, s, h, t) * element_bytes
+    return per_layer * layers * micro_batches * (1.5 if recompute else 1)
+
+
+def pipeline_p2p_bytes(s: int, b: int, h: int, micro_batches: int, element_bytes: int = 2, t: int = 1,
+                       sequence_parallel: bool = False) -> float:
+    """Bytes a stage sends across one pipeline boundary per step, each way: m activations (or gradients) of s·b·h.
+
+    A middle stage sends this forward and again backward. With sequence parallelism each
+    TP rank sends its 1/t of the sequence.
+    """
+    return micro_batches * s * b * h * element_bytes / (t if sequence_parallel else 1)
+
+
+def offload_model_state_bytes(stage: int, psi: int, n: int, optimizer: str = "adamw",
+                              offload_params: bool = False) -> tuple:
+    """ZeRO-Offload (2101.06840 §4): (device, host) model states per GPU in bf16 mixed precision.
+
+    16-bit parameters stay on the device (2Ψ; 2Ψ/N at stage 3; none with ``offload_params``,
+    stage 3 only, where the 16-bit shard lives on the host). The fp32 master, m and v of
+    the rank's shard (K·Ψ/N) and its 16-bit gradient shard (2Ψ/N) live on the host, where
+    the step runs. Stage 1 keeps its full 16-bit gradients on the device until they are
+    reduced; stages 2-3 stream them out through the buckets.
+    """
+    if stage not in (1, 2, 3):
+        raise ValueError(f"stage={stage!r}: offloading the optimizer needs ZeRO stage 1, 2 or 3 (DeepSpeed's rule)")
+    if offload_params and stage != 3:
+        raise ValueError(f"stage={stage!r}: offloading parameters needs ZeRO stage 3")
+    k = optimizer_bytes_per_element("bf16-mixed", optimizer)
+    shard = -(-psi // n)
+    device_params = 0 if offload_params else (2 * shard if stage == 3 else 2 * psi)
+    device_grads = 2 * psi if stage == 1 else 0
+    device = ModelStates(device_params, device_grads, 0)
+    host = ModelStates(2 * shard if offload_params else 0, 2 * shard, k * shard)
+    return device, host
+
+
+def deepspeed_zero2_estimate(psi: int, gpus_per_node: int = 1, nodes: int = 1, cpu_offload: bool = False,
+                             buffer_factor: float = 1.5) -> tuple:
+    """DeepSpeed's ``estimate_zero2_model_states_mem_needs`` as its code computes it: (host bytes, GPU bytes).
+
+    GPU 2Ψ + 18Ψ/N (18 = 16-bit and fp32 grads, fp32 params, m, v) or 2Ψ with the
+    optimizer offloaded; host 4Ψ per GPU of the node, or max(4N, 16)·Ψ offloaded, × the
+    buffer factor 1.5 (FACTS §10).
+    """
+    total = nodes * gpus_per_node
+    if cpu_offload:
+        return int(psi * max(4 * total, 16) * buffer_factor), int(2 * psi)
+    return int(psi * 4 * gpus_per_node * buffer_factor), int(2 * psi + int(18 * psi / total))
+
+
+def deepspeed_zero3_estimate(psi: int, largest_layer: int, gpus_per_node: int = 1, nodes: int = 1,
+                             cpu_offload: bool = False, cpu_offload_params: bool = False, zero_init: bool = True,
+                             buffer_factor: float = 1.5) -> tuple:
+    """DeepSpeed's ``estimate_zero3_model_states_mem_needs`` as its code computes it: (host, GPU, largest-layer bytes).
+
+    GPU 4·L + 18Ψ/N, with L the largest module's parameter count; 4·L + 2Ψ/N with the
+    optimizer offloaded; 4·L with the parameters offloaded too. Host memory per node
+    carries the 1.5 buffer factor (FACTS §10).
+    """
+    total = nodes * gpus_per_node
+    per_node = 1 / nodes
+    largest = 4 * largest_layer
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu = largest
+            cpu = psi * (18 * per_node if zero_init else max(4 * gpus_per_node, 18 * per_node)) * buffer_factor
+        else:
+            gpu = largest + int(2 * psi / total)
+            cpu = psi * (16 * per_node if zero_init else max(4 * gpus_per_node, 16 * per_node)) * buffer_factor
+    else:
+        gpu = largest + int(18 * psi / total)
+        cpu = (largest_layer if zero_init else psi) * 4 * gpus_per_node * buffer_factor
+    return int(cpu), int(gpu), largest
+
+
+def deepspeed_model_state_bytes(stage: int, psi: int, n: int, largest_layer: int = 0,
+                                offload: str = "none") -> ModelStates:
+    """Per-GPU model states in DeepSpeed's estimators' convention, split by category; totals equal theirs.
+
+    Stage 2: params 2Ψ, grads 6Ψ/N (16-bit + fp32), optimizer 12Ψ/N (fp32 params, m, v):
+    2Ψ + 18Ψ/N. Stage 3: the same 18Ψ/N sharded (its estimator names no separate 16-bit
+    parameter shard) + 4 × the largest layer, counted as params. DeepSpeed has no stage 0
+    or 1 estimator: zerokit extends its convention, stage 0 = 2Ψ + 2Ψ + 4Ψ + 12Ψ = 20Ψ,
+    stage 1 = 2Ψ + 2Ψ + 16Ψ/N (full 16-bit grads, the fp32 gradient partition sharded).
+    ``offload``: "optimizer" leaves the GPU 2Ψ (stages 1-2) or 4L + 2Ψ/N (stage 3);
+    "params" (stage 3) leaves 4L.
+    """
+    if offload not in ("none", "optimizer", "params"):
+        raise ValueError(f"offload={offload!r}; allowed: none, optimizer, params")
+    if stage == 0:
+        if offload != "none":
+            raise ValueError("DeepSpeed offloads the optimizer for ZeRO stages 1-3 only")
+        return ModelStates(2 * psi, 6 * psi, 12 * psi)
+    if stage in (1, 2):
+        if offload == "params":
+            raise ValueError("DeepSpeed offloads parameters with ZeRO stage 3 only")
+        if offload == "optimizer":
+            return ModelStates(2 * psi, 0, 0)
+        if stage == 1:
+            return ModelStates(2 * psi, 2 * psi + int(4 * psi / n), int(16 * psi / n) - int(4 * psi / n))
+        grads = int(6 * psi / n)
+        return ModelStates(2 * psi, grads, int(18 * psi / n) - grads)
+    if stage == 3:
+        gathered = 4 * largest_layer
+        if offload == "params":
+            return ModelStates(gathered, 0, 0)
+        if offload == "optimizer":
+            return ModelStates(gathered + int(2 * psi / n), 0, 0)
+        grads = int(6 * psi / n)
+        return ModelStates(gathered, grads, int(18 * psi / n) - grads)
+    raise ValueError(f"stage={stage!r} is not a ZeRO stage; allowed: 0, 1, 2, 3")
+
+
+def link_seconds(nbytes: float, messages: float, bandwidth: float, latency: float) -> float:
+    """The α-β estimate of a transfer: messages·α + bytes/β (bandwidth in bytes per second)."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth={bandwidth!r} must be > 0 bytes per second")
+    return messages * latency + nbytes / bandwidth
+
+
+def offload_traffic_bytes_accumulated(psi: int, bytes_per_element: int = 2, micro_batches: int = 1) -> int:
+    """:func:`offload_traffic_bytes` with A micro-batches: each one's gradients go out (the host accumulates
+    them), the updated parameters come back once: (A + 1)·psi·b; 2·psi·b for A = 1."""
+    return (micro_batches + 1) * psi * bytes_per_element
+
+
+def param_offload_traffic_bytes(shard_numel: int, bytes_per_element: int = 2, micro_batches: int = 1) -> int:
+    """ZeRO-3 with offloaded parameters: each all-gather first brings the rank's 16-bit shard from the host,
+    twice per micro-batch (forward and backward): 2·A·shard·b bytes host→device per step."""
+    return 2 * micro_batches * shard_numel * bytes_per_element

@@ -1,0 +1,186 @@
+"""The advisor: every layout worth trying for a model on a cluster, those that fit ranked by communication time.
+
+From a plan it tries each strategy (ddp, zero1-3), offloading the optimizer (zero1-3) or
+the parameters too (zero3) and full checkpointing when the plan has none, on the plan's
+dp × tp × pp. If none fits and the caller did not fix the degrees, it tries tensor
+parallelism inside a node and pipeline parallelism (with DDP or ZeRO-1 only: DeepSpeed
+refuses ZeRO-2/3 with a pipeline, FACTS §3), keeping the sequences per step: fewer dp
+ranks take more micro-batches. Layouts that fit are ranked by the estimated seconds per step on the links
+(:attr:`Plan.comm_seconds`, an α-β estimate, no overlap), then by memory; each gets one
+line of reason. The others say what does not fit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import theory
+from .layout import STRATEGIES
+from .render import seconds
+
+LABEL = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+
+
+@dataclass
+class Option:
+    label: str
+    layout: object
+    plan: object
+    fits: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        out = {"label": self.label, "fits": self.fits, "reason": self.reason}
+        if self.plan is not None:
+            out |= {"total_bytes": self.plan.total_bytes, "comm_seconds_per_step_estimate": self.plan.comm_seconds,
+                    "comm_bytes_per_step": self.plan.comm_bytes_per_step}
+        return out
+
+
+@dataclass
+class Advice:
+    fits: list
+    does_not_fit: list
+
+    def to_dict(self) -> dict:
+        return {"ranking": "layouts that fit, least estimated communication time per step first",
+                "fits": [o.to_dict() for o in self.fits], "does_not_fit": [o.to_dict() for o in self.does_not_fit]}
+
+    def lines(self, limit: int = 10) -> list:
+        out = ["advisor — layouts that fit, least estimated communication time first:"]
+        out += [f"  {i + 1}. {o.reason}" for i, o in enumerate(self.fits[:limit])] or ["  none fits"]
+        if len(self.fits) > limit:
+            out.append(f"  … and {len(self.fits) - limit} more that fit")
+        if self.does_not_fit:
+            out.append("does not fit:")
+            out += [f"  {o.reason}" for o in self.does_not_fit[:limit]]
+            if len(self.does_not_fit) > limit:
+                out.append(f"  … and {len(self.does_not_fit) - limit} more")
+        return out
+
+
+def label(layout) -> str:
+    parts = [LABEL[layout.strategy] + (f" + offload {layout.offload}" if layout.offload != "none" else "")]
+    parts.append(f"dp={layout.dp}" + (f" tp={layout.tp}" if layout.tp > 1 else "")
+                 + (f" pp={layout.pp}" if layout.pp > 1 else ""))
+    if layout.checkpointing != "none":
+        parts.append(f"checkpointing {layout.checkpointing}")
+    return ", ".join(parts)
+
+
+def _traffic_remark(plan) -> str:
+    layout, unit = plan.layout, plan.convention
+    if layout.dp == 1:
+        dp = "no data-parallel traffic"
+    elif layout.stage == 0:
+        dp = "one all-reduce of the gradients, 2(N−1)/N·Ψb"
+    elif layout.stage == 3:
+        dp = "1.5 × DDP's traffic (parameters gathered in forward and backward)"
+    elif layout.stage == 2 and layout.micro_batches > 1:
+        dp = f"{(layout.micro_batches + 1) / 2:g} × DDP's traffic (a reduce-scatter every micro-batch)"
+    else:
+        dp = "same traffic as DDP"
+    extra = []
+    by_axis = plan.comm_bytes_per_step
+    if "tp" in by_axis:
+        extra.append(f"TP {unit.text(by_axis['tp'])} per step")
+    if "host" in by_axis:
+        extra.append(f"{unit.text(by_axis['host'])} per step over PCIe")
+    if layout.pp > 1:
+        extra.append(f"bubble {100 * theory.bubble_fraction(layout.pp, layout.micro_batches):.0f} %")
+    if layout.checkpointing != "none":
+        extra.append("one extra forward")
+    return "; ".join([dp] + extra)
+
+
+def _fit_reason(plan) -> str:
+    u = plan.convention
+    return (f"{label(plan.layout)}: {u.text(plan.total_bytes)} of {u.text(plan.cluster.gpu_memory)}; "
+            f"{_traffic_remark(plan)}; ≈ {seconds(plan.comm_seconds)} per step on the links (estimate)")
+
+
+def _miss_reason(plan) -> str:
+    u, m = plan.convention, plan.memory
+    parts = {"model states": m.model_states.total, "activations": m.activations, "buffers": m.buffers}
+    biggest = max(parts, key=parts.get)
+    why = (f"model states alone are {u.text(m.model_states.total)}" if m.model_states.total > plan.cluster.gpu_memory
+           else f"largest part: {biggest} {u.text(parts[biggest])}")
+    if plan.cluster.host_memory is not None and plan.host_bytes_per_node > plan.cluster.host_memory:
+        why += f"; host needs {u.text(plan.host_bytes_per_node)} per node of {u.text(plan.cluster.host_memory)}"
+    return f"{label(plan.layout)}: needs {u.text(plan.total_bytes)} of {u.text(plan.cluster.gpu_memory)} — {why}"
+
+
+def model_parallel_degrees(plan) -> list:
+    """(tp, pp) pairs worth trying: tp within a node dividing the heads, pp dividing the layers, both the GPUs."""
+    model, cluster = plan.model, plan.cluster
+    out = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8):
+            if (tp, pp) != (plan.layout.tp, plan.layout.pp) and tp <= cluster.gpus_in_a_node \
+                    and cluster.gpus % (tp * pp) == 0 and model.heads % tp == 0 \
+                    and (model.kv_heads or model.heads) % tp == 0 and model.layers % pp == 0:
+                out.append((tp, pp))
+    return out
+
+
+def candidates(plan, degrees: list) -> list:
+    """Layouts to try on each (tp, pp): strategies × offload × checkpointing, the global batch kept.
+
+    The micro-batch size stays; the number of micro-batches takes up what a smaller dp
+    leaves, so every candidate trains on as many sequences per step as the plan.
+    """
+    base, model, cluster = plan.layout, plan.model, plan.cluster
+    checkpointing = [base.checkpointing] + (["full"] if model.has_shape and base.checkpointing == "none" else [])
+    sequences = base.micro_batch_size * base.micro_batches * base.dp
+    out = []
+    for tp, pp in degrees:
+        dp = cluster.gpus // (tp * pp)
+        micro_batches = sequences // (dp * base.micro_batch_size)
+        if micro_batches < 1 or sequences % (dp * base.micro_batch_size):
+            continue
+        for strategy in STRATEGIES:
+            offloads = ["none"]
+            if strategy != "ddp" and base.precision == "bf16-mixed":
+                offloads += ["optimizer"] + (["params"] if strategy == "zero3" else [])
+            for offload in offloads:
+                for ckpt in checkpointing:
+                    out.append(replace(base, strategy=strategy, offload=offload, tp=tp, pp=pp, dp=dp,
+                                       micro_batches=micro_batches, checkpointing=ckpt,
+                                       segment_layers=base.segment_layers if ckpt == base.checkpointing else None))
+    return out
+
+
+def _try(plan, layouts: list) -> tuple:
+    """(options that fit, options that don't) among ``layouts``."""
+    from .plan import build
+
+    fits, misses = [], []
+    for layout in layouts:
+        if layout.pp > 1 and layout.strategy in ("zero2", "zero3"):
+            continue  # DeepSpeed refuses it; the plan for such a layout says so when asked directly
+        try:
+            option = build(plan.model, plan.cluster, layout, plan.convention)
+        except ValueError as e:
+            misses.append(Option(label(layout), layout, None, False, f"{label(layout)}: {e}"))
+            continue
+        if option.fits:
+            fits.append(Option(label(option.layout), option.layout, option, True, _fit_reason(option)))
+        else:
+            misses.append(Option(label(option.layout), option.layout, option, False, _miss_reason(option)))
+    return fits, misses
+
+
+def advise(plan, explore: bool | None = None) -> Advice:
+    """Rank every candidate layout for ``plan``'s model, cluster and convention.
+
+    The plan's own degrees first; if nothing fits there and the caller left the degrees
+    free (``explore``), tensor and pipeline parallelism too.
+    """
+    if explore is None:
+        explore = getattr(plan, "explore_parallel", False)
+    fits, misses = _try(plan, candidates(plan, [(plan.layout.tp, plan.layout.pp)]))
+    if not fits and explore and plan.model.has_shape:  # data parallelism first; model parallelism when it must
+        more_fits, more_misses = _try(plan, candidates(plan, model_parallel_degrees(plan)))
+        fits, misses = more_fits, misses + more_misses
+    fits.sort(key=lambda o: (round(o.plan.comm_seconds, 9), o.plan.total_bytes))
+    misses.sort(key=lambda o: o.plan.total_bytes if o.plan else float("inf"))
+    return Advice(fits, misses)

@@ -1,0 +1,237 @@
+"""The layout: strategy, offload, the dp × tp × pp mesh, micro-batches, checkpointing, precision.
+
+:class:`Layout` holds what a training job decides about parallelism and memory, checked
+against the model and the cluster before anything is computed (:func:`check`): degrees
+must multiply to the GPU count, tp must divide the heads, pp the layers; offload needs
+ZeRO (parameters: stage 3) and 16-bit training. :func:`from_deepspeed_config` reads a
+DeepSpeed config with :func:`zerokit.zero.config.from_deepspeed` for its
+``zero_optimization`` section and takes the batch, precision and offload keys itself.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import theory
+from ..runtime.mesh import parse_parallel
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+OFFLOADS = ("none", "optimizer", "params")
+SCHEDULES = ("1f1b", "gpipe")
+#: DeepSpeed's defaults, in elements (FACTS §7)
+REDUCE_BUCKET = 500_000_000
+PREFETCH_BUCKET = 50_000_000
+#: torch DDP's bucket_cap_mb, for counting its calls
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class Layout:
+    strategy: str = "ddp"
+    offload: str = "none"
+    dp: int | None = None
+    tp: int = 1
+    pp: int = 1
+    micro_batch_size: int = 1
+    micro_batches: int = 1
+    checkpointing: str = "none"
+    #: layers per checkpointed segment for ``every-k``
+    segment_layers: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    #: None: on whenever tp > 1 (Megatron's sequence parallelism)
+    sequence_parallel: bool | None = None
+    schedule: str = "1f1b"
+    reduce_bucket_size: int = REDUCE_BUCKET
+    overlap_comm: bool | None = None
+    prefetch: bool = True
+    prefetch_bucket_size: int = PREFETCH_BUCKET
+    param_persistence_threshold: int = 0
+    #: DeepSpeed's train_batch_size, checked against micro-batch × micro-batches × dp
+    global_batch: int | None = None
+    #: where the layout came from (a DeepSpeed config's path), and what of it was not modelled
+    notes: tuple = ()
+
+    @property
+    def stage(self) -> int:
+        return STAGE[self.strategy]
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else bool(self.sequence_parallel and self.tp > 1)
+
+    @property
+    def overlap(self) -> bool:
+        """DeepSpeed's ``overlap_comm`` default: off for stages 1-2, on for stage 3."""
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+    def degrees(self) -> dict:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+
+    def describe(self) -> str:
+        off = f" + offload {self.offload}" if self.offload != "none" else ""
+        ckpt = self.checkpointing if self.checkpointing != "every-k" else f"every {self.segment_layers} layers"
+        sp = ", sequence parallel" if self.sp else ""
+        return (f"{self.strategy}{off}; dp={self.dp} tp={self.tp} pp={self.pp}{sp}; micro-batch "
+                f"{self.micro_batch_size} × {self.micro_batches}; checkpointing {ckpt}; {self.precision} "
+                f"{self.optimizer}" + (f"; schedule {self.schedule}" if self.pp > 1 else ""))
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive whole number")
+    return value
+
+
+def parse_checkpointing(text: str) -> tuple:
+    """``none``, ``full``, ``sqrt``, ``every-K`` (or ``every-k`` with ``segment_layers``) → (policy, K)."""
+    text = str(text).strip().lower()
+    if text in ("none", "full", "sqrt"):
+        return text, None
+    if text.startswith("every-"):
+        k = text.removeprefix("every-")
+        if k.isdigit() and int(k) >= 1:
+            return "every-k", int(k)
+    raise ValueError(f"checkpointing={text!r}; allowed: none, full, sqrt, every-K (K layers per segment, e.g. "
+                     f"every-4)")
+
+
+def parse_parallel_text(text: str) -> dict:
+    """``"dp=8,tp=2,pp=1"`` → ``{"dp": 8, "tp": 2, "pp": 1}`` (degrees checked later against the GPUs)."""
+    out = {}
+    for item in str(text).split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in ("dp", "tp", "pp") or not value.lstrip("-").isdigit():
+            raise ValueError(f"parallel {text!r}: {item.strip()!r} is not AXIS=N with AXIS one of dp, tp, pp")
+        if key in out:
+            raise ValueError(f"parallel {text!r}: {key} is given twice")
+        out[key] = int(value)
+    return out
+
+
+def check(layout: Layout, model, cluster) -> Layout:
+    """The layout with dp filled in, every degree and choice checked against the model and cluster."""
+    if layout.strategy not in STRATEGIES:
+        raise ValueError(f"strategy={layout.strategy!r}; allowed: {', '.join(STRATEGIES)}")
+    if layout.offload not in OFFLOADS:
+        raise ValueError(f"offload={layout.offload!r}; allowed: {', '.join(OFFLOADS)}")
+    if layout.schedule not in SCHEDULES:
+        raise ValueError(f"schedule={layout.schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    theory.check_precision(layout.precision)
+    theory.check_optimizer(layout.optimizer)
+    for name in ("micro_batch_size", "micro_batches", "tp", "pp"):
+        _positive(name, getattr(layout, name))
+    asked = {"tp": layout.tp, "pp": layout.pp} | ({} if layout.dp is None else {"dp": _positive("dp", layout.dp)})
+    try:
+        shape = parse_parallel(asked, cluster.gpus)
+    except ValueError as e:
+        raise ValueError(f"{e} (gpus={cluster.gpus})") from None
+    policy, k = parse_checkpointing(layout.checkpointing if layout.checkpointing != "every-k"
+                                    else f"every-{layout.segment_layers}")
+    layout = replace(layout, dp=shape["dp"], checkpointing=policy, segment_layers=k)
+    if not model.has_shape:
+        if layout.tp > 1 or layout.pp > 1:
+            raise ValueError(f"tp={layout.tp}, pp={layout.pp}: a bare parameter count has no layers or heads to "
+                             f"split; give a preset or a shape")
+    else:
+        if model.heads % layout.tp or (model.kv_heads or model.heads) % layout.tp:
+            raise ValueError(f"tp={layout.tp} does not divide the {model.heads} attention heads"
+                             + (f" ({model.kv_heads} KV heads)" if model.kv_heads else ""))
+        if model.layers % layout.pp:
+            raise ValueError(f"pp={layout.pp} does not divide the {model.layers} layers")
+    if layout.offload != "none":
+        if layout.stage == 0:
+            raise ValueError("offload: DeepSpeed offloads the optimizer with ZeRO stages 1-3 only; choose zero1-3")
+        if layout.offload == "params" and layout.stage != 3:
+            raise ValueError("offload=params: parameters are offloaded with ZeRO-3 only (offload_param)")
+        if layout.precision != "bf16-mixed":
+            raise ValueError("offload: ZeRO-Offload keeps 16-bit parameters on the GPU and the fp32 master on the "
+                             "host; it needs precision bf16-mixed")
+    for name in ("reduce_bucket_size", "prefetch_bucket_size"):
+        _positive(name, getattr(layout, name))
+    expected = layout.micro_batch_size * layout.micro_batches * layout.dp
+    if layout.global_batch is not None and layout.global_batch != expected:
+        raise ValueError(f"train_batch_size={layout.global_batch} but micro-batch {layout.micro_batch_size} × "
+                         f"micro-batches {layout.micro_batches} × dp {layout.dp} = {expected}")
+    return layout
+
+
+#: top-level DeepSpeed keys the planner reads itself
+TOP_LEVEL = ("zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+             "train_batch_size", "bf16", "fp16", "optimizer", "gradient_clipping", "steps_per_print",
+             "wall_clock_breakdown")
+
+
+def _enabled(section) -> bool:
+    return isinstance(section, dict) and bool(section.get("enabled", False))
+
+
+def from_deepspeed_config(source) -> dict:
+    """The Layout fields a DeepSpeed config (dict or JSON path) sets: stage, buckets, offload, batch, precision."""
+    from ..zero.config import NOT_IMPLEMENTED, from_deepspeed
+
+    if isinstance(source, dict):
+        config, where = source, "DeepSpeed config"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"DeepSpeed config {str(path)!r}: no such file")
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"DeepSpeed config {str(path)!r} is not valid JSON: {e}") from None
+        where = f"DeepSpeed config {path.name}"
+    if not isinstance(config, dict):
+        raise ValueError("DeepSpeed config: expected a JSON object")
+    unknown = sorted(set(config) - set(TOP_LEVEL))
+    if unknown:
+        raise ValueError(f"DeepSpeed config key {unknown[0]!r} is unknown to the planner; allowed at the top level: "
+                         f"{', '.join(TOP_LEVEL)}")
+    zero = dict(config.get("zero_optimization") or {})
+    notes = [f"from {where}"]
+    offload = "none"
+    for key, kind in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+        section = zero.pop(key, None)
+        if section is None:
+            continue
+        device = section.get("device", "none") if isinstance(section, dict) else None
+        if device not in ("none", "cpu", "nvme"):
+            raise ValueError(f"zero_optimization.{key}={section!r}: expected {{\"device\": \"cpu\"}} or \"none\"")
+        if device == "nvme":
+            notes.append(f"{key} to NVMe is planned as host memory")
+        if device != "none":
+            offload = kind if offload == "none" or kind == "params" else offload
+    for key in [k for k in zero if k in NOT_IMPLEMENTED]:
+        notes.append(f"zero_optimization.{key} not modelled")
+        zero.pop(key)
+    options = from_deepspeed({"zero_optimization": zero, "gradient_clipping": 0})
+    stage = options.pop("stage")
+    changes = dict(strategy=STRATEGIES[stage], offload=offload, notes=tuple(notes))
+    for name in ("reduce_bucket_size", "overlap_comm", "prefetch", "prefetch_bucket_size",
+                 "param_persistence_threshold"):
+        if name in options:
+            changes[name] = int(options[name]) if name.endswith("size") or name.endswith("threshold") \
+                else options[name]
+    if "train_micro_batch_size_per_gpu" in config:
+        changes["micro_batch_size"] = _positive("train_micro_batch_size_per_gpu",
+                                                config["train_micro_batch_size_per_gpu"])
+    if "gradient_accumulation_steps" in config:
+        changes["micro_batches"] = _positive("gradient_accumulation_steps", config["gradient_accumulation_steps"])
+    if _enabled(config.get("bf16")) or _enabled(config.get("fp16")):
+        changes["precision"] = "bf16-mixed"
+        if _enabled(config.get("fp16")):
+            notes.append("fp16 planned as bf16-mixed: the same bytes per element (its loss scaler is not counted)")
+    elif "bf16" in config or "fp16" in config:
+        changes["precision"] = "fp32"
+    opt = config.get("optimizer")
+    if opt is not None:
+        kind = str(opt.get("type", "")).lower() if isinstance(opt, dict) else ""
+        if kind not in ("adam", "adamw", "sgd"):
+            raise ValueError(f"DeepSpeed config optimizer {opt!r}: the planner knows Adam, AdamW and SGD")
+        changes["optimizer"] = "sgd" if kind == "sgd" else "adamw"
+    if "train_batch_size" in config:
+        changes["global_batch"] = _positive("train_batch_size", config["train_batch_size"])
+    changes["notes"] = tuple(notes)
+    return changes

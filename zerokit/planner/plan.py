@@ -1,0 +1,202 @@
+"""``zerokit.plan(...)``: what a model needs per GPU on a cluster under a layout, and what it sends.
+
+It resolves the model (:mod:`.models`), the cluster (:mod:`.cluster`) and the layout
+(:mod:`.layout`, or a DeepSpeed config), computes every pipeline stage's memory
+(:mod:`.memory`) and answers for the fullest stage: model states by category,
+activations, buffers, total, whether it fits; its traffic per step by axis and collective
+with an estimated time on the links (:mod:`.traffic`), and the pipeline bubble. Every
+number is a :class:`~.memory.Term` or a :class:`~.traffic.Transfer` carrying its formula.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from . import layout as layouts
+from . import memory as mem
+from . import traffic
+from .cluster import Cluster
+from .conventions import DIFFERENCE, convention as get_convention
+from .models import resolve
+
+
+@dataclass
+class Plan:
+    model: object
+    cluster: Cluster
+    layout: layouts.Layout
+    convention: object
+    memory: mem.StageMemory
+    stages: list
+    transfers: list
+    host_bytes_per_node: float
+    host_formula: str
+    notes: list = field(default_factory=list)
+    #: the advisor may try other dp/tp/pp degrees (the caller did not fix them)
+    explore_parallel: bool = False
+
+    @property
+    def total_bytes(self) -> float:
+        return self.memory.total
+
+    @property
+    def fits(self) -> bool:
+        host_ok = self.cluster.host_memory is None or self.host_bytes_per_node <= self.cluster.host_memory
+        return self.memory.total <= self.cluster.gpu_memory and host_ok
+
+    @property
+    def comm_bytes_per_step(self) -> dict:
+        return traffic.by_axis(self.transfers)
+
+    @property
+    def comm_seconds(self) -> float:
+        """Estimated seconds per step on the links, every transfer one after another (no overlap)."""
+        return sum(t.seconds for t in self.transfers)
+
+    @property
+    def bubble(self) -> dict:
+        return traffic.bubble(self.layout)
+
+    def per_gpu(self) -> dict:
+        s = self.memory.model_states
+        return {"pipeline_stage": self.memory.stage, "params_on_rank": self.memory.psi_rank,
+                "model_state_bytes": {"params": s.params, "grads": s.grads, "optimizer": s.optimizer,
+                                      "total": s.total},
+                "activation_bytes": self.memory.activations, "buffer_bytes": self.memory.buffers,
+                "total_bytes": self.memory.total, "gpu_memory_bytes": self.cluster.gpu_memory, "fits": self.fits,
+                "host_bytes_per_node": self.host_bytes_per_node,
+                "comm_bytes_per_step": self.comm_bytes_per_step,
+                "comm_seconds_per_step_estimate": self.comm_seconds}
+
+    def to_dict(self, advice: bool = True) -> dict:
+        model = {k: v for k, v in asdict(self.model).items() if v is not None}
+        model["param_count"] = self.model.param_count
+        out = {"model": model,
+               "cluster": asdict(self.cluster) | {"nodes": self.cluster.nodes,
+                                                  "assumptions": list(self.cluster.assumptions)},
+               "layout": asdict(self.layout) | {"stage": self.layout.stage, "sequence_parallel": self.layout.sp},
+               "convention": self.convention.name, "unit": self.convention.unit_name,
+               "per_gpu": self.per_gpu(),
+               "terms": [t.as_dict() for t in self.memory.terms],
+               "traffic": [t.as_dict() for t in self.transfers],
+               "pipeline_bubble": self.bubble,
+               "stages_total_bytes": [s.total for s in self.stages],
+               "notes": list(self.notes), "convention_difference": DIFFERENCE}
+        if advice:
+            out["advisor"] = self.advise().to_dict()
+        return out
+
+    def advise(self, explore: bool | None = None):
+        from .advisor import advise
+
+        return advise(self, explore=explore)
+
+    def table(self, advice: bool = True) -> str:
+        from .render import render
+
+        return render(self, advice=advice)
+
+    def __str__(self) -> str:
+        return self.table(advice=False)
+
+
+def build(model, cluster: Cluster, layout: layouts.Layout, convention, notes=()) -> Plan:
+    """The plan for a resolved model, cluster and layout (the layout is checked here)."""
+    layout = layouts.check(layout, model, cluster)
+    if convention.name == "deepspeed" and (layout.precision != "bf16-mixed" or layout.optimizer != "adamw"):
+        raise ValueError("convention=deepspeed: DeepSpeed's estimators assume 16-bit training with Adam; use "
+                         "precision bf16-mixed and optimizer adamw, or convention paper")
+    stages = [mem.stage_memory(model, layout, convention, i) for i in range(layout.pp)]
+    worst = max(stages, key=lambda s: s.total)
+    host, host_formula = mem.host_bytes_per_node(model, layout, cluster, convention, worst)
+    notes = list(notes) + list(layout.notes)
+    if layout.pp > 1 and layout.stage >= 2:
+        notes.append("DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (pipeline + ZeRO-1 is the "
+                     "combination); these figures are what it would take")
+    if layout.pp > 1 and model.tied:
+        notes.append("tied embeddings with pp > 1: the all-reduce of the embedding's gradient between the first "
+                     "and last stage is not counted")
+    if model.cross_attention_layers:
+        notes.append("encoder-decoder: the encoder and decoder sequences are both taken as seq_len; the encoder "
+                     "output each cross-attention reads is not counted")
+    if layout.offload != "none":
+        notes.append("offload: CPU Adam's speed decides whether the step keeps up (users report 10-50× slower "
+                     "steps when it is not vectorised); not in the time estimate")
+    return Plan(model, cluster, layout, convention, worst, stages, traffic.transfers(model, layout, cluster, worst),
+                host, host_formula, notes)
+
+
+def parse_memory(value, convention) -> float:
+    """Bytes from 80e9, "80GB", "80GiB", or a bare "80" in the convention's unit (GB or GiB)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"gpu_memory={value!r} must be positive")
+        return float(value)
+    text = str(value).strip()
+    for suffix, scale in (("gib", 2**30), ("gb", 1e9), ("tib", 2**40), ("tb", 1e12)):
+        if text.lower().endswith(suffix):
+            number, unit = text[:-len(suffix)], scale
+            break
+    else:
+        number, unit = text, convention.unit_bytes
+    try:
+        amount = float(number)
+    except ValueError:
+        raise ValueError(f"gpu_memory={value!r}: write a size such as 80, 80GB or 80GiB") from None
+    if not amount > 0:
+        raise ValueError(f"gpu_memory={value!r} must be positive")
+    return amount * unit
+
+
+def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, heads=None, ffn=None, vocab=None,
+         seq_len=None, tied=None, gpus: int = 8, gpu_memory=80e9, gpus_per_node: int = 8, strategy=None,
+         offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
+         precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
+         sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, **links) -> Plan:
+    """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
+
+    The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
+    ``preset="llama-7b"``, or a shape (``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``,
+    ``seq_len``, ``tied``). The layout: ``strategy`` (ddp, zero1-3; default ddp), ``offload``
+    (none, optimizer, params), ``parallel`` ({"dp", "tp", "pp"} or "dp=8,tp=2"),
+    ``micro_batch_size``, ``micro_batches``, ``checkpointing`` (none, full, sqrt, every-K),
+    ``precision`` (bf16-mixed default, as the paper), or ``deepspeed_config`` (a dict or JSON
+    path) for the stage, buckets, offload, batch and precision. ``links``: any other
+    :class:`~.cluster.Cluster` field (intra_bandwidth, inter_latency, host_memory, …).
+    ``convention``: "paper" or "deepspeed" (see :mod:`.conventions`). ``fused_attention``
+    overrides the model's (True: flash attention, no s×s scores saved).
+    """
+    conv = get_convention(convention)
+    spec = resolve(model, params, preset, **{k: v for k, v in dict(
+        layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab, seq_len=seq_len, tied=tied).items()
+        if v is not None})
+    if fused_attention is not None:
+        spec = replace(spec, fused_attention=bool(fused_attention))
+    unknown = sorted(set(links) - set(Cluster.__dataclass_fields__) | set(links) & {"gpus", "gpu_memory",
+                                                                                     "gpus_per_node"})
+    if unknown:
+        raise ValueError(f"plan() got an unknown argument {unknown[0]!r}; cluster fields: "
+                         f"{', '.join(Cluster.__dataclass_fields__)}")
+    cluster = Cluster(gpus=gpus, gpu_memory=parse_memory(gpu_memory, conv), gpus_per_node=gpus_per_node, **links)
+    base = layouts.Layout(schedule=schedule, sequence_parallel=sequence_parallel)
+    given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,
+                                   micro_batches=micro_batches, precision=precision, optimizer=optimizer).items()
+             if v is not None}
+    if deepspeed_config is not None:
+        from_config = layouts.from_deepspeed_config(deepspeed_config)
+        for name, value in given.items():
+            if name in from_config and from_config[name] != value:
+                raise ValueError(f"{name}={value!r} contradicts the DeepSpeed config, which sets "
+                                 f"{from_config[name]!r}")
+        base = replace(base, **from_config)
+    base = replace(base, **given)
+    if parallel is not None:
+        degrees = layouts.parse_parallel_text(parallel) if isinstance(parallel, str) else dict(parallel)
+        unknown_axes = sorted(set(degrees) - {"dp", "tp", "pp"})
+        if unknown_axes:
+            raise ValueError(f"parallel: unknown axis {unknown_axes[0]!r}; allowed: dp, tp, pp")
+        base = replace(base, **degrees)
+    policy, k = layouts.parse_checkpointing(checkpointing)
+    base = replace(base, checkpointing=policy, segment_layers=k)
+    result = build(spec, cluster, base, conv)
+    result.explore_parallel = parallel is None and spec.has_shape
+    return result

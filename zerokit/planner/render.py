@@ -1,0 +1,77 @@
+"""A plan as text: the per-GPU table with each term's formula and assumption, the traffic, the advisor.
+
+What ``zerokit plan`` prints and ``str(plan)`` returns. Sizes are in the plan's
+convention's unit (GB for ``paper``, GiB for ``deepspeed``); times are estimates and say so.
+"""
+from __future__ import annotations
+
+from .conventions import DIFFERENCE
+
+
+def _rows(rows: list, widths: tuple) -> list:
+    out = []
+    for row in rows:
+        cells = [str(c) for c in row]
+        out.append("  " + "  ".join(c.ljust(w) if i < len(cells) - 1 else c
+                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+    return out
+
+
+def seconds(x: float) -> str:
+    """3 significant figures in s, ms or µs."""
+    if x >= 1:
+        return f"{x:.3g} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x * 1e6:.3g} µs"
+
+
+def memory_lines(plan) -> list:
+    u, m, layout = plan.convention, plan.memory, plan.layout
+    where = f" — pipeline stage {m.stage} of {layout.pp}, the fullest" if layout.pp > 1 else ""
+    lines = [f"per GPU{where} ({u.unit_name}; Ψ on this rank = {m.psi_rank:,}):"]
+    rows = [(t.category, t.name, u.text(t.bytes), t.formula + (f" — {t.assumption}" if t.assumption else ""))
+            for t in m.terms if t.category != "host"]
+    s = m.model_states
+    rows.insert(3, ("", "model states", u.text(s.total), "params + grads + optimizer"))
+    verdict = "fits" if plan.fits else f"does NOT fit (over by {u.text(m.total - plan.cluster.gpu_memory)})" \
+        if m.total > plan.cluster.gpu_memory else "does NOT fit (host memory)"
+    rows.append(("", "total", u.text(m.total), f"of {u.text(plan.cluster.gpu_memory)}: {verdict}"))
+    lines += _rows(rows, (11, 40, 10, 0))
+    host = [t for t in m.terms if t.category == "host"]
+    if host or plan.host_bytes_per_node:
+        lines.append(f"  host memory per node: {u.text(plan.host_bytes_per_node)} ({plan.host_formula})"
+                     + (f"; per GPU {host[0].formula}" if host else ""))
+    return lines
+
+
+def traffic_lines(plan) -> list:
+    u = plan.convention
+    lines = ["traffic per step per GPU — time is an estimate (α-β on each axis's link, ring rounds as "
+             "messages, nothing overlapped with compute):"]
+    if not plan.transfers:
+        lines.append("  none (one GPU, nothing offloaded)")
+    rows = [(t.axis, t.collective, u.text(t.bytes), f"{t.calls:g} calls", t.link, f"≈ {seconds(t.seconds)}",
+             t.formula) for t in plan.transfers]
+    lines += _rows(rows, (4, 27, 10, 12, 11, 11, 0))
+    if plan.transfers:
+        per_axis = ", ".join(f"{axis} {u.text(b)}" for axis, b in plan.comm_bytes_per_step.items())
+        lines.append(f"  total: {per_axis}; ≈ {seconds(plan.comm_seconds)} per step on the links (estimate)")
+    b = plan.bubble
+    if b["p"] > 1:
+        lines.append(f"pipeline bubble: {100 * b['fraction_of_wall_time']:.1f} % of wall time "
+                     f"({100 * b['over_ideal']:.1f} % over ideal), {b['formula']}, p = {b['p']}, m = {b['m']}")
+    return lines
+
+
+def render(plan, advice: bool = True) -> str:
+    lines = [f"zerokit plan — {plan.model.describe()}",
+             f"cluster: {plan.cluster.describe(plan.convention)}",
+             f"layout: {plan.layout.describe()}",
+             f"convention: {plan.convention.name} — {plan.convention.summary}", ""]
+    lines += memory_lines(plan) + [""] + traffic_lines(plan)
+    if advice:
+        lines += [""] + plan.advise().lines()
+    notes = list(plan.notes) + [f"assumed links: {'; '.join(plan.cluster.assumptions)}", DIFFERENCE]
+    lines += ["", "notes:"] + [f"  - {n}" for n in notes]
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""Bytes one GPU sends per optimizer step, by axis and collective, and an estimate of the time on the links.
+
+- ``dp``: :func:`zerokit.theory.zero_collective_bytes` on the rank's Ψ_rank (ZeRO §7.2:
+  2(N−1)/N·Ψb for DDP, ZeRO-1 and ZeRO-2 without accumulation, 3(N−1)/N·Ψb for ZeRO-3);
+- ``tp``: :func:`~zerokit.theory.tp_bytes_sent_per_step`, four all-reduces of b·s·h per
+  layer per micro-batch (Megatron §3), 1.5 × with the forward recomputed;
+- ``pp``: :func:`~zerokit.theory.pipeline_p2p_bytes` across the stage's boundaries;
+- ``host``: ZeRO-Offload's gradients out and parameters back
+  (:func:`~zerokit.theory.offload_traffic_bytes_accumulated`, :func:`~zerokit.theory.param_offload_traffic_bytes`).
+
+Times are :func:`~zerokit.theory.link_seconds` (α-β) on the link each axis runs on
+(:func:`~zerokit.planner.cluster.axis_link`), with ring rounds as messages: an estimate
+that assumes the ring reaches the link's bandwidth and that nothing overlaps with compute.
+The pipeline bubble is :func:`~zerokit.theory.bubble_fraction`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import theory
+from .cluster import axis_link
+from .layout import DDP_BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One kind of traffic: which axis and collective, bytes sent per step, calls, the link, the estimated time."""
+
+    axis: str
+    collective: str
+    bytes: float
+    calls: float
+    link: str
+    seconds: float
+    formula: str
+
+    def as_dict(self) -> dict:
+        return {"axis": self.axis, "collective": self.collective, "bytes": self.bytes, "calls": self.calls,
+                "link": self.link, "seconds": self.seconds, "formula": self.formula}
+
+
+def _rounds(collective: str, n: int) -> int:
+    return theory.ring_steps("all_reduce" if collective == "all_reduce" else "all_gather", n)
+
+
+def dp_transfers(layout, cluster, psi: int, units) -> list:
+    """Data-parallel collectives of one rank per step, by kind."""
+    n, m = layout.dp, layout.micro_batches
+    if n <= 1:
+        return []
+    b = theory.param_bytes_per_element(layout.precision)
+    link = axis_link(cluster, layout.degrees(), "dp")
+    by_kind = theory.zero_collective_bytes(layout.stage, psi, n, b, m, units)
+    unit_count = len(units) if units else max(1, math.ceil(psi / layout.reduce_bucket_size))
+    calls = {0: {"all_reduce": max(1, math.ceil(psi * b / DDP_BUCKET_BYTES))},
+             1: {"reduce_scatter": unit_count, "all_gather": unit_count},
+             2: {"reduce_scatter": m * unit_count, "all_gather": unit_count},
+             3: {"all_gather": 2 * m * unit_count, "reduce_scatter": m * unit_count}}[layout.stage]
+    formulas = {0: {"all_reduce": "2(N−1)/N·Ψ·b, once per step (no_sync)"},
+                1: {"reduce_scatter": "(N−1)/N·Ψ·b", "all_gather": "(N−1)/N·Ψ·b"},
+                2: {"reduce_scatter": "A·(N−1)/N·Ψ·b", "all_gather": "(N−1)/N·Ψ·b"},
+                3: {"all_gather": "2A·(N−1)/N·Ψ·b", "reduce_scatter": "A·(N−1)/N·Ψ·b"}}[layout.stage]
+    out = []
+    for kind, nbytes in by_kind.items():
+        messages = calls[kind] * _rounds(kind, n)
+        out.append(Transfer("dp", kind, nbytes, calls[kind], link.name,
+                            theory.link_seconds(nbytes, messages, link.bandwidth, link.latency),
+                            f"{formulas[kind]}, Ψ = {psi:,}, N = {n}, A = {m}"))
+    return out
+
+
+def tp_transfers(layout, cluster, model, stage_layers: int) -> list:
+    t = layout.tp
+    if t <= 1:
+        return []
+    e = theory.param_bytes_per_element(layout.precision)
+    recompute = layout.checkpointing != "none"
+    s, b, h, m = model.seq_len, layout.micro_batch_size, model.hidden, layout.micro_batches
+    nbytes = theory.tp_bytes_sent_per_step(s, b, h, t, stage_layers, m, e, recompute)
+    calls = 4 * stage_layers * m * (1.5 if recompute else 1)
+    link = axis_link(cluster, layout.degrees(), "tp")
+    kind = "all_gather + reduce_scatter" if layout.sp else "all_reduce"
+    return [Transfer("tp", kind, nbytes, calls, link.name,
+                     theory.link_seconds(nbytes, calls * _rounds("all_reduce", t), link.bandwidth, link.latency),
+                     "8·b·s·h·(t−1)/t·e per layer per micro-batch"
+                     f"{' × 1.5 (forward recomputed)' if recompute else ''}"
+                     f", {stage_layers} layers, t = {t}")]
+
+
+def pp_transfers(layout, cluster, model, stage: int) -> list:
+    p = layout.pp
+    if p <= 1:
+        return []
+    e = theory.param_bytes_per_element(layout.precision)
+    m = layout.micro_batches
+    one_way = theory.pipeline_p2p_bytes(model.seq_len, layout.micro_batch_size, model.hidden, m, e, layout.tp,
+                                        layout.sp)
+    directions = (stage < p - 1) + (stage > 0)
+    link = axis_link(cluster, layout.degrees(), "pp")
+    nbytes = directions * one_way
+    return [Transfer("pp", "send/recv", nbytes, directions * m, link.name,
+                     theory.link_seconds(nbytes, directions * m, link.bandwidth, link.latency),
+                     f"m·s·b·h·e per boundary each way{' / t (sequence parallel)' if layout.sp else ''}; stage "
+                     f"{stage} sends {'forward and backward' if directions == 2 else 'one way'}")]
+
+
+def host_transfers(layout, cluster, psi: int) -> list:
+    if layout.offload == "none":
+        return []
+    shard = -(-psi // layout.dp)
+    m = layout.micro_batches
+    link = cluster.host()
+    nbytes = theory.offload_traffic_bytes_accumulated(shard, 2, m)
+    out = [Transfer("host", "gradients out, parameters back", nbytes, m + 1, link.name,
+                    theory.link_seconds(nbytes, m + 1, link.bandwidth, link.latency),
+                    "(A + 1)·2·Ψ/N: each micro-batch's gradient shard out, the updated 16-bit shard back")]
+    if layout.offload == "params":
+        extra = theory.param_offload_traffic_bytes(shard, 2, m)
+        out.append(Transfer("host", "parameter shards in", extra, 2 * m, link.name,
+                            theory.link_seconds(extra, 2 * m, link.bandwidth, link.latency),
+                            "2A·2·Ψ/N: each gather first fetches the shard from the host"))
+    return out
+
+
+def transfers(model, layout, cluster, memory) -> list:
+    """Every transfer of one rank of the stage ``memory`` describes."""
+    out = dp_transfers(layout, cluster, memory.psi_rank, memory.units)
+    if model.has_shape:
+        out += tp_transfers(layout, cluster, model, model.layers // layout.pp)
+        out += pp_transfers(layout, cluster, model, memory.stage)
+    return out + host_transfers(layout, cluster, memory.psi_rank)
+
+
+def by_axis(items: list) -> dict:
+    """Bytes per step per axis: ``{"dp": …, "tp": …, "pp": …, "host": …}`` (axes with traffic)."""
+    out: dict = {}
+    for item in items:
+        out[item.axis] = out.get(item.axis, 0) + item.bytes
+    return out
+
+
+def bubble(layout) -> dict:
+    """The pipeline bubble: share of wall time idle, and over ideal compute (GPipe; Megatron §2.2)."""
+    p, m = layout.pp, layout.micro_batches
+    return {"fraction_of_wall_time": theory.bubble_fraction(p, m), "over_ideal": theory.bubble_over_ideal(p, m),
+            "formula": "(p − 1)/(m + p − 1) of wall time, (p − 1)/m over ideal", "p": p, "m": m}
