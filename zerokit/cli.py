@@ -260,7 +260,7 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
 
 def _plan_error(message: str) -> str:
     """A planner ValueError prefixed with the flag it is about, when its first word names one."""
-    first = message.replace("=", " ").replace(":", " ").split()[0] if message else ""
+    first = message.replace("=", " ").replace(":", " ").replace(".", " ").split()[0] if message else ""
     flag = PLAN_FLAGS.get(first) or ("--intra/inter/host flags" if first.endswith(("bandwidth", "latency")) else "")
     return f"{flag}: {message}" if flag else message
 
@@ -278,6 +278,13 @@ def cmd_plan(args) -> int:
         ("inter_latency", args.inter_latency, 1e-6)) if value is not None}
     if args.host_memory is not None:
         links["host_memory"] = args.host_memory * 1e9
+    if args.deepspeed_config:
+        from .planner.layout import from_deepspeed_config
+
+        try:  # read once here, so that every error in the file is reported against the flag
+            from_deepspeed_config(args.deepspeed_config)
+        except ValueError as e:
+            raise UsageError(f"--deepspeed-config: {e}") from e
     shape = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
                  seq_len=args.seq_len, tied=True if args.tied else None)
     try:

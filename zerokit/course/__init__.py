@@ -28,6 +28,7 @@ from .latency_bandwidth import fit_latency_bandwidth, latency_bandwidth_figure, 
 from .machine import machine_summary
 from .memory_panel import MemoryPanel, peak_bars
 from .panel import Panel
+from .plan_panel import PlanPanel, plan_bars
 from .ring_panel import CollectivePanel, ring_schedule_figure
 from .tables import Table, model_state_rows, summary_rows, table
 from .timeline_panel import TimelinePanel, comm_launch_positions, max_in_flight, timeline_rows
@@ -35,4 +36,5 @@ from .timeline_panel import TimelinePanel, comm_launch_positions, max_in_flight,
 __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", "table", "model_state_rows",
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
            "ring_schedule_figure", "volume_figure", "time_ring_all_reduce", "fit_latency_bandwidth",
-           "modelled_seconds", "latency_bandwidth_figure", "machine_summary", "DPI", "new_figure", "png"]
+           "modelled_seconds", "latency_bandwidth_figure", "machine_summary", "DPI", "new_figure", "png",
+           "PlanPanel", "plan_bars"]

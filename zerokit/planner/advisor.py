@@ -98,15 +98,22 @@ def _fit_reason(plan) -> str:
             f"{_traffic_remark(plan)}; ≈ {seconds(plan.comm_seconds)} per step on the links (estimate)")
 
 
+def _overshoot(plan) -> float:
+    """How far over its limit the tighter of GPU and host memory is (1.2: 20 % over)."""
+    host = plan.host_bytes_per_node / plan.cluster.host_memory if plan.cluster.host_memory else 0.0
+    return max(plan.total_bytes / plan.cluster.gpu_memory, host)
+
+
 def _miss_reason(plan) -> str:
-    u, m = plan.convention, plan.memory
+    u, m, cluster = plan.convention, plan.memory, plan.cluster
+    if m.total <= cluster.gpu_memory:  # the GPU has room; the host does not
+        return (f"{label(plan.layout)}: {u.text(m.total)} of {u.text(cluster.gpu_memory)} fits the GPU, but the host "
+                f"needs {u.text(plan.host_bytes_per_node)} per node of {u.text(cluster.host_memory)}")
     parts = {"model states": m.model_states.total, "activations": m.activations, "buffers": m.buffers}
     biggest = max(parts, key=parts.get)
-    why = (f"model states alone are {u.text(m.model_states.total)}" if m.model_states.total > plan.cluster.gpu_memory
+    why = (f"model states alone are {u.text(m.model_states.total)}" if m.model_states.total > cluster.gpu_memory
            else f"largest part: {biggest} {u.text(parts[biggest])}")
-    if plan.cluster.host_memory is not None and plan.host_bytes_per_node > plan.cluster.host_memory:
-        why += f"; host needs {u.text(plan.host_bytes_per_node)} per node of {u.text(plan.cluster.host_memory)}"
-    return f"{label(plan.layout)}: needs {u.text(plan.total_bytes)} of {u.text(plan.cluster.gpu_memory)} — {why}"
+    return f"{label(plan.layout)}: needs {u.text(m.total)} of {u.text(cluster.gpu_memory)} — {why}"
 
 
 def model_parallel_degrees(plan) -> list:
@@ -182,5 +189,5 @@ def advise(plan, explore: bool | None = None) -> Advice:
         more_fits, more_misses = _try(plan, candidates(plan, model_parallel_degrees(plan)))
         fits, misses = more_fits, misses + more_misses
     fits.sort(key=lambda o: (round(o.plan.comm_seconds, 9), o.plan.total_bytes))
-    misses.sort(key=lambda o: o.plan.total_bytes if o.plan else float("inf"))
+    misses.sort(key=lambda o: _overshoot(o.plan) if o.plan else float("inf"))
     return Advice(fits, misses)
