@@ -253,7 +253,7 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "micro_batch_size": "--micro-batch-size", "micro_batches": "--micro-batches",
               "checkpointing": "--checkpointing", "precision": "--precision", "convention": "--convention",
               "layers": "--layers", "hidden": "--hidden", "heads": "--heads", "ffn": "--ffn", "vocab": "--vocab",
-              "seq_len": "--seq-len", "kv_heads": "--heads", "DeepSpeed": "--deepspeed-config",
+              "seq_len": "--seq-len", "DeepSpeed": "--deepspeed-config",
               "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
               "name": "--preset/--params/--layers"}
 

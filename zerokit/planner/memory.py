@@ -175,8 +175,8 @@ def theory_term(category, name, nbytes, formula, assumption="") -> Term:
 def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
     """(bytes, terms) of the activations one rank of ``stage`` holds at its peak."""
     if not model.has_shape:
-        return 0.0, [Term("activations", "activations", 0.0, "—", "unknown: a bare parameter count has no shape; "
-                                                                      "give a preset or a shape to count them")]
+        return 0.0, [Term("activations", "activations", 0.0, "not counted", "a bare parameter count has no shape; "
+                                                                              "give a preset or a shape")]
     s, b, h, a, t = model.seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
     per = model.layers // layout.pp
     layers = range(stage * per, (stage + 1) * per)

@@ -36,6 +36,8 @@ def memory_lines(plan) -> list:
     rows.insert(3, ("", "model states", u.text(s.total), "params + grads + optimizer"))
     verdict = "fits" if plan.fits else f"does NOT fit (over by {u.text(m.total - plan.cluster.gpu_memory)})" \
         if m.total > plan.cluster.gpu_memory else "does NOT fit (host memory)"
+    if not plan.model.has_shape:
+        verdict += " (model states and buffers only: activations not counted)"
     rows.append(("", "total", u.text(m.total), f"of {u.text(plan.cluster.gpu_memory)}: {verdict}"))
     lines += _rows(rows, (11, 40, 10, 0))
     host = [t for t in m.terms if t.category == "host"]
