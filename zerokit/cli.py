@@ -50,7 +50,8 @@ def load_workload(spec: str) -> Workload:
 # --- compare: plan (every check, nothing started), then run ------------------------------------
 
 def _plan(workload: Workload, world_size: int, strategies, steps: int, precision: str, optimizer: str,
-          lr: float, micro_batches: int, options_for, track_peak: bool, keep_records: bool, parallel) -> list:
+          lr: float, micro_batches: int, options_for, track_peak: bool, keep_records: bool, parallel,
+          sequence_parallel: bool = False) -> list:
     """``[(job, number of ranks), …]``, every argument checked (ValueError) before any process starts."""
     strategies = list(strategies)
     if not strategies:
@@ -63,7 +64,8 @@ def _plan(workload: Workload, world_size: int, strategies, steps: int, precision
         n = 1 if single else world_size
         jobs.append((make_job(workload, name, n, steps, precision, optimizer, lr, micro_batches,
                               options_for(name), track_peak, keep_records,
-                              parallel=None if single else parallel), n))
+                              parallel=None if single else parallel,
+                              sequence_parallel=False if single else sequence_parallel), n))
     return jobs
 
 
@@ -88,7 +90,7 @@ def _run(jobs: list, reference=None, timeout_s: float = 300.0) -> Report:
 def compare(workload: Workload, world_size: int, strategies, steps: int = 10, precision: str = "fp32",
             optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1, options_for=None,
             timeout_s: float = 300.0, track_peak: bool = True, keep_records: bool = False,
-            parallel=None) -> Report:
+            parallel=None, sequence_parallel: bool = False) -> Report:
     """Run each strategy on the same workload and compare it with one single-process reference.
 
     ``options_for(strategy) -> dict`` gives each strategy its options (default: none).
@@ -97,7 +99,7 @@ def compare(workload: Workload, world_size: int, strategies, steps: int = 10, pr
     Every job is checked before any runs; a failing rank raises :class:`zerokit.RankFailed`.
     """
     jobs = _plan(workload, world_size, strategies, steps, precision, optimizer, lr, micro_batches,
-                 options_for, track_peak, keep_records, parallel)
+                 options_for, track_peak, keep_records, parallel, sequence_parallel)
     return _run(jobs, timeout_s=timeout_s)
 
 
@@ -191,7 +193,7 @@ def cmd_compare(args) -> int:
     options_for = _strategy_options(args, names)
     try:
         jobs = _plan(workload, args.world_size, names, args.steps, args.precision, args.optimizer, args.lr,
-                     args.micro_batches, options_for, True, False, parallel)
+                     args.micro_batches, options_for, True, False, parallel, args.sequence_parallel)
     except ValueError as e:
         raise UsageError(str(e)) from e
     report = _run(jobs)
@@ -328,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
                       help=f"the device mesh, degrees multiplying to --world-size ({PARALLEL_FORM}; "
                            f"an axis left out is 1, or for dp the rest); default: every rank on dp; "
-                           f"axes {', '.join(AXES)}, today only dp above 1")
+                           f"axes {', '.join(AXES)}: dp and tp can be above 1, pp not yet")
+    cmp_.add_argument("--sequence-parallel", action="store_true",
+                      help="with tp above 1: shard the LayerNorm regions along the sequence (Korthikanti et al.)")
     cmp_.add_argument("--option", action="append", metavar="KEY=VALUE",
                       help="a strategy option, repeatable: a JSON value (4, 0.5, true, false, null) or a bare "
                            "string (ring, 1f1b); given to every chosen strategy that has it, an error if none has")
