@@ -48,6 +48,8 @@ class RankResult:
     coords: Optional[dict] = None
     #: per mesh axis: calls, payload, ring cost and sent bytes per step
     comm_bytes_by_axis: Optional[dict] = None
+    #: formula: the ring bytes per step on each axis (``theory_comm_bytes_per_step`` is their sum)
+    theory_comm_bytes_by_axis: Optional[dict] = None
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:
@@ -118,6 +120,7 @@ class StrategyResult:
             "theory": {
                 "model_state_bytes_per_rank": self.ranks[0].theory_model_states,
                 "comm_ring_bytes_per_step": self.ranks[0].theory_comm_bytes_per_step,
+                "comm_ring_bytes_per_step_by_axis": self.ranks[0].theory_comm_bytes_by_axis,
             },
             "losses": self.losses,
             "max_abs_param_diff_vs_reference": self.max_abs_param_diff,

@@ -74,7 +74,19 @@ def _tensor_parallel(job: Job, ctx: RankContext, model):
     # sums its gradient over tp before any data-parallel reduction sees it
     register_sequence_parallel_gradient_hooks(model, group)
     loss = plan_loss(plan, group)
-    return loss if loss is not None else job.workload.loss
+    return plan, (loss if loss is not None else job.workload.loss)
+
+
+def _theory_tp_bytes(job: Job, ctx: RankContext, model, plan, dtype) -> float:
+    """The ring formula for the plan's collectives on ``tp`` (:func:`zerokit.theory.tp_comm_bytes_per_step`)."""
+    from .tensor_parallel import communicated_widths
+
+    widths = communicated_widths(model)
+    tokens = _local_batch(job, ctx, 0, True)[0][1].numel()  # a micro-batch's targets: b·s tokens
+    return theory.tp_comm_bytes_per_step(
+        tokens, widths["reduced"], ctx.mesh.size("tp"), torch.empty((), dtype=dtype).element_size(),
+        job.config.micro_batches, widths["gathered"], 3 if plan.loss == "vocab_parallel" else 0,
+        widths["sequence_parallel_numel"])
 
 
 def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
@@ -97,10 +109,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     ledger = comm.ledger()
     ledger.reset()
     tensor_parallel = ctx.mesh.size("tp") > 1 and not cls.own_tensor_parallel
-    loss_fn = job.workload.loss
+    loss_fn, plan = job.workload.loss, None
     if tensor_parallel:
         with comm.phase("setup"):
-            loss_fn = _tensor_parallel(job, ctx, model)
+            plan, loss_fn = _tensor_parallel(job, ctx, model)
     #: what this rank holds: the tensor-parallel shard of the model (Ψ itself without tp)
     psi_rank = sum(p.numel() for p in model.parameters())
     strategy = cls(model, ctx, job.config, **job.options)
@@ -148,6 +160,9 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tracer is not None:
         tracer.remove_hooks()
     ledger.resolve()
+    theory_by_axis = {"dp": strategy.theory_comm_bytes(psi_rank)}
+    if tensor_parallel:
+        theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype)
     payload = ledger.per_step("payload_bytes")
     ring_cost = ledger.per_step("ring_cost_bytes")
     sent = ledger.per_step("sent_bytes")
@@ -169,7 +184,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         comm_records=ledger.to_list() if job.keep_records else None,
         trace=tracer.events() if tracer is not None else None,
         theory_model_states=strategy.theory_model_states(psi_rank).as_dict(),
-        theory_comm_bytes_per_step=strategy.theory_comm_bytes(psi_rank),
+        theory_comm_bytes_per_step=sum(theory_by_axis.values()),
+        theory_comm_bytes_by_axis=theory_by_axis,
         params=params if ctx.rank == 0 else None,
         param_count=psi,
     )

@@ -15,7 +15,8 @@ from .mappings import (copy_to_tensor_parallel_region, gather_from_sequence_para
                        gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 from .plan import STYLES, Plan, apply_plan, check_plan, plan_layout, plan_loss, tiny_gpt_plan
-from .sharding import (Shard, allreduce_sequence_parallel_gradients, full_gradients, full_parameters,
+from .sharding import (Shard, allreduce_sequence_parallel_gradients, communicated_widths, full_gradients,
+                       full_parameters,
                        parameter_counts, parameter_layout, register_sequence_parallel_gradient_hooks,
                        sequence_parallel_parameters)
 
@@ -27,7 +28,7 @@ g_bar = reduce_scatter_to_sequence_parallel_region
 
 __all__ = ["Plan", "STYLES", "apply_plan", "check_plan", "plan_layout", "plan_loss", "tiny_gpt_plan",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
-           "Shard", "parameter_layout", "parameter_counts", "full_parameters", "full_gradients",
+           "Shard", "communicated_widths", "parameter_layout", "parameter_counts", "full_parameters", "full_gradients",
            "sequence_parallel_parameters", "allreduce_sequence_parallel_gradients",
            "register_sequence_parallel_gradient_hooks",
            "copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region",

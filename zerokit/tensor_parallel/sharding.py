@@ -168,3 +168,34 @@ def parameter_counts(model: nn.Module, tp: int, plan=None) -> Dict[str, int]:
     if sharded % tp:
         raise ValueError(f"parameter_counts: {sharded} sharded elements are not divisible by tp={tp}")
     return {"sharded": sharded, "replicated": replicated, "per_rank": sharded // tp + replicated}
+
+
+def communicated_widths(model: nn.Module) -> Dict[str, int]:
+    """Per token of a micro-batch, the activation widths the model's tensor-parallel operators move over ``tp``.
+
+    ``reduced``: the widths behind every conjugate pair — f at each column-parallel layer's
+    input (an all-reduce in backward), g at each row-parallel layer's output and at the
+    vocabulary-parallel embedding's output (an all-reduce in forward); under sequence
+    parallelism each is an all-gather + reduce-scatter pair of the same bytes.
+    ``gathered``: the output widths of column-parallel layers that gather their output whole, and
+    the input widths that sequence parallelism all-gathers a second time in backward
+    (``keep_input_sharded``).
+    ``sequence_parallel_numel``: elements of the replicated parameters whose gradients are summed
+    over ``tp`` (sequence parallelism). :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
+    """
+    from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    reduced = gathered = 0
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            reduced += module.in_features
+            if module.gather_output:
+                gathered += module.out_features * group_size(module.group)
+            if module.sequence_parallel and module.keep_input_sharded:
+                gathered += module.in_features
+        elif isinstance(module, RowParallelLinear):
+            reduced += module.out_features
+        elif isinstance(module, VocabParallelEmbedding):
+            reduced += module.embedding_dim
+    sp = sum(p.numel() for p in sequence_parallel_parameters(model).values())
+    return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp}
