@@ -51,6 +51,9 @@ def test_sequence_parallel_activations_divide_korthikantis_replicated_ten_by_t()
         assert theory.transformer_layer_activation_bytes(s, b, h, a, t) == pytest.approx(
             theory.activation_bytes_per_layer(s, b, h, a, t))
         assert theory.transformer_layer_activation_bytes(s, b, h, a, t, sequence_parallel=True) == pytest.approx(sp)
+        # saving the gathered inputs of QKV and the MLP's first linear instead of their shards: 2·2·s·b·h·(1 − 1/t)
+        saved = theory.transformer_layer_activation_bytes(s, b, h, a, t, sequence_parallel=True, regather=False)
+        assert saved - sp == pytest.approx(4 * s * b * h * (1 - 1 / t))
 
 
 def test_checkpointing_policies_store_less_and_recompute_one_segment():
@@ -207,6 +210,38 @@ def test_planned_tiny_gpt_with_tied_weights_and_accumulation_at_four_ranks():
         assert planned["activation_bytes"] <= rank.peak_by_category["activations"] <= 1.05 * \
             planned["activation_bytes"]
         assert planned["comm_bytes_per_step"]["dp"] == rank.comm_ring_cost_bytes_per_step
+
+
+TP_CASES = [("ddp", {"dp": 1, "tp": 2}, True, "fp32", 1), ("zero3", {"dp": 2, "tp": 2}, False, "bf16-mixed", 1),
+            ("zero2", {"dp": 2, "tp": 2}, True, "fp32", 2)]
+
+
+@pytest.mark.parametrize("strategy, parallel, sequence_parallel, precision, micro_batches", TP_CASES)
+def test_planned_tiny_gpt_with_tensor_parallelism_equals_what_train_measures(strategy, parallel, sequence_parallel,
+                                                                             precision, micro_batches):
+    """dp × tp on the tiny GPT's Megatron plan: model states and the traffic on both axes exactly.
+
+    tp traffic: the layers' four all-reduces, the vocabulary-parallel embedding's and the head's,
+    the cross-entropy's three per token, and with sequence parallelism the gradient sums of the
+    parameters kept whole. Activations: with sequence parallelism zerokit's tiny GPT plan saves
+    each column-parallel layer's gathered input (Megatron keeps the shard and re-gathers), so
+    the measurement lies between the plan with and without re-gathering, within 1 % of the latter.
+    """
+    n = parallel["dp"] * parallel["tp"]
+    work = zerokit.tiny_gpt(**TINY, batch_size=8)
+    rank = zerokit.train(work, strategy, world_size=n, steps=1, precision=precision, parallel=parallel,
+                         sequence_parallel=sequence_parallel, micro_batches=micro_batches,
+                         reference=False).result.ranks[0]
+    kwargs = dict(gpus=n, parallel=parallel, strategy=strategy, precision=precision,
+                  micro_batch_size=8 // parallel["dp"] // micro_batches, micro_batches=micro_batches,
+                  sequence_parallel=sequence_parallel)
+    saved = plan(tiny_gpt_spec(**TINY), sequence_parallel_regather=False, **kwargs)
+    regathered = plan(tiny_gpt_spec(**TINY), **kwargs)
+    assert saved.per_gpu()["model_state_bytes"]["total"] == sum(rank.model_state_bytes.values())
+    measured = rank.peak_by_category["activations"]
+    assert regathered.memory.activations <= measured <= 1.01 * saved.memory.activations
+    by_axis = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items() if row["ring_cost_bytes"]}
+    assert saved.comm_bytes_per_step == pytest.approx(by_axis, rel=1e-12)
 
 
 # --- the seed's claims (FACTS §8) ---------------------------------------------------------------------

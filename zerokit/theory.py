@@ -442,7 +442,7 @@ def transformer_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
                                        ffn: int | None = None, q_dim: int | None = None,
                                        kv_dim: int | None = None, element_bytes: int = 2, dropout: bool = True,
                                        fused_attention: bool = False, mlp: str = "gelu",
-                                       cross_attention: bool = False) -> float:
+                                       cross_attention: bool = False, regather: bool = True) -> float:
     """Bytes one transformer layer saves for backward per micro-batch: Korthikanti et al. §4, term by term.
 
     Per token, ``e`` bytes per element: two norm inputs and the inputs of QKV and of the
@@ -455,21 +455,26 @@ def transformer_layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 
     s·b·h·(10 + 24/t + 5·a·s/(h·t)), and s·b·h·(34/t + 5·a·s/(h·t)) sequence parallel.
     A decoder layer's cross-attention adds a norm input, a query input, Q/K/V, the
     projection input, scores and a mask again (the encoder's output it reads is not counted).
+    ``regather=False``: under sequence parallelism the column-parallel layers save their
+    all-gathered input (e·h per token each, whole) instead of the shard Megatron keeps and
+    gathers again in backward.
     """
     ffn = 4 * h if ffn is None else ffn
     q_dim = h if q_dim is None else q_dim
     kv_dim = q_dim if kv_dim is None else kv_dim
     e = element_bytes
     mask = 1 if dropout else 0
-    replicated = 4 * e * h + 2 * mask * h
+    norms, linear_inputs = 2 * e * h + 2 * mask * h, 2 * e * h
     mlp_bytes = (4 if mlp == "swiglu" else 2) * e * ffn
     attention = e * (2 * q_dim + 2 * kv_dim)
     scores = a * (4 if fused_attention else s * (e + mask * (1 + e)))
     if cross_attention:
-        replicated += 2 * e * h + mask * h
+        norms, linear_inputs = norms + e * h + mask * h, linear_inputs + e * h
         attention *= 2
         scores *= 2
-    per_token = (replicated / t if sequence_parallel else replicated) + (attention + mlp_bytes + scores) / t
+    if sequence_parallel:
+        norms, linear_inputs = norms / t, linear_inputs / t if regather else linear_inputs
+    per_token = norms + linear_inputs + (attention + mlp_bytes + scores) / t
     return s * b * per_token
 
 
@@ -559,6 +564,39 @@ def tp_bytes_sent_per_step(s: int, b: int, h: int, t: int, layers: int, micro_ba
     """
     per_layer = tp_elements_sent_per_layer(b, s, h, t) * element_bytes
     return per_layer * layers * micro_batches * (1.5 if recompute else 1)
+
+
+def tp_edge_bytes_per_step(s: int, b: int, h: int, t: int, micro_batches: int, element_bytes: int = 2,
+                           embedding: bool = True, head: bool = True) -> dict:
+    """Bytes a TP rank sends per step outside the layers (Megatron §3), by what sends them.
+
+    The vocabulary-parallel embedding sums its partial lookups (g: an all-reduce of b·s·h
+    forward); the column-parallel head's f all-reduces its input's gradient (b·s·h backward);
+    the vocabulary-parallel cross-entropy all-reduces three fp32 numbers per token (the max
+    logit, the sum of exponentials, the target's logit). Sequence parallelism swaps the first
+    two for reduce-scatter/all-gather pairs of the same total. Each 2(t−1)/t of its size,
+    per micro-batch.
+    """
+    if t <= 1:
+        return {}
+    ring = 2 * (t - 1) / t * micro_batches
+    out = {}
+    if embedding:
+        out["embedding"] = ring * b * s * h * element_bytes
+    if head:
+        out["head"] = ring * b * s * h * element_bytes
+        out["loss"] = ring * 3 * b * s * 4
+    return out
+
+
+def sequence_parallel_grad_bytes(replicated_numel: int, t: int, bytes_per_element: int = 2,
+                                 micro_batches: int = 1) -> float:
+    """Bytes a TP rank sends to sum the gradients of the parameters every rank holds whole (norms, row-parallel
+    biases, positions), which under sequence parallelism each saw only 1/t of the sequence: an all-reduce of
+    2(t−1)/t of them per backward (zerokit's hooks; Megatron once per step, after accumulation)."""
+    if t <= 1:
+        return 0.0
+    return 2 * (t - 1) / t * replicated_numel * bytes_per_element * micro_batches
 
 
 def pipeline_p2p_bytes(s: int, b: int, h: int, micro_batches: int, element_bytes: int = 2, t: int = 1,

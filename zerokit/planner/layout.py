@@ -43,6 +43,9 @@ class Layout:
     optimizer: str = "adamw"
     #: None: on whenever tp > 1 (Megatron's sequence parallelism)
     sequence_parallel: bool | None = None
+    #: with sequence parallelism a column-parallel layer keeps the shard of its input and gathers it again in
+    #: backward (Megatron, Korthikanti's 34/t); False: it saves the gathered input (zerokit's tiny GPT plan today)
+    sequence_parallel_regather: bool = True
     schedule: str = "1f1b"
     reduce_bucket_size: int = REDUCE_BUCKET
     overlap_comm: bool | None = None

@@ -183,7 +183,7 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
     first_cross = model.layers - model.cross_attention_layers
     common = dict(t=t, sequence_parallel=layout.sp, ffn=model.ffn, q_dim=model.q_dim, kv_dim=model.kv_dim,
                   element_bytes=element_bytes, dropout=model.dropout, fused_attention=model.fused_attention,
-                  mlp=model.mlp)
+                  mlp=model.mlp, regather=layout.sequence_parallel_regather)
     per_layer = [theory.transformer_layer_activation_bytes(s, b, h, a, cross_attention=i >= first_cross, **common)
                  for i in layers]
     mean_layer = sum(per_layer) / len(per_layer)
@@ -195,6 +195,8 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
     korthikanti = "s·b·h·(34 + 5·a·s/h)" if t == 1 else (
         "s·b·h·(34/t + 5·a·s/(h·t))" if layout.sp else "s·b·h·(10 + 24/t + 5·a·s/(h·t))")
     kinds = [("no dropout" if not model.dropout else "dropout masks"),
+             *(["sequence parallel: gathered linear inputs saved whole"] if layout.sp and
+               not layout.sequence_parallel_regather else []),
              ("fused attention: fp32 log-sum-exp, no s×s scores" if model.fused_attention else "s×s scores saved"),
              f"{model.mlp} MLP of {model.ffn}", f"{element_bytes}-byte activations"]
     policy = {"none": "n·A, every layer's activations", "full": "n·X + A: each layer's input, one layer recomputed",

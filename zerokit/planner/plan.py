@@ -151,7 +151,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
          seq_len=None, tied=None, gpus: int = 8, gpu_memory=80e9, gpus_per_node: int = 8, strategy=None,
          offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
-         sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, **links) -> Plan:
+         sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
+         **links) -> Plan:
     """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
 
     The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
@@ -163,7 +164,9 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     path) for the stage, buckets, offload, batch and precision. ``links``: any other
     :class:`~.cluster.Cluster` field (intra_bandwidth, inter_latency, host_memory, …).
     ``convention``: "paper" or "deepspeed" (see :mod:`.conventions`). ``fused_attention``
-    overrides the model's (True: flash attention, no s×s scores saved).
+    overrides the model's (True: flash attention, no s×s scores saved);
+    ``sequence_parallel_regather=False`` counts a column-parallel layer's gathered input as
+    saved whole (what zerokit's tiny GPT plan does today; Megatron re-gathers it).
     """
     conv = get_convention(convention)
     spec = resolve(model, params, preset, **{k: v for k, v in dict(
@@ -177,7 +180,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
         raise ValueError(f"plan() got an unknown argument {unknown[0]!r}; cluster fields: "
                          f"{', '.join(Cluster.__dataclass_fields__)}")
     cluster = Cluster(gpus=gpus, gpu_memory=parse_memory(gpu_memory, conv), gpus_per_node=gpus_per_node, **links)
-    base = layouts.Layout(schedule=schedule, sequence_parallel=sequence_parallel)
+    base = layouts.Layout(schedule=schedule, sequence_parallel=sequence_parallel,
+                          sequence_parallel_regather=bool(sequence_parallel_regather))
     given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,
                                    micro_batches=micro_batches, precision=precision, optimizer=optimizer).items()
              if v is not None}

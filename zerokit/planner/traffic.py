@@ -3,7 +3,9 @@
 - ``dp``: :func:`zerokit.theory.zero_collective_bytes` on the rank's Ψ_rank (ZeRO §7.2:
   2(N−1)/N·Ψb for DDP, ZeRO-1 and ZeRO-2 without accumulation, 3(N−1)/N·Ψb for ZeRO-3);
 - ``tp``: :func:`~zerokit.theory.tp_bytes_sent_per_step`, four all-reduces of b·s·h per
-  layer per micro-batch (Megatron §3), 1.5 × with the forward recomputed;
+  layer per micro-batch (Megatron §3), 1.5 × with the forward recomputed; the embedding's,
+  the head's and the loss's (:func:`~zerokit.theory.tp_edge_bytes_per_step`); with sequence
+  parallelism the whole parameters' gradients (:func:`~zerokit.theory.sequence_parallel_grad_bytes`);
 - ``pp``: :func:`~zerokit.theory.pipeline_p2p_bytes` across the stage's boundaries;
 - ``host``: ZeRO-Offload's gradients out and parameters back
   (:func:`~zerokit.theory.offload_traffic_bytes_accumulated`, :func:`~zerokit.theory.param_offload_traffic_bytes`).
@@ -70,22 +72,43 @@ def dp_transfers(layout, cluster, psi: int, units) -> list:
     return out
 
 
-def tp_transfers(layout, cluster, model, stage_layers: int) -> list:
+def tp_transfers(layout, cluster, model, stage: int) -> list:
+    """Tensor-parallel collectives of one rank of ``stage``: the layers', the embedding's, the head's and the
+    loss's, and with sequence parallelism the gradient sums of the parameters kept whole."""
     t = layout.tp
     if t <= 1:
         return []
     e = theory.param_bytes_per_element(layout.precision)
     recompute = layout.checkpointing != "none"
     s, b, h, m = model.seq_len, layout.micro_batch_size, model.hidden, layout.micro_batches
-    nbytes = theory.tp_bytes_sent_per_step(s, b, h, t, stage_layers, m, e, recompute)
-    calls = 4 * stage_layers * m * (1.5 if recompute else 1)
+    layers = model.layers // layout.pp
     link = axis_link(cluster, layout.degrees(), "tp")
-    kind = "all_gather + reduce_scatter" if layout.sp else "all_reduce"
-    return [Transfer("tp", kind, nbytes, calls, link.name,
-                     theory.link_seconds(nbytes, calls * _rounds("all_reduce", t), link.bandwidth, link.latency),
-                     "8·b·s·h·(t−1)/t·e per layer per micro-batch"
-                     f"{' × 1.5 (forward recomputed)' if recompute else ''}"
-                     f", {stage_layers} layers, t = {t}")]
+    rounds = _rounds("all_reduce", t)
+
+    def transfer(kind, nbytes, calls, formula):
+        return Transfer("tp", kind, nbytes, calls, link.name,
+                        theory.link_seconds(nbytes, calls * rounds, link.bandwidth, link.latency), formula)
+
+    pair = "all_gather + reduce_scatter" if layout.sp else "all_reduce"
+    out = [transfer(f"{pair} (layers)", theory.tp_bytes_sent_per_step(s, b, h, t, layers, m, e, recompute),
+                    4 * layers * m * (1.5 if recompute else 1),
+                    "8·b·s·h·(t−1)/t·e per layer per micro-batch"
+                    f"{' × 1.5 (forward recomputed)' if recompute else ''}, {layers} layers, t = {t}")]
+    edges = theory.tp_edge_bytes_per_step(s, b, h, t, m, e, embedding=stage == 0, head=stage == layout.pp - 1)
+    what = {"embedding": "vocabulary-parallel embedding: 2(t−1)/t·b·s·h·e per micro-batch",
+            "head": "column-parallel head's input gradient: 2(t−1)/t·b·s·h·e per micro-batch",
+            "loss": "vocabulary-parallel cross-entropy: 3 fp32 per token, 2(t−1)/t·3·b·s·4 per micro-batch"}
+    for part, nbytes in edges.items():
+        out.append(transfer(f"{pair if part != 'loss' else 'all_reduce'} ({part})", nbytes, m, what[part]))
+    if layout.sp:
+        from .memory import stage_tensors
+
+        whole = sum(p.numel for p in stage_tensors(model, layout.pp, stage) if not p.tp_sharded)
+        out.append(transfer("all_reduce (sequence-parallel grads)",
+                            theory.sequence_parallel_grad_bytes(whole, t, e, m), m,
+                            f"2(t−1)/t·b·{whole:,} parameters kept whole (norms, row-parallel biases, positions), "
+                            "per backward"))
+    return out
 
 
 def pp_transfers(layout, cluster, model, stage: int) -> list:
@@ -127,7 +150,7 @@ def transfers(model, layout, cluster, memory) -> list:
     """Every transfer of one rank of the stage ``memory`` describes."""
     out = dp_transfers(layout, cluster, memory.psi_rank, memory.units)
     if model.has_shape:
-        out += tp_transfers(layout, cluster, model, model.layers // layout.pp)
+        out += tp_transfers(layout, cluster, model, memory.stage)
         out += pp_transfers(layout, cluster, model, memory.stage)
     return out + host_transfers(layout, cluster, memory.psi_rank)
 
