@@ -3,8 +3,9 @@
 - the paper's Table 1 (Ψ = 7.5 B, N = 64): 120 / 31.4 / 16.6 / 1.88 GB;
 - DeepSpeed's ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``
   called as they are installed, in DeepSpeed's convention, for several models and GPU counts;
-- what ``zerokit.train`` measures for the tiny GPT: model states exactly, activations within
-  the bound the missing terms allow, data-parallel traffic exactly;
+- what ``zerokit.train`` measures for the tiny GPT, with ddp, zero1-3 and dp × tp: model states
+  and traffic exactly, activations within the bound the missing terms allow (pipeline
+  parallelism is not in ``zerokit.train`` yet: its plan is checked against the formulas only);
 - the seed's claims (FACTS §8), the theory additions, the CLI, the panel and bad input.
 """
 import json
@@ -51,7 +52,7 @@ def test_sequence_parallel_activations_divide_korthikantis_replicated_ten_by_t()
         assert theory.transformer_layer_activation_bytes(s, b, h, a, t) == pytest.approx(
             theory.activation_bytes_per_layer(s, b, h, a, t))
         assert theory.transformer_layer_activation_bytes(s, b, h, a, t, sequence_parallel=True) == pytest.approx(sp)
-        # saving the gathered inputs of QKV and the MLP's first linear instead of their shards: 2·2·s·b·h·(1 − 1/t)
+        # QKV and the MLP saving their gathered inputs, not their shards: 2·2·s·b·h·(1 − 1/t) more
         saved = theory.transformer_layer_activation_bytes(s, b, h, a, t, sequence_parallel=True, regather=False)
         assert saved - sp == pytest.approx(4 * s * b * h * (1 - 1 / t))
 
