@@ -9,7 +9,6 @@ DeepSpeed config with :func:`zerokit.zero.config.from_deepspeed` for its
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -173,21 +172,10 @@ def _enabled(section) -> bool:
 
 def from_deepspeed_config(source) -> dict:
     """The Layout fields a DeepSpeed config (dict or JSON path) sets: stage, buckets, offload, batch, precision."""
-    from ..zero.config import NOT_IMPLEMENTED, from_deepspeed
+    from ..zero.config import NOT_IMPLEMENTED, from_deepspeed, load_deepspeed_config
 
-    if isinstance(source, dict):
-        config, where = source, "DeepSpeed config"
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"DeepSpeed config {str(path)!r}: no such file")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"DeepSpeed config {str(path)!r} is not valid JSON: {e}") from None
-        where = f"DeepSpeed config {path.name}"
-    if not isinstance(config, dict):
-        raise ValueError("DeepSpeed config: expected a JSON object")
+    config = load_deepspeed_config(source)
+    where = "DeepSpeed config" if isinstance(source, dict) else f"DeepSpeed config {Path(source).name}"
     unknown = sorted(set(config) - set(TOP_LEVEL))
     if unknown:
         raise ValueError(f"DeepSpeed config key {unknown[0]!r} is unknown to the planner; allowed at the top level: "

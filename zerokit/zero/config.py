@@ -72,7 +72,8 @@ TOP_LEVEL_FLAGS = {
 }
 
 
-def _load(source: Union[str, Path, dict]) -> dict:
+def load_deepspeed_config(source: Union[str, Path, dict]) -> dict:
+    """A DeepSpeed config as a dict, from a dict or a JSON file; a clear error for a missing or malformed file."""
     if isinstance(source, dict):
         return source
     path = Path(source)
@@ -89,7 +90,7 @@ def _load(source: Union[str, Path, dict]) -> dict:
 
 def from_deepspeed(source: Union[str, Path, dict]) -> Dict[str, Any]:
     """zerokit options from a DeepSpeed config dict or JSON file; raises ValueError on anything it can't honour."""
-    config = _load(source)
+    config = load_deepspeed_config(source)
     for key in config:
         if key in TOP_LEVEL:
             continue
