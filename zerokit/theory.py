@@ -263,7 +263,9 @@ def tp_comm_bytes_per_step(tokens: int, reduced_width: int, t: int, bytes_per_el
     ``gathered_width``: outputs all-gathered whole, (t−1)/t. ``loss_reductions``: the
     vocabulary-parallel cross-entropy's all-reduces of ``tokens`` fp32 values (max,
     Σexp, target logit: 3). ``sequence_parallel_numel``: replicated parameters whose
-    gradients are all-reduced over ``tp`` once per backward.
+    gradients are all-reduced over ``tp`` once per backward. The planner's per-term view of the
+    same traffic for a Megatron transformer: :func:`tp_bytes_sent_per_step`,
+    :func:`tp_edge_bytes_per_step`, :func:`sequence_parallel_grad_bytes`.
     """
     if t < 1:
         raise ValueError(f"t={t!r}: the tensor-parallel degree must be >= 1")
@@ -271,9 +273,9 @@ def tp_comm_bytes_per_step(tokens: int, reduced_width: int, t: int, bytes_per_el
         return 0
     per_micro_batch = (2 * (t - 1) / t * tokens * reduced_width * bytes_per_element
                        + (t - 1) / t * tokens * gathered_width * bytes_per_element
-                       + 2 * (t - 1) / t * tokens * loss_reductions * 4
-                       + 2 * (t - 1) / t * sequence_parallel_numel * bytes_per_element)
-    return per_micro_batch * micro_batches
+                       + 2 * (t - 1) / t * tokens * loss_reductions * 4)
+    return (per_micro_batch * micro_batches
+            + sequence_parallel_grad_bytes(sequence_parallel_numel, t, bytes_per_element, micro_batches))
 
 
 # --- activations and checkpointing ------------------------------------------------------
