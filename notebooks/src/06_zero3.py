@@ -192,8 +192,37 @@ course.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
               for name, (size, claimed) in claims.items()])
 
 # %% [markdown]
-# GPT-2 1.5B is tight but possible; T5-3B at 4.3 GB is impossible — its model states alone
-# take more. And "92 % less communication than an all-reduce": by the ring cost of the
+# The model states are only part of a GPU's memory. The planner (`zerokit.plan`: the
+# formulas of `zerokit.theory`, nothing runs) adds the activations of one 1,024-token
+# sequence (Korthikanti et al., with and without activation checkpointing), the buckets and
+# the gathered units, on 8 GPUs of the seed's sizes:
+
+# %%
+rows = []
+for preset, claimed in (("gpt2-1.5b", 4.1), ("t5-3b", 4.3)):
+    for checkpointing in ("none", "full"):
+        per_gpu = zerokit.plan(preset=preset, gpus=8, strategy="zero3", micro_batch_size=1,
+                               checkpointing=checkpointing, gpu_memory=claimed * 1e9).to_dict()["per_gpu"]
+        rows.append({"model": preset, "checkpointing": checkpointing, "seed's GB": claimed,
+                     "model states GB": round(per_gpu["model_state_bytes"]["total"] / 1e9, 2),
+                     "activations GB": round(per_gpu["activation_bytes"] / 1e9, 2),
+                     "buffers GB": round(per_gpu["buffer_bytes"] / 1e9, 2),
+                     "total GB": round(per_gpu["total_bytes"] / 1e9, 2), "fits": per_gpu["fits"]})
+course.table(rows)
+
+# %%
+t5 = [r for r in rows if r["model"] == "t5-3b"]
+assert all(not r["fits"] and r["model states GB"] > r["seed's GB"] for r in t5)  # impossible whatever else
+gpt2 = [r for r in rows if r["model"] == "gpt2-1.5b"]
+assert all(r["model states GB"] < r["seed's GB"] for r in gpt2)  # the states fit; the rest decides
+assert gpt2[1]["activations GB"] < gpt2[0]["activations GB"]     # checkpointing is what leaves room
+
+# %% [markdown]
+# GPT-2 1.5B is tight but possible: its model states fit, and the rest fits only with
+# activation checkpointing and either buckets much smaller than DeepSpeed's defaults (the
+# 2 GB of buffers above) or the optimizer offloaded to the host — `zerokit plan --preset
+# gpt2-1.5b --gpus 8 --gpu-memory 4.1GB --strategy zero3 --checkpointing full` lists the
+# layouts that fit. T5-3B at 4.3 GB is impossible: its model states alone take more. And "92 % less communication than an all-reduce": by the ring cost of the
 # payloads measured above, ZeRO-3 sends **50 % more**.
 #
 # ## Try it
@@ -232,3 +261,5 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #    add the gathered units and the activations (the peak table).
 # 3. *What do prefetch and reshard_after_forward trade?* — prefetch: memory for hidden gathers;
 #    `reshard_after_forward=False`: memory for one gather fewer per step (the 2 × 2 table).
+# 4. *Can T5-3B train with ZeRO-3 in 4.3 GB per GPU on 8 GPUs?* — no: 16Ψ/N is 5.7 GB before a
+#    single activation (the planner's table).
