@@ -86,16 +86,23 @@ class MLPBlock(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int):
+    """A pre-norm block; ``dropout`` > 0 adds GPT-2's residual dropout after attention and after
+    the MLP (at 0, the default, there is no dropout module and the block is unchanged)."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = MLPBlock(d_model)
+        self.resid_dropout = nn.Dropout(dropout) if dropout else None
+
+    def _dropout(self, y):
+        return y if self.resid_dropout is None else self.resid_dropout(y)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self._dropout(self.attn(self.ln1(x)))
+        return x + self._dropout(self.mlp(self.ln2(x)))
 
 
 class TinyGPT(nn.Module):
@@ -103,15 +110,16 @@ class TinyGPT(nn.Module):
 
     ``tie_weights=True`` shares one tensor between the token embedding and the output
     head, as GPT-2 does: the parameter appears in two modules, used at both ends of the
-    model, and gets its gradient from both.
+    model, and gets its gradient from both. ``dropout`` > 0: each block's residual
+    dropout (:class:`Block`).
     """
 
     def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int, n_head: int,
-                 tie_weights: bool = False):
+                 tie_weights: bool = False, dropout: float = 0.0):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         for m in self.modules():
@@ -141,11 +149,15 @@ def _lm_loss(logits, targets):
 
 
 def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 4, n_head: int = 4,
-             batch_size: int = 8, seed: int = 0, tie_weights: bool = False) -> Workload:
+             batch_size: int = 8, seed: int = 0, tie_weights: bool = False, dropout: float = 0.0) -> Workload:
     """A tiny GPT (about 1 M parameters by default) on random tokens with a learnable pattern;
-    ``tie_weights=True`` shares the token embedding with the output head (GPT-2)."""
+    ``tie_weights=True`` shares the token embedding with the output head (GPT-2). ``dropout`` > 0
+    adds GPT-2's residual dropout in every block (for measuring its activation memory: the
+    masks are random, so a run no longer matches the single-process reference)."""
     if not isinstance(tie_weights, bool):
         raise ValueError(f"tiny_gpt: tie_weights={tie_weights!r} must be True or False")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"tiny_gpt: dropout={dropout!r} must be a probability in [0, 1)")
     for name, value in dict(vocab=vocab, seq_len=seq_len, d_model=d_model, n_layer=n_layer,
                             n_head=n_head, batch_size=batch_size).items():
         if not isinstance(value, int) or value < 1:
@@ -160,11 +172,12 @@ def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: i
 
     return Workload(
         name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else ""),
-        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights),
+        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights, dropout),
         batch_fn=batch, loss_fn=_lm_loss, seed=seed, tensor_parallel_plan=_tiny_gpt_tensor_parallel_plan,
         description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
                     f"sequence {seq_len}, global batch {batch_size}"
-                    + (", embedding tied to the head" if tie_weights else ""))
+                    + (", embedding tied to the head" if tie_weights else "")
+                    + (f", residual dropout {dropout}" if dropout else ""))
 
 
 # --- MLP -----------------------------------------------------------------------------------
