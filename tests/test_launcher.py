@@ -84,7 +84,7 @@ def _env_without_torchrun() -> dict:
 
 def _whoami(ctx):
     assert current() is ctx
-    return ctx.rank, ctx.world_size, ctx.device.type, ctx.backend, ctx.groups, ctx.torchrun
+    return ctx.rank, ctx.world_size, ctx.device.type, ctx.backend, ctx.torchrun
 
 
 def _sum_of_ranks(ctx):
@@ -153,7 +153,7 @@ def _loopback_only(ctx):
 # --- tests ----------------------------------------------------------------------------------
 
 def test_results_come_back_by_rank():
-    assert launch(_whoami, 2) == [(r, 2, "cpu", "gloo", {"world": None}, False) for r in range(2)]
+    assert launch(_whoami, 2) == [(r, 2, "cpu", "gloo", False) for r in range(2)]
 
 
 def test_a_world_of_one_still_has_a_process_group():
@@ -329,7 +329,7 @@ def test_rank_and_world_size_alone_are_not_torchrun(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert launch(_whoami, 2) == [(r, 2, "cpu", "gloo", {"world": None}, False) for r in range(2)]
+    assert launch(_whoami, 2) == [(r, 2, "cpu", "gloo", False) for r in range(2)]
     assert not dist.is_initialized()
 
 

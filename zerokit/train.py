@@ -251,7 +251,7 @@ def run_reference(job: Job) -> RankResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return run_rank(RankContext(0, 1, torch.device("cpu"), "none", {"world": None}), ref)
+        return run_rank(RankContext(0, 1, torch.device("cpu"), "none"), ref)
     finally:
         torch.set_num_threads(threads)
 

@@ -80,7 +80,7 @@ def _recording(op: str, original, tag: str):
         if op == "broadcast":
             src = args[1] if len(args) > 1 else kwargs.get("src", kwargs.get("group_src", 0))
             extra = {"rank": dist.get_rank(group), "src": dist.get_group_rank(group, src) if group else src}
-        record = comm._start(_RECORDED_AS[op], tensor, nbytes, group, async_op, tag=f"{tag} {op}", **extra)
+        record = comm.new_record(_RECORDED_AS[op], tensor, nbytes, group, async_op, tag=f"{tag} {op}", **extra)
         _inside.active = True
         try:
             work = original(*args, **kwargs)

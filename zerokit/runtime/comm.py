@@ -129,11 +129,6 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
     return _ledger.add(record)
 
 
-def _start(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_op: bool,
-           tag: str = "", **formula) -> CommRecord:
-    return new_record(op, tensor, payload_bytes, group, async_op, tag, **formula)
-
-
 def _finish(work, record: CommRecord, async_op: bool):
     if async_op:
         return Work(work, record)
@@ -148,7 +143,7 @@ def _bytes(t: torch.Tensor) -> int:
 
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False, tag: str = ""):
     """All-reduce in place; a rank sends 2(n−1)/n of the tensor's bytes."""
-    record = _start("all_reduce", tensor, _bytes(tensor), group, async_op, tag)
+    record = new_record("all_reduce", tensor, _bytes(tensor), group, async_op, tag)
     work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     return _finish(work, record, async_op)
 
@@ -160,7 +155,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.S
     if input.numel() != output.numel() * n:
         raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected output.numel() * "
                          f"world size = {output.numel()} * {n}; pad flat buffers to a multiple of the world size")
-    record = _start("reduce_scatter", input, _bytes(input), group, async_op, tag)
+    record = new_record("reduce_scatter", input, _bytes(input), group, async_op, tag)
     work = _reduce_scatter(output, input, op=op, group=group, async_op=async_op)
     return _finish(work, record, async_op)
 
@@ -171,7 +166,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     if output.numel() != input.numel() * n:
         raise ValueError(f"all_gather: output has {output.numel()} elements, expected input.numel() * "
                          f"world size = {input.numel()} * {n}")
-    record = _start("all_gather", output, _bytes(output), group, async_op, tag)
+    record = new_record("all_gather", output, _bytes(output), group, async_op, tag)
     work = _all_gather(output, input, group=group, async_op=async_op)
     return _finish(work, record, async_op)
 
@@ -180,28 +175,28 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False
     """Broadcast from global rank ``src``; counted as a pipelined chain (every rank but the last sends S)."""
     rank = dist.get_rank(group)
     group_src = dist.get_group_rank(group, src) if group is not None else src
-    record = _start("broadcast", tensor, _bytes(tensor), group, async_op, tag, rank=rank, src=group_src)
+    record = new_record("broadcast", tensor, _bytes(tensor), group, async_op, tag, rank=rank, src=group_src)
     work = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
     return _finish(work, record, async_op)
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, tag: str = ""):
-    record = _start("send", tensor, _bytes(tensor), group, False, tag)
+    record = new_record("send", tensor, _bytes(tensor), group, False, tag)
     dist.send(tensor, dst=dst, group=group)
     _finish(None, record, False)
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tag: str = ""):
-    record = _start("recv", tensor, _bytes(tensor), group, False, tag)
+    record = new_record("recv", tensor, _bytes(tensor), group, False, tag)
     dist.recv(tensor, src=src, group=group)
     _finish(None, record, False)
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: str = "") -> Work:
-    record = _start("send", tensor, _bytes(tensor), group, True, tag)
+    record = new_record("send", tensor, _bytes(tensor), group, True, tag)
     return Work(dist.isend(tensor, dst=dst, group=group), record)
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, tag: str = "") -> Work:
-    record = _start("recv", tensor, _bytes(tensor), group, True, tag)
+    record = new_record("recv", tensor, _bytes(tensor), group, True, tag)
     return Work(dist.irecv(tensor, src=src, group=group), record)

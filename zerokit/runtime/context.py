@@ -19,8 +19,6 @@ class RankContext:
     world_size: int
     device: torch.device
     backend: str
-    #: named process groups; "world" is the default group (None means torch's WORLD)
-    groups: dict = field(default_factory=dict)
     #: launched by torchrun (in-process) rather than by zerokit.launch
     torchrun: bool = False
     _mesh: Optional[object] = field(default=None, repr=False)
@@ -56,8 +54,8 @@ def current() -> RankContext:
 
     if dist.is_available() and dist.is_initialized():
         return RankContext(dist.get_rank(), dist.get_world_size(), torch.device("cpu"),
-                           dist.get_backend(), {"world": None})
-    return RankContext(0, 1, torch.device("cpu"), "none", {"world": None})
+                           dist.get_backend())
+    return RankContext(0, 1, torch.device("cpu"), "none")
 
 
 def set_current(ctx: Optional[RankContext]) -> None:

@@ -101,7 +101,7 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
         if device.type == "cuda":
             torch.cuda.set_device(device)
         init_process_group(spec, store_socket)
-        ctx = RankContext(spec.rank, spec.world_size, device, spec.backend, groups={"world": None})
+        ctx = RankContext(spec.rank, spec.world_size, device, spec.backend)
         set_current(ctx)
         value = fn(ctx, *args, **kwargs)
         try:

@@ -64,7 +64,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
     if not joined:
         dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
         atexit.register(_leave_group)
-    ctx = RankContext(rank, world_size, device, backend, groups={"world": None}, torchrun=True)
+    ctx = RankContext(rank, world_size, device, backend, torchrun=True)
     set_current(ctx)
     try:
         value = fn(ctx, *args, **kwargs)
