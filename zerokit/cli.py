@@ -248,64 +248,6 @@ def cmd_bench(args) -> int:
 
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
 
-#: a planner error's leading argument name -> the flag that sets it
-PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu_memory": "--gpu-memory",
-              "gpus_per_node": "--gpus-per-node", "strategy": "--strategy", "offload": "--offload",
-              "tp": "--parallel", "pp": "--parallel", "dp": "--parallel", "parallel": "--parallel",
-              "micro_batch_size": "--micro-batch-size", "micro_batches": "--micro-batches",
-              "checkpointing": "--checkpointing", "precision": "--precision", "convention": "--convention",
-              "layers": "--layers", "hidden": "--hidden", "heads": "--heads", "ffn": "--ffn", "vocab": "--vocab",
-              "seq_len": "--seq-len", "DeepSpeed": "--deepspeed-config",
-              "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
-              "name": "--preset/--params/--layers"}
-
-
-def _plan_error(message: str) -> str:
-    """A planner ValueError prefixed with the flag it is about, when its first word names one."""
-    first = message.replace("=", " ").replace(":", " ").replace(".", " ").split()[0] if message else ""
-    flag = PLAN_FLAGS.get(first) or ("--intra/inter/host flags" if first.endswith(("bandwidth", "latency")) else "")
-    return f"{flag}: {message}" if flag else message
-
-
-def cmd_plan(args) -> int:
-    from .planner import plan
-
-    for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
-                        ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value}: must be a positive whole number")
-    links = {name: value * scale for name, value, scale in (
-        ("intra_bandwidth", args.intra_bandwidth, 1e9), ("inter_bandwidth", args.inter_bandwidth, 1e9),
-        ("host_bandwidth", args.host_bandwidth, 1e9), ("intra_latency", args.intra_latency, 1e-6),
-        ("inter_latency", args.inter_latency, 1e-6)) if value is not None}
-    if args.host_memory is not None:
-        links["host_memory"] = args.host_memory * 1e9
-    if args.deepspeed_config:
-        from .planner.layout import from_deepspeed_config
-
-        try:  # read once here, so that every error in the file is reported against the flag
-            from_deepspeed_config(args.deepspeed_config)
-        except ValueError as e:
-            raise UsageError(f"--deepspeed-config: {e}") from e
-    shape = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
-                 seq_len=args.seq_len, tied=True if args.tied else None)
-    try:
-        result = plan(params=args.params, preset=args.preset, **shape, gpus=args.gpus,
-                      gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
-                      offload=args.offload, parallel=args.parallel, micro_batch_size=args.micro_batch_size,
-                      micro_batches=args.micro_batches, checkpointing=args.checkpointing, precision=args.precision,
-                      optimizer=args.optimizer, convention=args.convention, deepspeed_config=args.deepspeed_config,
-                      sequence_parallel=False if args.no_sequence_parallel else None,
-                      fused_attention=True if args.fused_attention else None, **links)
-    except ValueError as e:
-        raise UsageError(_plan_error(str(e))) from e
-    if args.json:
-        print(json.dumps(result.to_dict(advice=not args.no_advice), indent=1))
-    else:
-        print(result.table(advice=not args.no_advice))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerokit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -340,47 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
 
-    plan_ = sub.add_parser("plan", help="what a real model needs per GPU on a cluster, and what it sends per step "
-                                        "(computed, nothing runs)")
-    model = plan_.add_argument_group("model (one of: --preset, --params, or a shape)")
-    model.add_argument("--preset", help="gpt2-1.5b, t5-3b, llama-7b, llama-13b, llama-65b, llama3-8b, llama3-70b, "
-                                        "gpt3-175b")
-    model.add_argument("--params", help="a bare parameter count, e.g. 7.5e9 (model states and dp traffic only)")
-    for flag in ("--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq-len"):
-        model.add_argument(flag, type=int)
-    model.add_argument("--tied", action="store_true", help="the head shares the token embedding")
-    model.add_argument("--fused-attention", action="store_true",
-                       help="flash attention: no s×s scores saved (Korthikanti's formula assumes they are)")
-    cluster = plan_.add_argument_group("cluster")
-    cluster.add_argument("--gpus", type=int, default=8)
-    cluster.add_argument("--gpu-memory", default="80GB", help="per GPU: 80GB, 80GiB, or a bare number in the "
-                                                              "convention's unit (default 80GB)")
-    cluster.add_argument("--gpus-per-node", type=int, default=8)
-    cluster.add_argument("--intra-bandwidth", type=float, metavar="GB/s", help="per GPU inside a node (300)")
-    cluster.add_argument("--inter-bandwidth", type=float, metavar="GB/s", help="per GPU between nodes (25)")
-    cluster.add_argument("--host-bandwidth", type=float, metavar="GB/s", help="GPU to host, for offload (25)")
-    cluster.add_argument("--intra-latency", type=float, metavar="µs", help="per message inside a node (3)")
-    cluster.add_argument("--inter-latency", type=float, metavar="µs", help="per message between nodes (10)")
-    cluster.add_argument("--host-memory", type=float, metavar="GB", help="per node, to check offload against")
-    lay = plan_.add_argument_group("layout")
-    lay.add_argument("--strategy", choices=("ddp", "zero1", "zero2", "zero3"), help="default ddp")
-    lay.add_argument("--offload", choices=("none", "optimizer", "params"),
-                     help="ZeRO-Offload: the optimizer (zero1-3) or the parameters too (zero3)")
-    lay.add_argument("--parallel", metavar="dp=N,tp=N,pp=N", help="degrees multiplying to --gpus; an axis left out "
-                                                                  "is 1, or for dp the rest (default: all dp)")
-    lay.add_argument("--micro-batch-size", type=int, help="sequences per GPU per micro-batch (default 1)")
-    lay.add_argument("--micro-batches", type=int, help="micro-batches per step (accumulation, pipeline; default 1)")
-    lay.add_argument("--checkpointing", default="none", help="none, full, sqrt or every-K (K layers per segment)")
-    lay.add_argument("--precision", choices=theory.PRECISIONS, help="default bf16-mixed, as the ZeRO paper")
-    lay.add_argument("--optimizer", choices=theory.OPTIMIZERS, help="default adamw")
-    lay.add_argument("--no-sequence-parallel", action="store_true", help="with tp > 1: plain tensor parallelism")
-    lay.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON: its ZeRO stage, buckets, "
-                                                                "offload, batch and precision")
-    plan_.add_argument("--convention", choices=("paper", "deepspeed"), default="paper",
-                       help="paper: 16Ψ, K = 12, GB; deepspeed: its estimators' 18 B per parameter, GiB")
-    plan_.add_argument("--no-advice", action="store_true", help="leave out the advisor's ranking")
-    plan_.add_argument("--json", action="store_true", help="for scripts: per_gpu, terms, traffic, advisor")
-    plan_.set_defaults(func=cmd_plan)
+    from .planner.cli import add_plan_command
+
+    add_plan_command(sub)
 
     bench = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
     bench.add_argument("suite", help="ddp or zero")
