@@ -1,0 +1,40 @@
+"""The formulas zerokit is held against, in one package.
+
+Every comparison in the library, the CLI and the notebooks takes its expected value
+from here; nothing else re-types a formula. Sources: ZeRO (Rajbhandari et al.,
+arXiv 1910.02054 §3.1, §5, §7), GPipe (1811.06965), Megatron-LM (1909.08053 §3,
+2104.04473 §2.2), Korthikanti et al. (2205.05198 §4), Chen et al. (1604.06174),
+ZeRO-Offload (2101.06840).
+
+Notation: psi = parameter count, n = data-parallel degree, b = bytes per element.
+Flat buffers are padded to a multiple of n, so a rank's shard of a unit of ``u``
+elements is ``ceil(u / n)`` elements; pass the unit sizes to get exact figures.
+
+The formulas live in one module per subject — ``model_states``, ``deepspeed``,
+``communication``, ``parallelism``, ``activations``, ``transformer``, ``offload`` — and
+every name is available here: ``zerokit.theory.ring_bytes_sent`` as before.
+"""
+from __future__ import annotations
+
+from .model_states import (  # noqa: F401
+    PRECISIONS, OPTIMIZERS, STAGES, ADAM_STEP_SCALAR_BYTES, check_precision, check_optimizer,
+    param_bytes_per_element, optimizer_bytes_per_element, shard_numel, padded_numel, ModelStates,
+    model_state_bytes, paper_model_state_bytes, zero1_saving_fraction, GIB, GB, tp_model_state_bytes)
+from .deepspeed import (  # noqa: F401
+    deepspeed_estimator_bytes_per_param, deepspeed_zero2_estimate, deepspeed_zero3_estimate,
+    deepspeed_model_state_bytes)
+from .communication import (  # noqa: F401
+    RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds)
+from .parallelism import (  # noqa: F401
+    pipeline_makespan, bubble_fraction, bubble_over_ideal, peak_stashed_microbatches,
+    tp_elements_sent_per_layer, tp_comm_bytes_per_step, tp_bytes_sent_per_step, tp_edge_bytes_per_step,
+    sequence_parallel_grad_bytes, pipeline_p2p_bytes)
+from .activations import (  # noqa: F401
+    activation_bytes_per_layer, checkpointed_blocks, optimal_checkpoint_segments,
+    activation_bytes_per_layer_sequence_parallel, transformer_layer_activation_bytes,
+    embedding_activation_bytes, output_activation_bytes, CHECKPOINTING, checkpointed_activation_bytes)
+from .transformer import (  # noqa: F401
+    ParamTensor, MLPS, NORMS, POSITIONS, transformer_parameters, transformer_param_count)
+from .offload import (  # noqa: F401
+    offload_traffic_bytes, offload_model_state_bytes, offload_traffic_bytes_accumulated,
+    param_offload_traffic_bytes)
