@@ -94,3 +94,10 @@ def test_bad_arguments_name_what_is_allowed():
         theory.model_state_bytes(0, 10, 2, "fp16")
     with pytest.raises(ValueError, match="optimizer='lamb'"):
         theory.model_state_bytes(0, 10, 2, "fp32", "lamb")
+
+
+def test_frozen_parameters_are_held_but_neither_graded_nor_stepped():
+    states = theory.model_state_bytes(0, 100, 1, "fp32", "adamw", optimizer_tensors=2, frozen_numel=30)
+    assert (states.params, states.grads, states.optimizer) == (400, 280, 8 * 70 + 8)
+    with pytest.raises(ValueError, match="frozen_numel"):
+        theory.model_state_bytes(2, 100, 2, frozen_numel=30)

@@ -108,3 +108,28 @@ def test_bad_tensor_parallel_input_fails_before_any_process(kw, parallel, sp, ma
     with pytest.raises(ValueError, match=match):
         zerokit.train(gpt(**kw), "tp" if parallel.get("dp", 1) == 1 else "ddp", world_size=2 if sp and
                       parallel.get("tp", 1) == 1 else max(parallel.values()), parallel=parallel, sequence_parallel=sp)
+
+
+def frozen_position_gpt():
+    """A tied GPT whose position embedding is frozen, with every size divisible by an odd degree (3)."""
+    base = gpt(vocab=66, d_model=24, n_head=3, tie_weights=True)
+
+    def model():
+        m = base.model_fn()
+        m.pos.weight.requires_grad_(False)
+        return m
+
+    return zerokit.Workload("tied-gpt-frozen-positions", model, base.batch_fn, base.loss_fn,
+                            tensor_parallel_plan=base.tensor_parallel_plan)
+
+
+def test_odd_degree_with_tied_weights_and_a_frozen_parameter():
+    work = frozen_position_gpt()
+    report = compare(work, 3, ["single", "tp", "torch-tp"], steps=5, parallel={"dp": 1, "tp": 3}, **SGD)
+    frozen = work.build_model().pos.weight
+    for name in ("tp", "torch-tp"):
+        result = report[name]
+        assert result.param_diff["max_abs"] <= 1e-6, name
+        assert [r.coords["tp"] for r in result.ranks] == [0, 1, 2]
+        assert (result.ranks[0].params["pos.weight"] == frozen).all(), name  # never stepped
+    check_ledgers(report["tp"])

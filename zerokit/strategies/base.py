@@ -162,6 +162,14 @@ class Replicated(Strategy):
     def optimizer_tensors(self) -> int:
         return self.optimizer.step_scalars
 
+    def theory_model_states(self, psi: int) -> theory.ModelStates:
+        """Stage 0 with the frozen parameters held but neither given gradients nor stepped."""
+        trained = {id(p): p.numel() for p in self.params}
+        frozen = sum(p.numel() for p in self.model.parameters() if id(p) not in trained)
+        return theory.model_state_bytes(self.stage, psi, self.world, self.config.precision, self.config.optimizer.name,
+                                        units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
+                                        frozen_numel=frozen)
+
 
 REGISTRY: Dict[str, type] = {}
 

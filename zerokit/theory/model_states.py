@@ -76,7 +76,7 @@ class ModelStates:
 
 def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
                       optimizer: str = "adamw", units: Sequence[int] | None = None,
-                      optimizer_tensors: int = 0, persistent_numel: int = 0) -> ModelStates:
+                      optimizer_tensors: int = 0, persistent_numel: int = 0, frozen_numel: int = 0) -> ModelStates:
     """Model-state bytes per rank for ZeRO stage 0 (DDP) to 3 (ZeRO paper §5.1, Figure 1).
 
     stage 0: every rank holds params, grads and optimizer states for all psi elements.
@@ -86,6 +86,8 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
     is the number of tensors the optimizer steps (one Adam ``step`` scalar each).
     ``persistent_numel`` counts stage-3 parameters kept gathered (persistence threshold):
     they are held whole, with their gradients and optimizer states, outside the shards.
+    ``frozen_numel`` (stage 0): parameters with ``requires_grad=False`` — held, but with no
+    gradient and no optimizer state.
     """
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r} is not a ZeRO stage; allowed: 0, 1, 2, 3")
@@ -94,8 +96,11 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
     pb = param_bytes_per_element(precision)
     k = optimizer_bytes_per_element(precision, optimizer)
     steps = ADAM_STEP_SCALAR_BYTES * optimizer_tensors if optimizer == "adamw" else 0
+    if frozen_numel and stage != 0:
+        raise ValueError(f"frozen_numel={frozen_numel!r}: only stage 0 counts frozen parameters")
     if stage == 0:
-        return ModelStates(pb * psi, pb * psi, k * psi + steps, steps)
+        trained = psi - frozen_numel
+        return ModelStates(pb * psi, pb * trained, k * trained + steps, steps)
     units = [psi - persistent_numel] if units is None else list(units)
     shard = shard_numel(units, n)
     full = n * shard
