@@ -10,10 +10,11 @@ from .runtime.context import RankContext, current
 from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
 from .planner import plan
+from .pipeline_parallel import schedule, simulate
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
-           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan"]
+           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate"]
 __version__ = "0.1.0"
