@@ -79,8 +79,8 @@ def test_tensor_parallelism_is_refused_where_it_cannot_run(capsys):
     code, out, err = compare(capsys, *ODD, "--strategies", "single,torch-ddp", "--parallel", "dp=1,tp=2")
     assert code == 2
     assert "tensor parallelism" in err and "does not implement yet" in err
-    code, out, err = compare(capsys, *ODD, "--strategies", "single,ddp", "--parallel", "dp=1,pp=2")
-    assert code == 2 and "pipeline parallelism" in err
+    code, out, err = compare(capsys, *ODD, "--strategies", "single,zero2", "--parallel", "dp=1,pp=2")
+    assert code == 2 and "incompatible with pipeline parallelism" in err
     code, out, err = compare(capsys, *ODD, "--strategies", "ddp", "--parallel", "dp:2")
     assert code == 2 and "--parallel 'dp:2'" in err and "e.g. dp=2,tp=1,pp=1" in err
 

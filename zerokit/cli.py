@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
                       help=f"the device mesh, degrees multiplying to --world-size ({PARALLEL_FORM}; "
                            f"an axis left out is 1, or for dp the rest); default: every rank on dp; "
-                           f"axes {', '.join(AXES)}: dp and tp can be above 1, pp not yet")
+                           f"axes {', '.join(AXES)}; pp above 1 runs a pipeline (ddp, zero1, pp, torch-pp-*)")
     cmp_.add_argument("--sequence-parallel", action="store_true",
                       help="with tp above 1: shard the LayerNorm regions along the sequence (Korthikanti et al.)")
     cmp_.add_argument("--option", action="append", metavar="KEY=VALUE",

@@ -50,6 +50,8 @@ class RankResult:
     comm_bytes_by_axis: Optional[dict] = None
     #: formula: the ring bytes per step on each axis (``theory_comm_bytes_per_step`` is their sum)
     theory_comm_bytes_by_axis: Optional[dict] = None
+    #: measured, with a pipeline: the last step's actions on this rank as (action, start s, end s)
+    pipeline_spans: Optional[list] = None
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:

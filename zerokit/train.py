@@ -24,6 +24,8 @@ from .optim import OptimizerSpec
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
 from .workloads import Workload
+from .pipeline_parallel.options import check_pipeline, pipelined
+from .pipeline_parallel.strategy import Pipeline
 
 
 @dataclass
@@ -113,10 +115,19 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tensor_parallel:
         with comm.phase("setup"):
             plan, loss_fn = _tensor_parallel(job, ctx, model)
+    pipeline = None
+    if pipelined(cls, ctx):  # this rank keeps its stages; the strategy wraps them
+        driver = getattr(cls, "pipeline_driver", Pipeline)
+        pipeline = driver(job.options, job.config.micro_batches, ctx, model, loss_fn)
+        model = pipeline.module
     #: what this rank holds: the tensor-parallel shard of the model (Ψ itself without tp)
     psi_rank = sum(p.numel() for p in model.parameters())
     strategy = cls(model, ctx, job.config, **job.options)
     memory = MemoryLedger()
+    if pipeline is not None:
+        pipeline.executor.memory = memory
+        pipeline.infer_shapes([(_to_device(x, ctx.device, dtype), y) for x, y in
+                               _local_batch(job, ctx, 0, cls.data_parallel)])
     strategy.track_memory(memory)
     if job.track_peak:
         memory.instrument(model)
@@ -134,6 +145,12 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         strategy.zero_grad()
         micro = _local_batch(job, ctx, step, cls.data_parallel)
         step_loss = 0.0
+        if pipeline is not None:
+            # each micro-batch in its own storage, as a loader would hand it over (so the activation ledger,
+            # which counts a storage once, sees every in-flight micro-batch's inputs)
+            step_loss = pipeline.step(strategy, [(_to_device(x, ctx.device, dtype).clone(), y.to(ctx.device).clone())
+                                                 for x, y in micro])
+            micro = []
         for i, (x, y) in enumerate(micro):
             x, y = _to_device(x, ctx.device, dtype), y.to(ctx.device)
             sync = nullcontext() if i == len(micro) - 1 else strategy.no_sync()
@@ -156,6 +173,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     comm.set_step(job.steps)
     with comm.phase("setup"):
         params = _full_parameters(strategy, model, ctx, tensor_parallel)
+        if pipeline is not None:
+            params = pipeline.full_parameters(params, {id(p): n for n, p in model.named_parameters()})
     memory.remove_hooks()
     if tracer is not None:
         tracer.remove_hooks()
@@ -163,6 +182,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     theory_by_axis = {"dp": strategy.theory_comm_bytes(psi_rank)}
     if tensor_parallel:
         theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype)
+    if pipeline is not None:
+        theory_by_axis["pp"] = pipeline.theory_pp_bytes(torch.empty((), dtype=dtype).element_size())
     payload = ledger.per_step("payload_bytes")
     ring_cost = ledger.per_step("ring_cost_bytes")
     sent = ledger.per_step("sent_bytes")
@@ -187,6 +208,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         theory_comm_bytes_per_step=sum(theory_by_axis.values()),
         theory_comm_bytes_by_axis=theory_by_axis,
         params=params if ctx.rank == 0 else None,
+        pipeline_spans=pipeline.spans() if pipeline is not None else None,
         param_count=psi,
     )
 
@@ -213,8 +235,17 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     if sequence_parallel is True and cls.own_tensor_parallel and "sequence_parallel" in cls.options:
         options = {**options, "sequence_parallel": True}  # a peer that shards over tp itself takes it as an option
     cls.resolve_options(options)
+    pipeline_only = getattr(cls, "pipeline_only", False)
+    if pipeline_only and parallel is None:
+        parallel = {"pp": world_size}
     shape = parse_parallel(parallel, world_size)
+    if shape["pp"] > 1 and cls.pipeline_refusal:
+        raise ValueError(f"strategy {cls.name!r} with parallel pp={shape['pp']}: {cls.pipeline_refusal}")
     check_built(shape, cls.axes, f"strategy {cls.name!r}")
+    if "pp" in cls.axes:
+        pipeline = pipeline_only or shape["pp"] > 1
+        check_pipeline(options, micro_batches, shape["pp"], cls.name, workload.build_model() if pipeline else None,
+                       pipeline_only)
     _check_tensor_parallel(workload, cls, shape["tp"], sequence_parallel)
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size

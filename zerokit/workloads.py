@@ -105,6 +105,28 @@ class Block(nn.Module):
         return x + self._dropout(self.mlp(self.ln2(x)))
 
 
+class _Embeddings(nn.Module):
+    """Token + position embeddings: the pipeline's first piece."""
+
+    def __init__(self, tok: nn.Embedding, pos: nn.Embedding):
+        super().__init__()
+        self.tok, self.pos = tok, pos
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class _Head(nn.Module):
+    """Final LayerNorm + output head: the pipeline's last piece."""
+
+    def __init__(self, ln_f: nn.LayerNorm, head: nn.Linear):
+        super().__init__()
+        self.ln_f, self.head = ln_f, head
+
+    def forward(self, x):
+        return self.head(self.ln_f(x))
+
+
 class TinyGPT(nn.Module):
     """A GPT-2-shaped decoder: token + position embeddings, pre-norm blocks, a head.
 
@@ -136,6 +158,12 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+    def pipeline_pieces(self):
+        """(first, blocks, last) for pipeline parallelism: embeddings, the blocks, final norm + head."""
+        return ([("embed", _Embeddings(self.tok, self.pos))],
+                [(f"blocks.{i}", block) for i, block in enumerate(self.blocks)],
+                [("head", _Head(self.ln_f, self.head))])
 
 
 def _tiny_gpt_tensor_parallel_plan(sequence_parallel: bool):

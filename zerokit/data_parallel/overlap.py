@@ -35,6 +35,7 @@ ledger, but it blocks backward while it runs (the ring has no asynchronous form)
 """
 from __future__ import annotations
 
+from ..pipeline_parallel.options import PIPELINE_OPTIONS
 from ..strategies.base import Option, boolean, positive_number, register
 from .buckets import GradBuckets
 from .naive import DataParallel
@@ -50,8 +51,11 @@ class OverlappedDataParallel(DataParallel):
     """Gradients are bucket views; each full bucket's async all-reduce starts during backward."""
 
     name = "ddp"
+    #: data parallelism over tensor-parallel shards and pipeline stages (2-D and 3-D parallelism)
+    axes = ("dp", "tp", "pp")
     options = {
         **DataParallel.options,
+        **PIPELINE_OPTIONS,
         "bucket_mb": Option(25.0, positive_number, "a positive number of MiB (torch DDP's bucket_cap_mb)"),
         "first_bucket_mb": Option(None, none_or_positive,
                                   "None (the first bucket is bucket_mb too, as in torch DDP given bucket_cap_mb) "
@@ -102,6 +106,11 @@ class OverlappedDataParallel(DataParallel):
     # -- the loop ------------------------------------------------------------------
     def backward(self, loss):
         self.reducer.backward(loss, sync=self._sync)
+
+    def finish_gradient_synchronization(self):
+        """Every bucket of the gradients accumulated under ``no_sync``, reduced now (what the end of a
+        synchronised backward does)."""
+        self.reducer.finish()
 
     def zero_grad(self):
         """Gradients to None, as torch does: the first gradient of the next step is copied into its slot

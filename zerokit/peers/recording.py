@@ -94,9 +94,46 @@ def _recording(op: str, original, tag: str):
     return wrapper
 
 
+def _recording_p2p(original, tag: str):
+    """``batch_isend_irecv`` (torch's pipelining): one ``send`` or ``recv`` record per operation in the batch."""
+    def wrapper(ops, *args, **kwargs):
+        if getattr(_inside, "active", False):
+            return original(ops, *args, **kwargs)
+        for op in ops:
+            kind = "send" if "send" in getattr(op.op, "__name__", "") else "recv"
+            comm.new_record(kind, op.tensor, op.tensor.numel() * op.tensor.element_size(), op.group, True,
+                            tag=f"{tag} batch_isend_irecv")
+        _inside.active = True
+        try:
+            return original(ops, *args, **kwargs)
+        finally:
+            _inside.active = False
+
+    return wrapper
+
+
+def _recording_point(op: str, original, tag: str):
+    """``isend`` / ``irecv`` called one by one (torch's pipelining does for batches of one direction)."""
+    def wrapper(tensor, *args, **kwargs):
+        if getattr(_inside, "active", False):
+            return original(tensor, *args, **kwargs)
+        group = kwargs.get("group", args[1] if len(args) > 1 else None)
+        comm.new_record("send" if op == "isend" else "recv", tensor, tensor.numel() * tensor.element_size(),
+                        group, True, tag=f"{tag} {op}")
+        _inside.active = True
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            _inside.active = False
+
+    wrapper.__name__ = op
+    return wrapper
+
+
 @contextmanager
 def ledgered_torch_collectives(tag: str):
-    """Route a library's torch.distributed collectives through the ledger while the block runs."""
+    """Route a library's torch.distributed collectives (and batched point-to-point) through the ledger while
+    the block runs."""
     saved = []
     for op in _RECORDED_AS:
         for module in (dist, c10d):
@@ -105,6 +142,13 @@ def ledgered_torch_collectives(tag: str):
                 continue
             saved.append((module, op, original))
             setattr(module, op, _recording(op, original, tag))
+    # one wrapper object on both modules: torch checks a P2POp's op by identity against c10d's isend / irecv
+    for op, make in (("batch_isend_irecv", _recording_p2p), ("isend", None), ("irecv", None)):
+        original = getattr(c10d, op)
+        wrapper = make(original, tag) if make else _recording_point(op, original, tag)
+        for module in (dist, c10d):
+            saved.append((module, op, getattr(module, op)))
+            setattr(module, op, wrapper)
     try:
         yield
     finally:

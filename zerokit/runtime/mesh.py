@@ -23,7 +23,7 @@ AXES = ("pp", "dp", "tp")
 AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
                 "pp": "pipeline parallelism"}
 #: axes some strategy runs on; a degree above 1 on another axis is refused before any process starts
-BUILT_AXES = ("dp", "tp")
+BUILT_AXES = ("dp", "tp", "pp")
 
 
 def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
@@ -89,6 +89,8 @@ class Mesh:
     #: axis -> process group (None: the world group, or no process group in a world of one)
     groups: Dict[str, object] = field(default_factory=dict)
     device_mesh: Optional[object] = None
+    #: further groups within one axis (a pipeline's tied-weight group): (group, axis) pairs
+    subgroups: List[tuple] = field(default_factory=list)
 
     @classmethod
     def build(cls, rank: int, world_size: int, device_type: str = "cpu", parallel=None) -> "Mesh":
@@ -122,8 +124,15 @@ class Mesh:
     def ranks(self, axis: str) -> List[int]:
         return axis_ranks(self.rank, self.shape, axis)
 
+    def add_group(self, group, axis: str) -> None:
+        """Name the axis of a group made within one (the ledger then counts its traffic there)."""
+        self.subgroups.append((group, axis))
+
     def axis_of(self, group) -> str:
         """The axis a process group belongs to; "world" for the world group when no single axis spans it."""
+        for sub, axis in self.subgroups:
+            if sub is group and group is not None:
+                return axis
         for axis in AXES:
             if self.groups.get(axis) is group and (group is not None or self.shape[axis] > 1):
                 return axis

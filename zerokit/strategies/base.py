@@ -65,6 +65,8 @@ class Strategy:
     options: Dict[str, Option] = {}
     #: strategies implemented by a peer library (torch DDP, FSDP2, DeepSpeed)
     peer = False
+    #: why the strategy refuses a pipeline (pp > 1) when it does for a reason of its own ("" otherwise)
+    pipeline_refusal = ""
 
     def __init__(self, model: nn.Module, ctx: RankContext, config: TrainConfig, **options):
         self.model = model
@@ -111,6 +113,11 @@ class Strategy:
     def step(self) -> None:
         raise NotImplementedError
 
+    def finish_gradient_synchronization(self) -> None:
+        """Reduce the gradients accumulated under :meth:`no_sync` now, outside any backward (a pipeline calls
+        this once per step, after its last micro-batch's backward)."""
+        raise NotImplementedError(f"strategy {self.name!r} reduces gradients only during backward")
+
     def zero_grad(self) -> None:
         for p in self.model.parameters():
             p.grad = None
@@ -133,9 +140,17 @@ class Strategy:
         return 0
 
     def theory_model_states(self, psi: int) -> theory.ModelStates:
+        offload = getattr(self, "offload", None)  # a ZeRO strategy's zerokit.offload: device and host
+        if offload is not None:
+            return offload.theory_model_states(psi)
         return theory.model_state_bytes(self.stage, psi, self.world, self.config.precision,
                                         self.config.optimizer.name, units=self.flat_units(),
                                         optimizer_tensors=self.optimizer_tensors())
+
+    def theory_transfer_bytes(self) -> Optional[dict]:
+        """Formula: device↔host bytes per step, ``{"d2h": …, "h2d": …}`` (zerokit.offload); None: not modelled."""
+        offload = getattr(self, "offload", None)
+        return None if offload is None else offload.theory_transfer_bytes()
 
     def theory_comm_bytes(self, psi: int):
         b = theory.param_bytes_per_element(self.config.precision)

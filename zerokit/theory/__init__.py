@@ -28,7 +28,7 @@ from .communication import (  # noqa: F401
 from .parallelism import (  # noqa: F401
     pipeline_makespan, bubble_fraction, bubble_over_ideal, peak_stashed_microbatches,
     tp_elements_sent_per_layer, tp_comm_bytes_per_step, tp_bytes_sent_per_step, tp_edge_bytes_per_step,
-    sequence_parallel_grad_bytes, pipeline_p2p_bytes)
+    sequence_parallel_grad_bytes, pipeline_p2p_bytes, pipeline_send_bytes)
 from .activations import (  # noqa: F401
     activation_bytes_per_layer, checkpointed_blocks, optimal_checkpoint_segments,
     activation_bytes_per_layer_sequence_parallel, transformer_layer_activation_bytes,

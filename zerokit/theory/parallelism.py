@@ -105,6 +105,13 @@ def sequence_parallel_grad_bytes(replicated_numel: int, t: int, bytes_per_elemen
     return 2 * (t - 1) / t * replicated_numel * bytes_per_element * micro_batches
 
 
+def pipeline_send_bytes(boundary_elements: int, micro_batches: int, element_bytes: int) -> int:
+    """Bytes a pipeline rank sends across one boundary, one way, per step: m tensors of the boundary's size
+    (activations forward, or their gradients backward). For a transformer the boundary is b·s·h elements:
+    :func:`pipeline_p2p_bytes`."""
+    return micro_batches * boundary_elements * element_bytes
+
+
 def pipeline_p2p_bytes(s: int, b: int, h: int, micro_batches: int, element_bytes: int = 2, t: int = 1,
                        sequence_parallel: bool = False) -> float:
     """Bytes a stage sends across one pipeline boundary per step, each way: m activations (or gradients) of s·b·h.

@@ -35,6 +35,7 @@ from typing import List, Optional
 import torch
 
 from .. import theory
+from ..pipeline_parallel.options import PIPELINE_OPTIONS, REFUSED
 from ..runtime import comm
 from ..optim import MasterOptimizer
 from ..strategies.base import Option, Strategy, boolean, register
@@ -106,6 +107,7 @@ class ShardedDataParallel(Strategy):
     axes = ("dp", "tp")
     name = "zero-base"
     stage = 1
+    pipeline_refusal = REFUSED
 
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
@@ -191,9 +193,13 @@ class ZeroStage1(ShardedDataParallel):
 
     name = "zero1"
     stage = 1
+    #: data parallelism over tensor-parallel shards and pipeline stages (DeepSpeed's pipeline + ZeRO-1)
+    axes = ("dp", "tp", "pp")
+    pipeline_refusal = ""
     options = {
         "stage": stage_option(1),
         **SHARED_OPTIONS,
+        **PIPELINE_OPTIONS,
         "contiguous_gradients": Option(True, lambda v: v is True,
                                        "True only: ZeRO-1's gradients are always views into contiguous flat "
                                        "buffers (the unit layout), so autograd accumulates straight into them"),
@@ -232,6 +238,10 @@ class ZeroStage1(ShardedDataParallel):
 
     def backward(self, loss):
         self.reducer.backward(loss, sync=self._sync)
+
+    def finish_gradient_synchronization(self):
+        """Reduce-scatter every unit of the gradients accumulated under ``no_sync`` now."""
+        self.reducer.finish()
 
     def zero_grad(self):
         for flat in self.grad_buffers:

@@ -53,6 +53,7 @@ from .. import theory
 from ..data_parallel.naive import check_replicas_match
 from ..data_parallel.reducer import Reducer
 from ..optim import MasterOptimizer
+from ..pipeline_parallel.options import REFUSED
 from ..runtime import comm
 from ..strategies.base import Option, Strategy, boolean, register
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
@@ -75,6 +76,7 @@ class ZeroStage3(Strategy):
     axes = ("dp", "tp")
     name = "zero3"
     stage = 3
+    pipeline_refusal = REFUSED
     options = {
         "stage": stage_option(3),
         "unit_size": UNIT_SIZE_OPTION,

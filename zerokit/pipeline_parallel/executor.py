@@ -1,0 +1,222 @@
+"""The executor: runs any :class:`~.actions.Schedule` on this rank over send/recv on ``pp``.
+
+The schedules are data and know nothing about processes; this is the only pipeline
+code that does. Lifecycle:
+
+1. ``Executor(schedule, stages, ...)`` on every rank of a pipeline: this rank's
+   :class:`~.partition.Stage` modules (one per chunk), the ``pp`` group, the loss.
+2. :meth:`Executor.infer_shapes` once (phase ``setup``): a forward of micro-batch 0
+   through the whole pipeline under ``no_grad`` that sends each boundary's shape and
+   then the tensor, so every receiver can allocate its buffers (torch's pipelining
+   exchanges shapes the same way). The RNG state is restored afterwards.
+3. :meth:`Executor.step` per training step: walks this rank's actions in order. ``F``
+   runs a stage (the last stage adds the micro-batch's loss / m), ``B`` is a full
+   backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``RECV_*`` posts a
+   receive and waits for it, ``SEND_*`` posts a send (waited for at the end of the
+   step). Two stages on the same rank (interleaving on one rank) hand tensors over in
+   memory. Every action is recorded with its start and end (``spans``): the measured
+   timeline has the same shape as :func:`zerokit.simulate`'s.
+
+Traffic is point-to-point only: per boundary per step, m activations forward and m
+gradients backward, each ``b·s·h`` elements for a transformer (recorded by the
+communication ledger as ``send``/``recv`` on the ``pp`` axis).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn as nn
+
+from ..runtime import comm
+from .actions import Action, Schedule
+from .split_backward import WeightOutputs, input_backward, weight_backward
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
+
+
+class Executor:
+    """One pipeline rank: its stages, and how to run a schedule's actions on them."""
+
+    def __init__(self, schedule: Schedule, stages: Dict[int, nn.Module], pp_rank: int, pp_ranks: List[int],
+                 group, loss_fn: Callable, device: torch.device, memory=None):
+        self.schedule = schedule
+        self.stages = stages
+        self.pp_rank = pp_rank
+        #: global rank of each pipeline rank (for send/recv)
+        self.pp_ranks = pp_ranks
+        self.group = group
+        self.loss_fn = loss_fn
+        self.device = device
+        self.memory = memory
+        self.last_stage = schedule.stages - 1
+        self.shapes: Dict[int, tuple] = {}  # stage s -> (shape, dtype) of its output
+        self.split = schedule.splits_backward
+        self.weight_outputs = {s: WeightOutputs(m) for s, m in stages.items()} if self.split else {}
+        #: (action, start, end) of every action of the last step, seconds from the step's start
+        self.spans: List[tuple] = []
+        self._local: Dict[tuple, torch.Tensor] = {}
+
+    # -- shapes -------------------------------------------------------------------------
+    def _peer(self, stage: int) -> int:
+        return self.pp_ranks[self.schedule.rank_of(stage)]
+
+    def _local_to(self, stage: int) -> bool:
+        return self.schedule.rank_of(stage) == self.pp_rank
+
+    def infer_shapes(self, first_input: torch.Tensor) -> None:
+        """Every boundary's shape and dtype, by one forward through the pipeline (see the docstring)."""
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), comm.phase("setup"):
+            x = None
+            for s in range(self.schedule.stages):
+                if s in self.stages:
+                    if s == 0:
+                        x = first_input
+                    elif not self._local_to(s - 1):
+                        header = torch.zeros(9, dtype=torch.int64)
+                        comm.recv(header, self._peer(s - 1), self.group, tag=f"shape {s - 1}")
+                        shape = tuple(int(d) for d in header[1:1 + int(header[0])])
+                        x = torch.empty(shape, dtype=_DTYPES[int(header[8])], device=self.device)
+                        self.shapes[s - 1] = (shape, x.dtype)
+                        comm.recv(x, self._peer(s - 1), self.group, tag=f"shape {s - 1}")
+                    x = self.stages[s](x)
+                    self.shapes[s] = (tuple(x.shape), x.dtype)
+                    if s < self.last_stage and not self._local_to(s + 1):
+                        if x.dim() > 7:
+                            raise ValueError(f"pipeline stage {s} outputs a {x.dim()}-d tensor; at most 7 dims")
+                        header = torch.zeros(9, dtype=torch.int64)
+                        header[0] = x.dim()
+                        header[1:1 + x.dim()] = torch.tensor(x.shape)
+                        header[8] = _DTYPES.index(x.dtype)
+                        comm.send(header, self._peer(s + 1), self.group, tag=f"shape {s}")
+                        comm.send(x.contiguous(), self._peer(s + 1), self.group, tag=f"shape {s}")
+
+    # -- one step -----------------------------------------------------------------------
+    def step(self, micro: List[tuple]) -> Optional[float]:
+        """Run this rank's actions for one step on its micro-batches ``[(inputs, targets), …]``;
+        returns the step's loss on the rank holding the last stage (None elsewhere)."""
+        m = self.schedule.micro_batches
+        if len(micro) != m:
+            raise ValueError(f"the schedule has {m} micro-batches, the step got {len(micro)}")
+        self._micro = micro
+        self._stash: Dict[tuple, dict] = {}
+        self._sends: list = []
+        self.spans = []
+        self._loss = 0.0
+        t0 = time.perf_counter()
+        for action in self.schedule.actions[self.pp_rank]:
+            start = time.perf_counter()
+            self._run(action)
+            self.spans.append((action, start - t0, time.perf_counter() - t0))
+        for work in self._sends:
+            work.wait()
+        self._sends = []
+        if self._stash:
+            raise RuntimeError(f"pipeline rank {self.pp_rank}: the schedule left {sorted(self._stash)} without "
+                               f"a finished backward")
+        return self._loss if self.last_stage in self.stages else None
+
+    def _run(self, a: Action) -> None:
+        kind = a.kind
+        if kind == "RECV_F":
+            self._entry(a)["input"] = self._receive(a.stage - 1, a, "activation")
+        elif kind == "RECV_B":
+            self._entry(a)["grad"] = self._receive(a.stage, a, "gradient")
+        elif kind == "F":
+            self._forward(a)
+        elif kind == "SEND_F":
+            self._send(self._entry(a)["output"].detach(), a.stage + 1, a, "activation")
+        elif kind == "SEND_B":
+            self._send(self._entry(a).pop("input_grad"), a.stage - 1, a, "gradient")
+        elif kind == "B":
+            self._backward(a, full=True)
+        elif kind == "I":
+            self._backward(a, full=False)
+        elif kind == "W":
+            entry = self._entry(a)
+            weight_backward(entry.pop("pending"), entry["root"], entry["root_grad"],
+                            self.weight_outputs[a.stage].orphans)
+            self._stash.pop((a.stage, a.micro))
+        if self.memory is not None:
+            self.memory.sample(f"pipeline {a}")
+
+    def _entry(self, a: Action) -> dict:
+        return self._stash.setdefault((a.stage, a.micro), {})
+
+    def _forward(self, a: Action) -> None:
+        entry = self._entry(a)
+        if a.stage == 0:
+            x = self._micro[a.micro][0]
+        else:
+            x = entry.get("input")
+            if x is None:  # the previous stage is on this rank: handed over in memory
+                x = self._local.pop(("F", a.stage - 1, a.micro)).detach()
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        entry["input"] = x
+        kept = self.weight_outputs[a.stage].capture() if self.split else None
+        watch = self.memory.watch_activations() if self.memory is not None else _Null()
+        with comm.phase("forward"), watch:
+            out = self.stages[a.stage](x)
+            if a.stage == self.last_stage:
+                loss = self.loss_fn(out, self._micro[a.micro][1]) / self.schedule.micro_batches
+                self._loss += float(loss.detach())
+                out = loss
+        if self.split:
+            self.weight_outputs[a.stage].stop()
+            entry["kept"] = kept
+        entry["output"] = out
+        if a.stage < self.last_stage and self._local_to(a.stage + 1):
+            self._local[("F", a.stage, a.micro)] = out
+
+    def _backward(self, a: Action, full: bool) -> None:
+        entry = self._entry(a)
+        root = entry.pop("output")
+        grad = None
+        if a.stage < self.last_stage:
+            grad = entry.pop("grad", None)
+            if grad is None:
+                grad = self._local.pop(("B", a.stage + 1, a.micro))
+        x = entry["input"]
+        with comm.phase("backward"):
+            if full:
+                torch.autograd.backward(root, grad)
+                input_grad = x.grad if (a.stage > 0 and x.requires_grad) else None
+                self._stash.pop((a.stage, a.micro))
+            else:
+                result = input_backward(root, grad, x if a.stage > 0 else None, entry.pop("kept"))
+                input_grad = result["input_grad"]
+                entry.update(pending=result["pending"], root=root, root_grad=grad)
+                entry.pop("input", None)
+        if a.stage > 0:
+            if self._local_to(a.stage - 1):
+                self._local[("B", a.stage, a.micro)] = input_grad
+            else:
+                entry["input_grad"] = input_grad
+                self._stash[(a.stage, a.micro)] = entry  # kept until SEND_B
+
+    # -- point to point -----------------------------------------------------------------
+    def _receive(self, stage: int, a: Action, what: str) -> torch.Tensor:
+        shape, dtype = self.shapes[stage]
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        peer = self._peer(stage if what == "activation" else stage + 1)
+        with comm.phase("forward" if what == "activation" else "backward"):
+            comm.irecv(buffer, peer, self.group, tag=f"{what} {a}").wait()
+        return buffer
+
+    def _send(self, tensor: torch.Tensor, to_stage: int, a: Action, what: str) -> None:
+        with comm.phase("forward" if what == "activation" else "backward"):
+            self._sends.append(comm.isend(tensor.contiguous(), self._peer(to_stage), self.group,
+                                          tag=f"{what} {a}"))
+        entry = self._stash.get((a.stage, a.micro))
+        if entry is not None and what == "gradient" and "pending" not in entry and "output" not in entry:
+            self._stash.pop((a.stage, a.micro))  # a full backward's entry ends with its SEND_B
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
