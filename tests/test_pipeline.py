@@ -83,6 +83,11 @@ def test_measured_timeline_runs_the_schedules_actions_in_order():
         assert done == [str(a) for a in sched.actions[rank.coords["pp"]]]
         starts = [s for _, s, _ in rank.pipeline_spans]
         assert starts == sorted(starts)
+    ranks = sorted(report.results[0].ranks, key=lambda r: r.coords["pp"])
+    timeline = zerokit.pipeline_parallel.measured(sched, [r.pipeline_spans for r in ranks])
+    assert timeline.peak_in_flight == zerokit.simulate(sched).peak_in_flight  # same actions, same stash
+    assert 0 < timeline.bubble_fraction < 1 and timeline.makespan > 0
+    assert [a for a, _, _ in timeline.spans[0]] == sched.compute(0)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1"])

@@ -99,6 +99,7 @@ def test_zb_h1_idle_for_any_split(f, i, w):
         for m in (p, p + 3):
             result = simulate(zb_h1(p, m), f, i + w, w)
             assert result.makespan - m * (f + i + w) == pytest.approx((p - 1) * max(f, i, f + i - w))
+            assert result.bubble_fraction == pytest.approx(theory.zb_h1_bubble_fraction(p, m, f, i, w))
 
 
 def test_simulation_by_hand():

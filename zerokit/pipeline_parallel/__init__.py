@@ -8,7 +8,7 @@ measured run's spans) with :func:`draw_schedule`.
 from .actions import Action, Schedule
 from .figures import draw_schedule
 from .schedules import gpipe, interleaved_1f1b, one_f_one_b, schedule, zb_h1
-from .simulate import SimulationResult, check, simulate
+from .simulate import SimulationResult, check, measured, simulate
 
 __all__ = ["Action", "Schedule", "schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1",
-           "simulate", "SimulationResult", "check", "draw_schedule"]
+           "simulate", "SimulationResult", "check", "measured", "draw_schedule"]

@@ -170,6 +170,23 @@ def simulate(schedule: Schedule, forward: float = 1.0, backward: float = 2.0,
     return SimulationResult(schedule, makespan, bubble, idle, [_peak(row) for row in spans], spans)
 
 
+def measured(schedule: Schedule, rank_spans: List[list]) -> SimulationResult:
+    """A real run's timeline in the simulator's shape: ``rank_spans[r]`` is pipeline rank r's
+    ``pipeline_spans`` from ``zerokit.train`` (``(action string, start s, end s)``, seconds from that
+    rank's start of the step). Only compute actions count as busy; a rank's receives (and the
+    waits inside them) are idle. Each rank's clock starts when it starts the step, so the
+    ranks line up to within the skew of their starts. ``bubble_fraction`` = 1 − busy time over
+    ranks × makespan, as :func:`simulate` defines it; measured, so the ranks' sharing of CPU
+    cores shows up in it too."""
+    spans = [[(Action.parse(a), start, end) for a, start, end in row if Action.parse(a).is_compute]
+             for row in rank_spans]
+    makespan = max((end for row in rank_spans for _, _, end in row), default=0.0)
+    busy = [sum(end - start for _, start, end in row) for row in spans]
+    idle = [makespan - b for b in busy]
+    bubble = sum(idle) / (len(spans) * makespan) if makespan > 0 else 0.0
+    return SimulationResult(schedule, makespan, bubble, idle, [_peak(row) for row in spans], spans)
+
+
 def _peak(spans: List[Span]) -> int:
     """Most (stage, micro-batch) pairs between their F and the end of their B (or W) on one rank."""
     held = peak = 0

@@ -26,7 +26,7 @@ from .deepspeed import (  # noqa: F401
 from .communication import (  # noqa: F401
     RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds)
 from .parallelism import (  # noqa: F401
-    pipeline_makespan, bubble_fraction, bubble_over_ideal, peak_stashed_microbatches,
+    pipeline_makespan, bubble_fraction, zb_h1_bubble_fraction, bubble_over_ideal, peak_stashed_microbatches,
     tp_elements_sent_per_layer, tp_comm_bytes_per_step, tp_bytes_sent_per_step, tp_edge_bytes_per_step,
     sequence_parallel_grad_bytes, pipeline_p2p_bytes, pipeline_send_bytes)
 from .activations import (  # noqa: F401

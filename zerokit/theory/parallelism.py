@@ -14,6 +14,17 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def zb_h1_bubble_fraction(p: int, m: int, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0) -> float:
+    """Idle share of ZB-H1 (Qi et al. 2401.10241) for m ≥ p: each rank idles (p − 1)·max(t_f, t_i, t_f + t_i − t_w)
+    next to m(t_f + t_i + t_w) of work (the paper's (p − 1)(T_F + T_B − T_W) when T_W ≤ min(T_F, T_B); T_B is the
+    input-gradient pass, torch's I). With equal times: (p − 1)/(3m + p − 1), a third of 1F1B's idle time."""
+    if m < p:
+        raise ValueError(f"zb_h1_bubble_fraction: m={m} < p={p}; the closed form holds for m >= p "
+                         f"(use zerokit.simulate for fewer micro-batches)")
+    idle = (p - 1) * max(t_f, t_i, t_f + t_i - t_w)
+    return idle / (m * (t_f + t_i + t_w) + idle)
+
+
 def bubble_over_ideal(p: int, m: int, v: int = 1) -> float:
     """Bubble time over ideal compute time: (p − 1)/(v·m)."""
     return (p - 1) / (v * m)
