@@ -89,3 +89,21 @@ def draw_schedule(result_or_schedule, ax=None, title: Optional[str] = None):
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False,
               title=f"{micro_batches} micro-batches" if micro_batches > 1 else None, title_fontsize=7)
     return fig
+
+
+def draw_side_by_side(schedule, rank_spans, forward: float = 1.0, backward: float = 2.0):
+    """The schedule simulated (left, units of one forward) next to a real run of it (right, seconds):
+    ``rank_spans`` are the ranks' ``pipeline_spans`` from ``zerokit.train``, in pipeline-rank order."""
+    from matplotlib.figure import Figure
+
+    from .simulate import measured, simulate
+
+    simulated, real = simulate(schedule, forward, backward), measured(schedule, rank_spans)
+    fig = Figure(figsize=(15, 0.9 + 0.55 * schedule.ranks), dpi=80)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    draw_schedule(simulated, ax=left, title=f"simulated (t_b = {backward / forward:g}·t_f): "
+                                            f"bubble {simulated.bubble_fraction:.1%}")
+    draw_schedule(real, ax=right, title=f"measured: bubble {real.bubble_fraction:.1%}")
+    right.set_xlabel("seconds from each rank's start of the step")
+    fig.tight_layout()
+    return fig
