@@ -22,6 +22,8 @@ too, for the traffic formula.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from ..pipeline_parallel.options import PIPELINE_OPTIONS
@@ -60,7 +62,8 @@ class TorchPipeline(Pipeline):
         y = torch.cat([b for _, b in micro])
         losses: list = []
         args, kwargs = ((x,) if self.first else ()), ({"target": y, "losses": losses} if self.last else {})
-        with ledgered_torch_collectives(self.name), comm.phase("forward"):
+        watch = self.executor.memory.watch_activations() if self.executor.memory is not None else nullcontext()
+        with ledgered_torch_collectives(self.name), comm.phase("forward"), watch:
             self.torch_schedule.step(*args, **kwargs)
         return float(sum(loss.detach() for loss in losses)) if self.last else None
 
