@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_command(sub)
 
     bench = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
-    bench.add_argument("suite", help="ddp or zero")
+    bench.add_argument("suite", help="ddp, zero or offload")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser

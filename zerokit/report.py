@@ -50,6 +50,13 @@ class RankResult:
     comm_bytes_by_axis: Optional[dict] = None
     #: formula: the ring bytes per step on each axis (``theory_comm_bytes_per_step`` is their sum)
     theory_comm_bytes_by_axis: Optional[dict] = None
+    #: measured: model states resting on the host (zerokit.offload), {params, grads, optimizer}
+    host_model_state_bytes: Optional[dict] = None
+    #: measured: device↔host bytes and copies per step, {"d2h": …, "h2d": …} (setup excluded)
+    transfer_bytes_per_step: Optional[dict] = None
+    transfer_copies_per_step: Optional[dict] = None
+    #: formula: the same bytes per step (None: the strategy's copies are not modelled, e.g. a peer's)
+    theory_transfer_bytes_per_step: Optional[dict] = None
     #: measured, with a pipeline: the last step's actions on this rank as (action, start s, end s)
     pipeline_spans: Optional[list] = None
 
@@ -117,12 +124,15 @@ class StrategyResult:
                 "comm_sent_bytes_per_step": r.comm_sent_bytes_per_step,
                 "comm_calls_per_step": r.comm_calls_per_step,
                 "comm_bytes_by_axis": r.comm_bytes_by_axis,
+                "host_model_state_bytes": r.host_model_state_bytes,
+                "transfer_bytes_per_step": r.transfer_bytes_per_step,
                 "cuda_peak_bytes": r.cuda_peak_bytes,
             } for r in self.ranks],
             "theory": {
                 "model_state_bytes_per_rank": self.ranks[0].theory_model_states,
                 "comm_ring_bytes_per_step": self.ranks[0].theory_comm_bytes_per_step,
                 "comm_ring_bytes_per_step_by_axis": self.ranks[0].theory_comm_bytes_by_axis,
+                "transfer_bytes_per_step": self.ranks[0].theory_transfer_bytes_per_step,
             },
             "losses": self.losses,
             "max_abs_param_diff_vs_reference": self.max_abs_param_diff,
@@ -186,16 +196,16 @@ class Report:
     def table(self) -> str:
         """Memory and traffic per rank per step, MiB. Measured columns: states, payload, sent, peak; formula
         columns: states theory, ring cost (the ring formula on the measured payloads), ring theory (on Ψ)."""
-        header = (f"{'strategy':<16}{'N':>3} {'states':>9} {'theory':>9} {'payload':>9} {'ring cost':>9} "
+        header = (f"{'strategy':<20}{'N':>3} {'states':>9} {'theory':>9} {'payload':>9} {'ring cost':>9} "
                   f"{'sent':>9} {'ring theory':>11} {'peak':>9} {'last loss':>10} {'|Δp| vs ref':>12} {'step ms':>8}")
-        kinds = (f"{'':<16}{'':>3} {'measured':>9} {'formula':>9} {'measured':>9} {'formula':>9} "
+        kinds = (f"{'':<20}{'':>3} {'measured':>9} {'formula':>9} {'measured':>9} {'formula':>9} "
                  f"{'measured':>9} {'formula':>11} {'measured':>9}")
         lines = [header, kinds, "-" * len(header)]
         notes = set()
         for row in self.rows():
             diff = "—" if row["param_diff"] is None else f"{row['param_diff']:.1e}"
             sent = "—" if row["comm_sent"] is None else _mb(row["comm_sent"])
-            lines.append(f"{row['strategy']:<16}{row['N']:>3} {_mb(row['model_states_measured']):>9} "
+            lines.append(f"{row['strategy']:<20}{row['N']:>3} {_mb(row['model_states_measured']):>9} "
                          f"{_mb(row['model_states_theory']):>9} {_mb(row['comm_payload']):>9} "
                          f"{_mb(row['comm_ring_cost']):>9} {sent:>9} {_mb(row['comm_theory']):>11} "
                          f"{_mb(row['peak']):>9} {row['loss']:>10.4f} {diff:>12} {1000 * row['step_s']:>8.1f}")
@@ -203,8 +213,30 @@ class Report:
             notes.update(row["note"] for row in r.ranks[0].comm_summary if row.get("note"))
         lines.append("MiB per rank (traffic: per step, the busiest rank). sent: bytes zerokit's ring handed to send "
                      "(algorithm='ring'); — where the backend ran the collective and nothing counts its wire bytes.")
+        lines += self._host_lines()
         lines += sorted(f"note: {n}" for n in notes)
         return "\n".join(lines)
+
+    def _host_lines(self) -> list:
+        """Rank 0 of every strategy that offloads (zerokit.offload): its states on the host and its device↔host
+        bytes per step, measured next to the formula (the device's are the table's columns)."""
+        lines = []
+        for r in self.results:
+            rank0 = r.ranks[0]
+            host, moved = rank0.host_model_state_bytes or {}, rank0.transfer_bytes_per_step or {}
+            if not (sum(host.values()) or sum(moved.values())):
+                continue
+            host_theory = rank0.theory_model_states.get("host", {}).get("total")
+            moved_theory = rank0.theory_transfer_bytes_per_step or {}
+            formula = lambda x: "—" if x is None else _mb(x).strip()
+            lines.append(f"host, {r.strategy} rank 0: states {_mb(sum(host.values())).strip()} MiB (formula "
+                         f"{formula(host_theory)}); per step d2h {_mb(moved.get('d2h', 0)).strip()} (formula "
+                         f"{formula(moved_theory.get('d2h'))}), h2d {_mb(moved.get('h2d', 0)).strip()} (formula "
+                         f"{formula(moved_theory.get('h2d'))}) MiB")
+        if lines:
+            lines.append("host: zerokit's device↔host copies are real copies, counted (a peer's are not: formula —); "
+                         "on a CPU-only machine host and device are one RAM, so no link time is measured")
+        return lines
 
     def __str__(self) -> str:
         return self.table()

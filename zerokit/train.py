@@ -20,6 +20,7 @@ from .runtime import comm
 from .runtime.context import RankContext
 from .runtime.memory import MemoryLedger, cuda_peak_bytes
 from .runtime.mesh import check_built, parse_parallel
+from .offload.transfers import ledger as transfer_ledger
 from .optim import OptimizerSpec
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
@@ -110,6 +111,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     psi = sum(p.numel() for p in model.parameters())
     ledger = comm.ledger()
     ledger.reset()
+    transfers = transfer_ledger()  # device↔host copies (zerokit.offload), counted apart from the collectives
+    transfers.reset()
     tensor_parallel = ctx.mesh.size("tp") > 1 and not cls.own_tensor_parallel
     loss_fn, plan = job.workload.loss, None
     if tensor_parallel:
@@ -193,6 +196,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     return RankResult(
         rank=ctx.rank, losses=losses, step_times_s=times,
         model_state_bytes={k: now[k] for k in ("params", "grads", "optimizer")},
+        host_model_state_bytes={k: now[f"host_{k}"] for k in ("params", "grads", "optimizer")},
+        transfer_bytes_per_step=transfers.bytes_per_step(job.steps),
+        transfer_copies_per_step=transfers.copies_per_step(job.steps),
+        theory_transfer_bytes_per_step=strategy.theory_transfer_bytes(),
         memory_bytes=now, peak_bytes=memory.peak_total, peak_breakdown=memory.peak_breakdown,
         peak_where=memory.peak_where, peak_by_category=dict(memory.peak_by_category),
         cuda_peak_bytes=cuda_peak_bytes(ctx.device),

@@ -2,7 +2,7 @@
 
 Wall-clock times on a shared machine are noisy, so every suite runs zerokit and the
 peer in the same invocation, interleaved, and reports medians and their ratio.
-Suites live in this package, one module each (``ddp``, ``zero``), with a
+Suites live in this package, one module each (``ddp``, ``zero``, ``offload``), with a
 ``main(argv) -> int``.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import statistics
 
-SUITES = ("ddp", "zero")
+SUITES = ("ddp", "zero", "offload")
 
 
 def main(suite: str, argv) -> int:

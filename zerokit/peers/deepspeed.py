@@ -20,6 +20,12 @@ Lifecycle:
 The traffic is counted by :mod:`.recording`; memory is read from the module's parameters
 (and ``ds_tensor`` partitions), ``p.grad`` and the torch optimizer's states. Gradient
 buffers DeepSpeed keeps privately are not seen.
+
+``deepspeed-zero2-offload``: ``"offload_optimizer": {"device": "cpu", "pin_memory": false}``
+(ZeRO-Offload), the peer of ``zero2`` with ``offload="optimizer"``. The client torch
+optimizer steps the fp32 partitions on the host (``"zero_force_ds_cpu_optimizer": false``:
+DeepSpeed would otherwise insist on its own DeepSpeedCPUAdam, a C++ op compiled on first
+use); the optimizer's states are counted as host memory.
 """
 from __future__ import annotations
 
@@ -62,6 +68,9 @@ def _deepspeed_options(stage: int) -> dict:
 class DeepSpeedPeer(Peer):
     """deepspeed.initialize with a client torch optimizer; the loop's micro-batches are DeepSpeed's."""
 
+    #: ZeRO-Offload: offload_optimizer to the CPU
+    cpu_offload = False
+
     def __init__(self, model, ctx, config, **options):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
         # DeepSpeed reads these from the environment of a process its own launcher (or torchrun) started
@@ -92,6 +101,9 @@ class DeepSpeedPeer(Peer):
             "steps_per_print": 10 ** 9,
             "wall_clock_breakdown": False,
         }
+        if self.cpu_offload:  # ZeRO-Offload, with the client torch optimizer stepping on the host
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+            ds_config["zero_force_ds_cpu_optimizer"] = False
         with comm.phase("setup"), ledgered_torch_collectives(self.name):
             deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
             self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
@@ -119,7 +131,8 @@ class DeepSpeedPeer(Peer):
 
         ledger.track("params", params)
         ledger.track("grads", lambda: [p.grad for p in self.params if p.grad is not None])
-        ledger.track_optimizer(self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer)
+        optimizer = self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer
+        ledger.track_optimizer(optimizer, host=self.cpu_offload)  # offload: the fp32 partitions live on the host
 
     def full_parameters(self):
         if self.stage == 3:
@@ -130,6 +143,9 @@ class DeepSpeedPeer(Peer):
         return super().full_parameters()
 
     def theory_model_states(self, psi):
+        if self.cpu_offload:
+            return theory.offload_states(self.stage, psi, self.ctx.world_size, self.config.optimizer.name,
+                                         precision=self.config.precision)
         return theory.model_state_bytes(self.stage, psi, self.ctx.world_size, self.config.precision,
                                         self.config.optimizer.name)
 
@@ -143,3 +159,6 @@ if deepspeed_available():
         register(type(f"DeepSpeedZero{_stage}", (DeepSpeedPeer,), {
             "__doc__": f"DeepSpeed ZeRO stage {_stage} (deepspeed.initialize, client torch optimizer).",
             "name": f"deepspeed-zero{_stage}", "stage": _stage, "options": _deepspeed_options(_stage)}))
+    register(type("DeepSpeedZero2Offload", (DeepSpeedPeer,), {
+        "__doc__": "DeepSpeed ZeRO stage 2 with offload_optimizer to the CPU (ZeRO-Offload).",
+        "name": "deepspeed-zero2-offload", "stage": 2, "options": _deepspeed_options(2), "cpu_offload": True}))

@@ -18,6 +18,13 @@ Lifecycle:
    reduce-scattered into the gradient shards (``p.grad`` is a sharded DTensor);
 4. **step**: a plain torch optimizer steps the local shards.
 
+``fsdp2-zero3-offload`` adds ``CPUOffloadPolicy(pin_memory=False)``: the sharded parameters,
+their gradients and the optimizer states (so the step) live on the host, each group's
+shards are copied to the device before its all-gather and the gradient shards back after
+the reduce-scatter. On a CPU-only machine the device *is* the host: FSDP2's copies are
+``.to("cpu")`` of CPU tensors, which copy nothing, so this peer shows the parity and the
+host/device split of the ledger, not transfers (it has no transfer formula: None).
+
 Note what FSDP2 calls ZeRO-2: parameters are still sharded between steps; only between
 forward and backward do they stay gathered (2Ψ traffic, not 3Ψ). The traffic is counted
 by :mod:`.recording`; memory is read from the DTensors' local shards, ``p.grad`` and the
@@ -57,11 +64,13 @@ class FSDP2(Peer):
     """fully_shard on zerokit's units, then on the root; ``reshard_after_forward`` set by the subclass."""
 
     reshard_after_forward = True
+    #: CPUOffloadPolicy(pin_memory=False): shards, gradients and optimizer states on the host
+    cpu_offload = False
     options = {"unit_size": UNIT_SIZE_OPTION}
 
     def __init__(self, model, ctx, config, **options):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         super().__init__(model, ctx, config, **options)
         unit_size = self.opts["unit_size"]
@@ -74,12 +83,14 @@ class FSDP2(Peer):
         if config.precision == "bf16-mixed":
             model.float()  # bf16 values, exactly: FSDP2 keeps the fp32 shards and computes in bf16
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        offload = CPUOffloadPolicy(pin_memory=False) if self.cpu_offload else OffloadPolicy()
         with comm.phase("setup"), ledgered_torch_collectives(self.name):
             for unit in form_units(model, unit_size, set()):  # children before parents
                 if unit.module is not model:
                     fully_shard(_shard_target(unit), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                                mp_policy=policy)
-            fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+                                mp_policy=policy, offload_policy=offload)
+            fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy,
+                        offload_policy=offload)
         self.params = list(model.parameters())
         self.optimizer = config.optimizer.build(self.params)
 
@@ -98,8 +109,9 @@ class FSDP2(Peer):
         self.optimizer.zero_grad(set_to_none=True)
 
     def track_memory(self, ledger):
-        ledger.track("params", lambda: [_local(p) for p in self.model.parameters()])
-        ledger.track("grads", lambda: [_local(p.grad) for p in self.model.parameters() if p.grad is not None])
+        where = "host_" if self.cpu_offload else ""  # with CPUOffloadPolicy the shards rest on the host
+        ledger.track(f"{where}params", lambda: [_local(p) for p in self.model.parameters()])
+        ledger.track(f"{where}grads", lambda: [_local(p.grad) for p in self.model.parameters() if p.grad is not None])
         ledger.track("buffers", lambda: list(self.model.buffers()))
 
         def states():
@@ -108,7 +120,7 @@ class FSDP2(Peer):
                     if torch.is_tensor(v):
                         yield _local(v)
 
-        ledger.track("optimizer", states)
+        ledger.track(f"{where}optimizer", states)
 
     def full_parameters(self):
         out = {}
@@ -122,8 +134,9 @@ class FSDP2(Peer):
 
     def theory_model_states(self, psi):
         # FSDP2 pads each parameter's first dimension to a multiple of N, not a flat buffer
-        return theory.model_state_bytes(3, psi, self.ctx.world_size, "fp32", self.config.optimizer.name,
-                                        optimizer_tensors=self.optimizer_tensors())
+        states = theory.model_state_bytes(3, psi, self.ctx.world_size, "fp32", self.config.optimizer.name,
+                                          optimizer_tensors=self.optimizer_tensors())
+        return theory.SplitStates(0, 0, 0, host=states) if self.cpu_offload else states
 
     def theory_comm_bytes(self, psi):
         b = theory.param_bytes_per_element(self.config.precision)
@@ -147,3 +160,12 @@ class FSDP2Zero3(FSDP2):
     name = "fsdp2-zero3"
     stage = 3
     reshard_after_forward = True
+
+
+@register
+class FSDP2Zero3Offload(FSDP2Zero3):
+    """fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=False)): ZeRO-3 with the shards and the step on the
+    host; the peer of ``zero3`` with ``offload="params"``."""
+
+    name = "fsdp2-zero3-offload"
+    cpu_offload = True

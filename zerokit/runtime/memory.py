@@ -10,6 +10,11 @@ reads the bytes itself, every time, from ``untyped_storage().nbytes()``. Each st
 counted once, in the first category that holds it (params, grads, optimizer, buffers,
 activations), so a parameter that is a view into a flat buffer costs the buffer once,
 and a storage resized to 0 — a released shard — costs nothing.
+
+Host categories (``host_params``, ``host_grads``, ``host_optimizer``) hold the model states
+that :mod:`zerokit.offload` keeps on the host. They are read the same way, after the
+device's, and counted apart: ``total`` and the peak are the device's, ``host_total`` the
+host's.
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from typing import Callable, Iterable, Iterator, Union
 import torch
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers", "activations")
+#: model states resting on the host (zerokit.offload): never part of the device's ``total``
+HOST_CATEGORIES = ("host_params", "host_grads", "host_optimizer")
 
 TensorSource = Union[torch.Tensor, Callable[[], Iterable[torch.Tensor]]]
 
@@ -53,21 +60,21 @@ class MemoryLedger:
     """Current and peak bytes per category on one rank."""
 
     def __init__(self):
-        self._sources: dict = {c: [] for c in CATEGORIES}
+        self._sources: dict = {c: [] for c in CATEGORIES + HOST_CATEGORIES}
         self._saved: list = []
         self.peak_total = 0
         self.peak_breakdown = {c: 0 for c in CATEGORIES}
         self.peak_where = ""
         #: the largest value each category reached at any sample (its own peak, not at the total's)
-        self.peak_by_category = {c: 0 for c in CATEGORIES}
+        self.peak_by_category = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
         self.samples = 0
         self._hooks: list = []
 
     # -- where to look ----------------------------------------------------------------
     def track(self, category: str, source: TensorSource) -> None:
         """Watch a tensor, or a callable returning tensors, under ``category``."""
-        if category not in CATEGORIES[:-1]:
-            raise ValueError(f"category={category!r}; allowed: {', '.join(CATEGORIES[:-1])}")
+        if category not in CATEGORIES[:-1] + HOST_CATEGORIES:
+            raise ValueError(f"category={category!r}; allowed: {', '.join(CATEGORIES[:-1] + HOST_CATEGORIES)}")
         self._sources[category].append(source)
 
     def track_model(self, model: torch.nn.Module) -> None:
@@ -76,8 +83,9 @@ class MemoryLedger:
         self.track("grads", lambda: [p.grad for p in model.parameters() if p.grad is not None])
         self.track("buffers", lambda: list(model.buffers()))
 
-    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Optimizer states, the parameters it steps (fp32 masters) and their gradients."""
+    def track_optimizer(self, optimizer: torch.optim.Optimizer, host: bool = False) -> None:
+        """Optimizer states, the parameters it steps (fp32 masters) and their gradients (``host``: on the host)."""
+        where = "host_" if host else ""
         def states():
             for state in optimizer.state.values():
                 for v in state.values():
@@ -92,8 +100,8 @@ class MemoryLedger:
                     if p.grad is not None:
                         yield p.grad
 
-        self.track("grads", master_grads)
-        self.track("optimizer", states)
+        self.track(f"{where}grads", master_grads)
+        self.track(f"{where}optimizer", states)
 
     # -- activations ------------------------------------------------------------------
     @contextmanager
@@ -132,10 +140,10 @@ class MemoryLedger:
                     yield t
 
     def current(self) -> dict:
-        """Bytes per category now, each storage counted once."""
+        """Bytes per category now, each storage counted once; ``total`` on the device, ``host_total`` on the host."""
         seen: set = set()
         out = {}
-        for category in CATEGORIES:
+        for category in CATEGORIES + HOST_CATEGORIES:
             total = 0
             for t in self._tensors(category):
                 key, nbytes = _storage_key(t)
@@ -145,6 +153,7 @@ class MemoryLedger:
                 total += nbytes
             out[category] = total
         out["total"] = sum(out[c] for c in CATEGORIES)
+        out["host_total"] = sum(out[c] for c in HOST_CATEGORIES)
         return out
 
     def model_states(self) -> dict:
@@ -155,7 +164,7 @@ class MemoryLedger:
         """Read the current bytes and keep the peak; returns the current total."""
         now = self.current()
         self.samples += 1
-        for c in CATEGORIES:
+        for c in CATEGORIES + HOST_CATEGORIES:
             self.peak_by_category[c] = max(self.peak_by_category[c], now[c])
         if now["total"] > self.peak_total:
             self.peak_total = now["total"]
@@ -167,7 +176,7 @@ class MemoryLedger:
         self.peak_total = 0
         self.peak_breakdown = {c: 0 for c in CATEGORIES}
         self.peak_where = ""
-        self.peak_by_category = {c: 0 for c in CATEGORIES}
+        self.peak_by_category = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
 
     # -- sampling points --------------------------------------------------------------
     def instrument(self, model: torch.nn.Module) -> None:

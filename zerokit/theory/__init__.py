@@ -37,4 +37,4 @@ from .transformer import (  # noqa: F401
     ParamTensor, MLPS, NORMS, POSITIONS, transformer_parameters, transformer_param_count)
 from .offload import (  # noqa: F401
     offload_traffic_bytes, offload_model_state_bytes, offload_traffic_bytes_accumulated,
-    param_offload_traffic_bytes)
+    param_offload_traffic_bytes, SplitStates, offload_states, offload_transfer_bytes)

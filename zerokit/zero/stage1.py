@@ -20,6 +20,10 @@ step:
 send/recv, so the ledger's ``sent_bytes`` shows a reduce-scatter really sending
 (N−1)/N of the buffer (gloo's own reduce-scatter is an all-reduce underneath).
 
+``offload="optimizer"`` (:mod:`zerokit.offload`): step 3 runs on the host — the reduced
+gradient shards are copied out, the fp32 masters and states live there, the updated shards
+come back before the all-gather.
+
 Per rank: params 2Ψ and grads 2Ψ (bf16) or 4Ψ + 4Ψ (fp32), padded; optimizer K·Ψ/N
 (FACTS §1). Traffic 2(N−1)/N·Ψb, the same as DDP (FACTS §2): a reduce-scatter and
 an all-gather are an all-reduce cut in half. With accumulation the gradients
@@ -37,7 +41,7 @@ import torch
 from .. import theory
 from ..pipeline_parallel.options import PIPELINE_OPTIONS, REFUSED
 from ..runtime import comm
-from ..optim import MasterOptimizer
+from ..offload.zero_hooks import Offload, offload_option
 from ..strategies.base import Option, Strategy, boolean, register
 from ..data_parallel.naive import ALGORITHMS, check_replicas_match, one_of
 from ..runtime.ring import ring_all_reduce, ring_reduce_scatter
@@ -83,6 +87,8 @@ ALGORITHM_OPTION = Option("torch", one_of(*ALGORITHMS),
                           "'torch' (the backend's collectives) or 'ring' (zerokit's ring on send/recv: the ledger "
                           "counts the bytes really sent; synchronous, so nothing overlaps)")
 SHARED_OPTIONS["algorithm"] = ALGORITHM_OPTION
+#: ``offload``: 'none' or 'optimizer' (zerokit.offload)
+SHARED_OPTIONS["offload"] = offload_option(1)
 
 
 def reduce_scatter_flat(out: torch.Tensor, flat: torch.Tensor, group, algorithm: str, async_op: bool, tag: str):
@@ -122,7 +128,8 @@ class ShardedDataParallel(Strategy):
             self.units.append(FlatUnit(members, self.world, self.rank, index, [names[p] for p in members]))
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self.param_shards = [unit.shard(unit.data) for unit in self.units]
-        self.optimizer = MasterOptimizer(self.param_shards, config.optimizer)
+        self.offload = Offload(self, self.opts.get("offload", "none"))  # zerokit.offload: the optimizer on the host
+        self.optimizer = self.offload.optimizer(self.param_shards)
         self.allgather_numel = check_elements("allgather_bucket_size",
                                               self.opts.get("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET))
 
@@ -167,7 +174,7 @@ class ShardedDataParallel(Strategy):
     # -- measurement -----------------------------------------------------------------
     def track_memory(self, ledger):
         super().track_memory(ledger)
-        ledger.track_optimizer(self.optimizer.optimizer)
+        self.offload.track_optimizer(ledger, self.optimizer)
 
     def flat_units(self):
         return [unit.numel for unit in self.units]

@@ -24,6 +24,10 @@ freed, so they cannot accumulate — plus one all-gather: (A + 1)(N−1)/N·Ψb
 ``contiguous_gradients`` (DeepSpeed's name): the shards of all units live in one flat
 buffer, allocated once (True), or each unit's shard is its own tensor, allocated when
 it is first reduced in a step (False). The bytes are the same.
+
+``offload="optimizer"`` (:mod:`zerokit.offload`): after each backward the reduced shards are
+copied to the host, which accumulates the micro-batches and steps there; the device keeps
+no gradient between backward and step.
 """
 from __future__ import annotations
 
@@ -140,6 +144,7 @@ class ZeroStage2(ShardedDataParallel):
 
     def backward(self, loss):
         self.reducer.backward(loss)
+        self.offload.after_backward()  # offload: the reduced shards go to the host, the device keeps none
 
     @contextmanager
     def no_sync(self):

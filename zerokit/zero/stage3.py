@@ -36,7 +36,8 @@ gradient elements in flight; otherwise each is waited for at once.
 kept whole, their gradients all-reduced once per micro-batch, stepped whole on every
 rank (DeepSpeed's ``stage3_param_persistence_threshold``).
 
-The step updates the shards only; the next forward gathers them. Traffic per
+The step updates the shards only (on the host with ``offload``, :mod:`zerokit.offload`;
+``"params"`` also rests them there); the next forward gathers them. Traffic per
 micro-batch: two all-gathers and one reduce-scatter of every unit, 3(N−1)/N·Ψb —
 1.5 × DDP for every N (FACTS §2).
 """
@@ -52,7 +53,7 @@ from torch.utils._pytree import tree_flatten
 from .. import theory
 from ..data_parallel.naive import check_replicas_match
 from ..data_parallel.reducer import Reducer
-from ..optim import MasterOptimizer
+from ..offload.zero_hooks import Offload, offload_option
 from ..pipeline_parallel.options import REFUSED
 from ..runtime import comm
 from ..strategies.base import Option, Strategy, boolean, register
@@ -98,6 +99,7 @@ class ZeroStage3(Strategy):
         "contiguous_gradients": Option(True, boolean, "True (all gradient shards in one flat buffer) or False "
                                                       "(one shard tensor per unit)"),
         "algorithm": ALGORITHM_OPTION,
+        "offload": offload_option(3),
     }
 
     def __init__(self, model, ctx, config, **options):
@@ -120,8 +122,9 @@ class ZeroStage3(Strategy):
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:
             unit.free()
+        self.offload = Offload(self, self.opts["offload"])  # zerokit.offload; "params": the shards move to the host
         stepped = [u.shard for u in self.units] + ([self.persistent.data] if self.persistent else [])
-        self.optimizer = MasterOptimizer(stepped, config.optimizer)
+        self.optimizer = self.offload.optimizer(stepped)
         self.grad_shards: List[Optional[torch.Tensor]] = [None] * len(self.units)
         self.shard_buffer = None
         if self.opts["contiguous_gradients"]:
@@ -149,7 +152,8 @@ class ZeroStage3(Strategy):
 
     # -- gathering -------------------------------------------------------------------
     def _gather(self, unit: Unit) -> None:
-        unit.gather(lambda out, shard, tag: all_gather_flat(out, shard, self.group, self.opts["algorithm"], True, tag))
+        unit.gather(self.offload.gather_fn(lambda out, shard, tag: all_gather_flat(out, shard, self.group,
+                                                                                    self.opts["algorithm"], True, tag)))
 
     def _free_all(self) -> None:
         for unit in self.units:
@@ -276,6 +280,7 @@ class ZeroStage3(Strategy):
         except BaseException:
             self._free_all()
             raise
+        self.offload.after_backward()  # offload: the reduced shards go to the host, the device keeps none
 
     @contextmanager
     def no_sync(self):
@@ -316,8 +321,8 @@ class ZeroStage3(Strategy):
     # -- measurement -----------------------------------------------------------------
     def track_memory(self, ledger):
         super().track_memory(ledger)
-        ledger.track("params", lambda: [u.shard for u in self.units])
-        ledger.track_optimizer(self.optimizer.optimizer)
+        ledger.track(self.offload.category("params"), lambda: [u.shard for u in self.units])
+        self.offload.track_optimizer(ledger, self.optimizer)
 
         def gradient_memory():
             yield from (s for s in self.grad_shards if s is not None)
@@ -337,11 +342,6 @@ class ZeroStage3(Strategy):
 
     def optimizer_tensors(self):
         return self.optimizer.step_scalars
-
-    def theory_model_states(self, psi):
-        return theory.model_state_bytes(3, psi, self.world, self.config.precision, self.config.optimizer.name,
-                                        units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
-                                        persistent_numel=self.persistent_numel())
 
     def theory_comm_bytes(self, psi):
         b = theory.param_bytes_per_element(self.config.precision)

@@ -1,0 +1,154 @@
+"""The optimizer on the host (ZeRO-Offload, arXiv 2101.06840 §4): fp32 master, Adam's states and the step.
+
+:class:`HostOptimizer` takes the place of :class:`~zerokit.optim.MasterOptimizer` for a ZeRO
+strategy with ``offload="optimizer"`` or ``"params"``. Its lifecycle, per step:
+
+1. **setup**: every stepped tensor (a rank's flat parameter shard, on the device) is copied
+   to the host once (d2h) and becomes the fp32 *master* there; Adam's m, v and step live
+   next to it. A host gradient buffer of the shard's dtype is allocated per tensor. A
+   tensor that already *rests* on the host (a ZeRO-3 shard under ``offload="params"``)
+   needs no copy; in fp32 it is its own master.
+2. **gradients out** (:meth:`grads_out`): the device's reduced gradient shard is copied
+   into the host buffer (d2h), 16-bit as it is; a later micro-batch's shard of the same
+   step is copied next to it and added on the host.
+3. **step** (:meth:`step`): the host casts the gradients to fp32 and runs torch's fastest
+   CPU optimizer — ``AdamW(fused=True)`` (``SGD(fused=True)`` for SGD); the bench suite
+   ``zerokit bench offload`` measures it against ``foreach`` and the for-loop.
+4. **parameters back** (:meth:`params_in`): the updated master is cast to the shard's dtype
+   on the host, into the gradient buffer (free by now: it doubles as the staging buffer,
+   so the host holds no third copy), and copied to the device shard (h2d). A shard that
+   rests on the host is written there, and nothing crosses.
+
+Every copy goes through :mod:`.transfers`, so the bytes are counted where they cross.
+
+On CUDA the host buffers are pinned and the copies run non-blocking on a side stream:
+gradient copies wait for the compute stream that produced them (and mark the device
+tensors as used by the side stream, so that the allocator does not hand them out while
+the copy is in flight); the step waits for the side stream before it reads the host
+buffers; the compute stream waits for the parameter copies before anything reads the
+shards. That path cannot run on this project's CPU-only machine and is not tested here.
+On the CPU the copies are synchronous: bytes and copies are real, PCIe time is not.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..optim import OptimizerSpec
+from .transfers import copy, host_empty, to_host
+
+#: torch's three CPU implementations of the optimizers: one fused kernel, multi-tensor, one tensor at a time
+IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+
+
+def build_optimizer(params, spec: OptimizerSpec, implementation: str = "fused") -> torch.optim.Optimizer:
+    """``spec``'s torch optimizer over ``params`` in one of :data:`IMPLEMENTATIONS` (same arithmetic, other kernels)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[implementation]
+    if spec.name == "adamw":
+        return torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay,
+                                 **flags)
+    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, **flags)
+
+
+class HostOptimizer:
+    """A torch optimizer stepping fp32 masters on the host for ``tensors`` that live on the device (or rest on the
+    host where ``resident`` says so)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec,
+                 resident: Optional[Sequence[bool]] = None, implementation: str = "fused"):
+        self.tensors = list(tensors)
+        self.resident = list(resident) if resident is not None else [False] * len(self.tensors)
+        cuda = any(t.is_cuda for t in self.tensors)
+        #: the side stream of the copies (CUDA only)
+        self.stream = torch.cuda.Stream(self.tensors[0].device) if cuda else None
+        self.masters: List[nn.Parameter] = []
+        #: True where the master is the tensor itself (an fp32 shard resting on the host)
+        self.own_master: List[bool] = []
+        for i, (t, resting) in enumerate(zip(self.tensors, self.resident)):
+            t = t.detach()
+            if resting and t.dtype == torch.float32:
+                master = t
+            elif resting:
+                master = t.float()
+            else:
+                master = to_host(t, f"master {i}", self.stream)
+                self._sync()
+                master = master if master.dtype == torch.float32 else master.float()
+            self.masters.append(nn.Parameter(master))
+            self.own_master.append(resting and t.dtype == torch.float32)
+        #: one host gradient buffer per tensor, in the tensor's dtype; after the step, the 16-bit staging buffer
+        self.host_grads = [host_empty(t.detach()) for t in self.tensors]
+        self._arrived = [False] * len(self.tensors)
+        self.optimizer = build_optimizer(self.masters, spec, implementation)
+
+    # -- the copies ------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def _after_compute(self, tensors) -> None:
+        """CUDA: the side stream waits for the compute stream; the device tensors stay alive for it."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+            for t in tensors:
+                t.record_stream(self.stream)
+
+    @torch.no_grad()
+    def grads_out(self, grads: Sequence[Optional[torch.Tensor]]) -> None:
+        """Copy each device gradient shard to the host (d2h); a second one in the same step is added to the first.
+        None: this tensor has no gradient from the device now."""
+        self._after_compute([g for g in grads if g is not None])
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if not self._arrived[i]:
+                copy(self.host_grads[i], g.detach(), "d2h", f"grads {i}", self.stream)
+                self._arrived[i] = True
+            else:  # accumulation: the host adds the micro-batches' shards
+                staged = to_host(g.detach(), f"grads {i}", self.stream)
+                self._sync()
+                self.host_grads[i].add_(staged)
+
+    @torch.no_grad()
+    def params_in(self) -> None:
+        """The updated masters back where the shards live: cast on the host, then copied to the device (h2d)."""
+        for i, (t, master) in enumerate(zip(self.tensors, self.masters)):
+            if self.own_master[i]:
+                continue
+            if self.resident[i]:
+                t.copy_(master)  # the shard rests on the host: a cast in place, nothing crosses
+                continue
+            source = master if t.dtype == torch.float32 else self.host_grads[i].copy_(master)
+            copy(t, source, "h2d", f"params {i}", self.stream)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self, grads: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:
+        """Copy ``grads`` out (None entries: already on the host, or none), step on the host, copy params back."""
+        if grads is not None:
+            self.grads_out(grads)
+        self._sync()
+        for master, g, arrived in zip(self.masters, self.host_grads, self._arrived):
+            master.grad = (g if g.dtype == torch.float32 else g.float()) if arrived else None
+        self.optimizer.step()
+        for master in self.masters:
+            master.grad = None
+        self._arrived = [False] * len(self.tensors)
+        self.params_in()
+
+    @property
+    def step_scalars(self) -> int:
+        """Number of Adam ``step`` tensors (one per stepped tensor), on the host."""
+        return len(self.masters) if isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW) else 0
+
+    # -- measurement ------------------------------------------------------------------
+    def track_memory(self, ledger) -> None:
+        """The host's share in the memory ledger: masters and states (``host_optimizer``), gradient buffers and the
+        fp32 gradients of a step in progress (``host_grads``)."""
+        ledger.track("host_grads", lambda: self.host_grads)
+        ledger.track_optimizer(self.optimizer, host=True)
