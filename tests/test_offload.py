@@ -175,6 +175,28 @@ def test_bad_offload_input_fails_clearly():
         transfers.copy(torch.zeros(4), a, "up")
 
 
+def _load_then_step(ctx, name, options):
+    from zerokit.strategies import TrainConfig, get
+    from zerokit.zero.state_dict import full_state_dict, load_full_state_dict
+
+    torch.set_num_threads(1)
+    strategy = get(name)(odd_mlp().build_model(), ctx, TrainConfig("fp32", OptimizerSpec("sgd", lr=0.1)), **options)
+    torch.manual_seed(11)
+    source = zerokit.mlp((13, 37, 29, 7)).model_fn()
+    load_full_state_dict(strategy, dict(source.named_parameters()) if ctx.rank == 0 else None)
+    strategy.zero_grad()
+    strategy.backward(strategy.forward(torch.ones(4, 13)).sum() * 0)  # zero gradients: SGD keeps the parameters
+    strategy.step()
+    full = full_state_dict(strategy)
+    if ctx.rank == 0:
+        return max(float((full[k] - v.detach()).abs().max()) for k, v in source.named_parameters())
+
+
+@pytest.mark.parametrize("name,offload", [("zero2", "optimizer"), ("zero3", "params")])
+def test_a_loaded_state_dict_reaches_the_host_masters(name, offload):
+    assert zerokit.launch(_load_then_step, 2, name, {"offload": offload})[0] == 0  # stale masters would undo it
+
+
 # --- the host optimizer on its own, in this process -------------------------------------------------
 
 @pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "adamw"), (torch.float32, "sgd")])

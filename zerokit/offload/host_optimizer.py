@@ -58,6 +58,9 @@ class HostOptimizer:
     """A torch optimizer stepping fp32 masters on the host for ``tensors`` that live on the device (or rest on the
     host where ``resident`` says so)."""
 
+    #: the masters are copies of the tensors: loading a state dict refreshes them (:mod:`zerokit.zero.state_dict`)
+    mixed = True
+
     def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec,
                  resident: Optional[Sequence[bool]] = None, implementation: str = "fused"):
         self.tensors = list(tensors)
@@ -65,21 +68,13 @@ class HostOptimizer:
         cuda = any(t.is_cuda for t in self.tensors)
         #: the side stream of the copies (CUDA only)
         self.stream = torch.cuda.Stream(self.tensors[0].device) if cuda else None
-        self.masters: List[nn.Parameter] = []
+        self._after_compute([t for t, resting in zip(self.tensors, self.resident) if not resting])
+        copies = [t.detach() if resting else to_host(t.detach(), f"master {i}", self.stream)
+                  for i, (t, resting) in enumerate(zip(self.tensors, self.resident))]
+        self._sync()
         #: True where the master is the tensor itself (an fp32 shard resting on the host)
-        self.own_master: List[bool] = []
-        for i, (t, resting) in enumerate(zip(self.tensors, self.resident)):
-            t = t.detach()
-            if resting and t.dtype == torch.float32:
-                master = t
-            elif resting:
-                master = t.float()
-            else:
-                master = to_host(t, f"master {i}", self.stream)
-                self._sync()
-                master = master if master.dtype == torch.float32 else master.float()
-            self.masters.append(nn.Parameter(master))
-            self.own_master.append(resting and t.dtype == torch.float32)
+        self.own_master = [resting and t.dtype == torch.float32 for t, resting in zip(self.tensors, self.resident)]
+        self.masters: List[nn.Parameter] = [nn.Parameter(c if c.dtype == torch.float32 else c.float()) for c in copies]
         #: one host gradient buffer per tensor, in the tensor's dtype; after the step, the 16-bit staging buffer
         self.host_grads = [host_empty(t.detach()) for t in self.tensors]
         self._arrived = [False] * len(self.tensors)
