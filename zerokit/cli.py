@@ -13,7 +13,7 @@ from . import theory
 from .report import Report
 from .runtime.errors import RankFailed, RankTimeout
 from .runtime.mesh import AXES, check_built, parse_parallel
-from .train import make_job, run_job, run_reference
+from .train import JOB_OPTIONS, make_job, run_job, run_reference
 from .workloads import Workload, tiny_gpt
 
 #: the tiny GPT the tour runs: small enough for every strategy at 2 and 4 ranks in a minute
@@ -171,7 +171,7 @@ def _strategy_options(args, names):
     merged = {**config, **options}
     classes = {name: strategy_registry.get(name) for name in names}
     for key in merged:
-        if not any(key in cls.options for cls in classes.values()):
+        if key not in JOB_OPTIONS and not any(key in cls.options for cls in classes.values()):
             source = f"--option {key}" if key in options else f"--deepspeed-config (mapped to {key!r})"
             have = "; ".join(f"{name}: {', '.join(sorted(cls.options)) or 'none'}" for name, cls in classes.items())
             raise UsageError(f"{source}: none of the chosen strategies has an option {key!r}; "
@@ -179,7 +179,8 @@ def _strategy_options(args, names):
 
     def options_for(name):
         cls = classes.get(name) or strategy_registry.get(name)
-        return {k: v for k, v in merged.items() if k in cls.options}
+        # checkpointing / checkpoint_every go to every strategy: make_job takes them out of the options
+        return {k: v for k, v in merged.items() if k in cls.options or k in JOB_OPTIONS}
 
     return options_for
 

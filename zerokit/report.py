@@ -59,6 +59,8 @@ class RankResult:
     theory_transfer_bytes_per_step: Optional[dict] = None
     #: measured, with a pipeline: the last step's actions on this rank as (action, start s, end s)
     pipeline_spans: Optional[list] = None
+    #: measured: forward calls activation checkpointing re-ran in backward, over all steps (zerokit.checkpointing)
+    recomputed_forwards: int = 0
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:
@@ -127,6 +129,7 @@ class StrategyResult:
                 "host_model_state_bytes": r.host_model_state_bytes,
                 "transfer_bytes_per_step": r.transfer_bytes_per_step,
                 "cuda_peak_bytes": r.cuda_peak_bytes,
+                "recomputed_forwards": r.recomputed_forwards,
             } for r in self.ranks],
             "theory": {
                 "model_state_bytes_per_rank": self.ranks[0].theory_model_states,

@@ -46,6 +46,10 @@ class Job:
     parallel: Optional[Dict[str, int]] = None
     #: with tp > 1: shard LayerNorm/dropout regions along the sequence (Korthikanti et al.)
     sequence_parallel: bool = False
+    #: activation checkpointing policy on the model's repeated blocks (:mod:`zerokit.checkpointing`)
+    checkpointing: str = "none"
+    #: blocks per segment for ``checkpointing="every_k"``
+    checkpoint_every: Optional[int] = None
 
 
 def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
@@ -118,6 +122,11 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tensor_parallel:
         with comm.phase("setup"):
             plan, loss_fn = _tensor_parallel(job, ctx, model)
+    checkpointing = None
+    if job.checkpointing != "none":  # on the (tensor-parallel) blocks, before any strategy wraps them
+        from .checkpointing import apply_checkpointing
+
+        checkpointing = apply_checkpointing(model, job.checkpointing, job.checkpoint_every)
     pipeline = None
     if pipelined(cls, ctx):  # this rank keeps its stages; the strategy wraps them
         driver = getattr(cls, "pipeline_driver", Pipeline)
@@ -217,6 +226,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         params=params if ctx.rank == 0 else None,
         pipeline_spans=pipeline.spans() if pipeline is not None else None,
         param_count=psi,
+        recomputed_forwards=checkpointing.recomputed_forwards if checkpointing is not None else 0,
     )
 
 
@@ -225,11 +235,14 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
 def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
              optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
              keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
-             sequence_parallel: bool = False) -> Job:
+             sequence_parallel: bool = False, checkpointing: str = "none",
+             checkpoint_every: Optional[int] = None) -> Job:
     """Check every argument and build the job, before any process starts."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
     cls = get_strategy(strategy)
+    options, checkpointing, checkpoint_every = _checkpointing_options(workload, options, checkpointing,
+                                                                      checkpoint_every)
     theory.check_precision(precision)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
@@ -262,7 +275,26 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                          f"({degree}) times micro_batches ({micro_batches}); choose a batch size that is a "
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
-               track_peak, keep_records, None if parallel is None else shape, sequence_parallel)
+               track_peak, keep_records, None if parallel is None else shape, sequence_parallel,
+               checkpointing=checkpointing, checkpoint_every=checkpoint_every)
+
+
+#: keywords of ``train`` that ``--option`` / ``options_for`` may also carry, for every strategy
+JOB_OPTIONS = ("checkpointing", "checkpoint_every")
+
+
+def _checkpointing_options(workload: Workload, options: dict, checkpointing, checkpoint_every):
+    """Take ``checkpointing``/``checkpoint_every`` out of ``options`` (where the CLI puts them) and check them
+    against the workload's model before any process starts; returns (options, policy, every)."""
+    options = dict(options)
+    checkpointing = options.pop("checkpointing", checkpointing)
+    checkpoint_every = options.pop("checkpoint_every", checkpoint_every)
+    from .checkpointing import check_for_model, check_policy
+
+    check_policy(checkpointing, checkpoint_every)
+    if checkpointing != "none":
+        check_for_model(workload.build_model(), checkpointing, checkpoint_every)
+    return options, checkpointing, checkpoint_every
 
 
 def _check_tensor_parallel(workload: Workload, cls, tp: int, sequence_parallel) -> None:
@@ -285,7 +317,7 @@ def _check_tensor_parallel(workload: Workload, cls, tp: int, sequence_parallel) 
 def run_reference(job: Job) -> RankResult:
     """The single-process reference: the same loop on the whole global batch, in this process."""
     ref = Job(job.workload, "single", job.steps, TrainConfig(job.config.precision, job.config.optimizer, 1),
-              track_peak=job.track_peak)
+              track_peak=job.track_peak, checkpointing=job.checkpointing, checkpoint_every=job.checkpoint_every)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -309,19 +341,23 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1,
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
-          sequence_parallel: bool = False, **options) -> Report:
+          sequence_parallel: bool = False, checkpointing: str = "none", checkpoint_every: Optional[int] = None,
+          **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
     ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
     multiplying to ``world_size``; default: every rank on ``dp``). With ``tp`` above 1 the
     model is split by the workload's tensor-parallel plan before the strategy runs on
     ``dp`` (``sequence_parallel=True`` also shards the LayerNorm regions along the sequence).
+    ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,
+    ``selective``, ``torch-every``, ``torch-selective``) recomputes the blocks' activations in
+    backward (:mod:`zerokit.checkpointing`); the reference checkpoints the same way.
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
     """
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
-                   options, track_peak, keep_records, parallel, sequence_parallel)
+                   options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every)
     ref = run_reference(job) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
     return Report([result], reference=ref)
