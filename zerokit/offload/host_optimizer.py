@@ -12,8 +12,10 @@ strategy with ``offload="optimizer"`` or ``"params"``. Its lifecycle, per step:
    into the host buffer (d2h), 16-bit as it is; a later micro-batch's shard of the same
    step is copied next to it and added on the host.
 3. **step** (:meth:`step`): the host casts the gradients to fp32 and runs torch's fastest
-   CPU optimizer — ``AdamW(fused=True)`` (``SGD(fused=True)`` for SGD); the bench suite
-   ``zerokit bench offload`` measures it against ``foreach`` and the for-loop.
+   CPU optimizer — ``AdamW(fused=True)`` (``SGD(fused=True)`` for SGD; a spec carrying a
+   torch optimizer class is built with its own arguments, fused where torch has a fused
+   kernel); the bench suite ``zerokit bench offload`` measures it against ``foreach`` and
+   the for-loop.
 4. **parameters back** (:meth:`params_in`): the updated master is cast to the shard's dtype
    on the host, into the gradient buffer (free by now: it doubles as the staging buffer,
    so the host holds no third copy), and copied to the device shard (h2d). A shard that
@@ -48,10 +50,18 @@ def build_optimizer(params, spec: OptimizerSpec, implementation: str = "fused") 
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[implementation]
+    custom = getattr(spec, "optimizer_class", None)
+    if custom is not None:  # any torch optimizer class with its own arguments; torch's fused kernel where it has one
+        kwargs = dict(getattr(spec, "kwargs", ()))
+        if custom in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD) and not {"fused", "foreach"} & set(kwargs):
+            kwargs.update(flags)
+        return custom(params, **kwargs)
     if spec.name == "adamw":
         return torch.optim.AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay,
                                  **flags)
-    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, **flags)
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, **flags)
+    raise ValueError(f"optimizer {spec.name!r}: the host optimizer steps adamw or sgd, or a torch optimizer class")
 
 
 class HostOptimizer:
