@@ -31,9 +31,8 @@ def test_keys_map_to_zerokit_options_in_elements():
     ({"zero_optimization": {"stage": 4}}, "stage=4 is not a ZeRO stage"),
     ({"zero_optimization": {"stage": 1, "bucket_size": 10}}, "zero_optimization.bucket_size is unknown"),
     ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param contradicts stage 2"),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}, "zerokit does not offload"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "offloads to the CPU only"),
     ({"zero_optimization": {"stage": 1, "stage3_prefetch_bucket_size": 10}}, "contradicts stage 1"),
-    ({"zero_optimization": {"stage": 3, "allgather_bucket_size": 10}}, "contradicts stage 3"),
     ({"zero_optimization": {"stage": 3, "reduce_scatter": False}}, "contradicts stage 3"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 0}}, "must be a positive whole number"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}}, "must be a positive whole number"),
@@ -77,3 +76,18 @@ def test_compare_runs_with_a_deepspeed_config(tmp_path, capsys):
                      "zero3", "--steps", "2", "--deepspeed-config", str(path)])
     assert code == 2
     assert "this strategy is ZeRO stage 3" in capsys.readouterr().err
+
+
+def test_allgather_bucket_size_at_stage_3_is_ignored_with_a_warning_as_deepspeed_does():
+    with pytest.warns(UserWarning, match="ignores it"):
+        options = from_deepspeed({"zero_optimization": {"stage": 3, "allgather_bucket_size": 5e8}})
+    assert "allgather_bucket_size" not in options
+
+
+def test_offload_keys_map_to_zerokit_offload():
+    assert from_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})["offload"] \
+        == "optimizer"
+    assert from_deepspeed({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                 "offload_param": {"device": "cpu", "pin_memory": True}}})["offload"] \
+        == "params"
+    assert "offload" not in from_deepspeed({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "none"}}})

@@ -99,5 +99,8 @@ def test_bad_arguments_name_what_is_allowed():
 def test_frozen_parameters_are_held_but_neither_graded_nor_stepped():
     states = theory.model_state_bytes(0, 100, 1, "fp32", "adamw", optimizer_tensors=2, frozen_numel=30)
     assert (states.params, states.grads, states.optimizer) == (400, 280, 8 * 70 + 8)
-    with pytest.raises(ValueError, match="frozen_numel"):
-        theory.model_state_bytes(2, 100, 2, frozen_numel=30)
+    # ZeRO holds a frozen parameter whole on every rank (not in the sharded units): params only
+    states = theory.model_state_bytes(2, 100, 2, "fp32", "adamw", units=[70], frozen_numel=30)
+    assert (states.params, states.grads, states.optimizer) == (4 * 70 + 4 * 30, 4 * 35, 8 * 35)
+    states = theory.model_state_bytes(3, 100, 2, "fp32", "sgd", units=[70], frozen_numel=30)
+    assert (states.params, states.grads) == (4 * 35 + 4 * 30, 4 * 35)

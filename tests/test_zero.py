@@ -315,3 +315,33 @@ def test_bench_zero_quick_run_writes_ratios(tmp_path):
     assert "load average" in data["machine"]
     with pytest.raises(SystemExit):
         bench.main("zero", ["--unit-size", "blocks"])
+
+
+def frozen_tied_gpt():
+    """A tied GPT whose position embedding and first LayerNorm bias are frozen."""
+    base = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12, tie_weights=True)
+
+    def model():
+        m = base.model_fn()
+        m.pos.weight.requires_grad_(False)
+        m.blocks[0].ln1.bias.requires_grad_(False)
+        return m
+
+    return zerokit.Workload("tied-gpt-frozen", model, base.batch_fn, base.loss_fn)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_frozen_parameters_are_held_whole_and_never_sharded_or_stepped(n):
+    work = frozen_tied_gpt()
+    names = ["single", "zero1", "zero2", "zero3"]
+    report = compare(work, n, names, steps=3, optimizer="sgd", lr=0.1,
+                     options_for=lambda name: {"reduce_bucket_size": 5000} if name in ("zero1", "zero2") else {})
+    start = work.build_model()
+    for name in names[1:]:
+        result = report[name]
+        assert result.param_diff["max_abs"] <= 1e-6, name
+        params = result.ranks[0].params
+        assert (params["pos.weight"] == start.pos.weight).all(), name  # never stepped
+        assert (params["blocks.0.ln1.bias"] == start.blocks[0].ln1.bias).all(), name
+        for rank in result.ranks:
+            assert states(rank) == theory_states(rank), (name, rank.rank)

@@ -10,11 +10,13 @@ from .runtime.context import RankContext, current
 from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
 from .planner import plan
+from .api import DistributedDataParallel, Engine, ShardedOptimizer, initialize, measure
 from .pipeline_parallel import schedule, simulate
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
-           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate"]
+           "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
+           "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure"]
 __version__ = "0.1.0"

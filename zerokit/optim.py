@@ -10,7 +10,7 @@ dropped after it, so between steps the ledger sees bf16 grads alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -19,19 +19,43 @@ from . import theory
 
 @dataclass(frozen=True)
 class OptimizerSpec:
+    """Which optimizer steps a strategy's tensors: ``adamw`` or ``sgd`` with these hyperparameters, or any
+    torch optimizer class (``optimizer_class`` with ``kwargs``: the own-loop API's ``ShardedOptimizer`` and
+    ``initialize``); ``name`` is then the class's (its model-state formula is known for Adam(W) and SGD)."""
+
     name: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     momentum: float = 0.0
+    optimizer_class: Optional[type] = None
+    kwargs: tuple = ()
 
     def __post_init__(self):
-        theory.check_optimizer(self.name)
+        if self.optimizer_class is None:
+            theory.check_optimizer(self.name)
+        elif not (isinstance(self.optimizer_class, type) and issubclass(self.optimizer_class, torch.optim.Optimizer)):
+            raise ValueError(f"optimizer_class={self.optimizer_class!r} must be a torch.optim.Optimizer subclass, "
+                             f"e.g. torch.optim.AdamW")
         if not isinstance(self.lr, (int, float)) or self.lr <= 0:
             raise ValueError(f"lr={self.lr!r} must be a positive number")
 
+    @classmethod
+    def of_class(cls, optimizer_class: type, **kwargs) -> "OptimizerSpec":
+        """Any torch optimizer class with its keyword arguments (``lr`` among them, or the class's default)."""
+        name = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adamw" if not kwargs.get("weight_decay") else "adam",
+                torch.optim.SGD: "sgd"}.get(optimizer_class, getattr(optimizer_class, "__name__", "custom").lower())
+        lr = kwargs.get("lr", 1e-3)
+        return cls(name=name, lr=float(lr) if isinstance(lr, (int, float)) else 1e-3, optimizer_class=optimizer_class,
+                   kwargs=tuple(sorted(kwargs.items())))
+
     def build(self, params) -> torch.optim.Optimizer:
+        if self.optimizer_class is not None:
+            try:
+                return self.optimizer_class(params, **dict(self.kwargs))
+            except TypeError as e:
+                raise ValueError(f"{self.optimizer_class.__name__}(**{dict(self.kwargs)}) failed: {e}") from None
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps,
                                      weight_decay=self.weight_decay, foreach=False)

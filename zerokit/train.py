@@ -25,6 +25,7 @@ from .optim import OptimizerSpec
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
 from .workloads import Workload
+from .api.engine import Engine
 from .pipeline_parallel.options import check_pipeline, pipelined
 from .pipeline_parallel.strategy import Pipeline
 
@@ -135,6 +136,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     #: what this rank holds: the tensor-parallel shard of the model (Ψ itself without tp)
     psi_rank = sum(p.numel() for p in model.parameters())
     strategy = cls(model, ctx, job.config, **job.options)
+    # the public engine a user's own loop drives (zerokit.initialize): one code path for both
+    engine = Engine(strategy, job.config.micro_batches, zero_grad_after_step=False)
     memory = MemoryLedger()
     if pipeline is not None:
         pipeline.executor.memory = memory
@@ -154,7 +157,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     for step in range(job.steps):
         comm.set_step(step)
         t0 = time.perf_counter()
-        strategy.zero_grad()
+        engine.zero_grad()
         micro = _local_batch(job, ctx, step, cls.data_parallel)
         step_loss = 0.0
         if pipeline is not None:
@@ -163,19 +166,23 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
             step_loss = pipeline.step(strategy, [(_to_device(x, ctx.device, dtype).clone(), y.to(ctx.device).clone())
                                                  for x, y in micro])
             micro = []
-        for i, (x, y) in enumerate(micro):
+        for x, y in micro:  # the engine runs all but the last micro-batch under no_sync, and divides by their count
             x, y = _to_device(x, ctx.device, dtype), y.to(ctx.device)
-            sync = nullcontext() if i == len(micro) - 1 else strategy.no_sync()
-            with sync:
-                with comm.phase("forward"), memory.watch_activations(), span("forward"):
-                    loss = loss_fn(strategy.forward(x), y) / len(micro)
-                memory.sample("after forward")
-                with comm.phase("backward"), span("backward"):
-                    strategy.backward(loss)
-            step_loss += float(loss.detach())
+            with memory.watch_activations(), span("forward"):
+                out = engine(x)
+                with comm.phase("forward"):
+                    loss = loss_fn(out, y)
+            memory.sample("after forward")
+            with span("backward"):
+                engine.backward(loss)
+            step_loss += float((loss / len(micro)).detach())
         memory.sample("after backward")
-        with comm.phase("step"), span("step"):
-            strategy.step()
+        with span("step"):
+            if pipeline is not None:
+                with comm.phase("step"):
+                    strategy.step()
+            else:
+                engine.step()
         memory.sample("after step")
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)

@@ -113,7 +113,7 @@ class Offload:
     def _layout(self) -> dict:
         s = self.strategy
         persistent = s.persistent_numel() if hasattr(s, "persistent_numel") else 0
-        return dict(units=s.flat_units(), persistent_numel=persistent)
+        return dict(units=s.flat_units(), persistent_numel=persistent, frozen_numel=s.frozen_numel())
 
     def theory_model_states(self, psi: int) -> theory.ModelStates:
         """Formula: model states per rank, with the host's beside the device's when offloading (exact, padded)."""

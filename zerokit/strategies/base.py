@@ -95,8 +95,8 @@ class Strategy:
         return resolved
 
     # -- training ---------------------------------------------------------------------
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(inputs)
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        return self.model(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -130,6 +130,10 @@ class Strategy:
     def full_parameters(self) -> Optional[Dict[str, torch.Tensor]]:
         """Every parameter, whole, as fp32 on the CPU (on rank 0; other ranks may return None)."""
         return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
+
+    def frozen_numel(self) -> int:
+        """Elements of the parameters with ``requires_grad=False``: held, never reduced, sharded or stepped."""
+        return sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
 
     def flat_units(self):
         """Sizes of the flat buffers the strategy shards (None: it shards nothing)."""

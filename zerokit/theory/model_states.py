@@ -86,8 +86,8 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
     is the number of tensors the optimizer steps (one Adam ``step`` scalar each).
     ``persistent_numel`` counts stage-3 parameters kept gathered (persistence threshold):
     they are held whole, with their gradients and optimizer states, outside the shards.
-    ``frozen_numel`` (stage 0): parameters with ``requires_grad=False`` — held, but with no
-    gradient and no optimizer state.
+    ``frozen_numel``: parameters with ``requires_grad=False`` — held whole on every rank (never
+    sharded, not in ``units``), with no gradient and no optimizer state.
     """
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r} is not a ZeRO stage; allowed: 0, 1, 2, 3")
@@ -96,8 +96,6 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
     pb = param_bytes_per_element(precision)
     k = optimizer_bytes_per_element(precision, optimizer)
     steps = ADAM_STEP_SCALAR_BYTES * optimizer_tensors if optimizer == "adamw" else 0
-    if frozen_numel and stage != 0:
-        raise ValueError(f"frozen_numel={frozen_numel!r}: only stage 0 counts frozen parameters")
     if stage == 0:
         trained = psi - frozen_numel
         return ModelStates(pb * psi, pb * trained, k * trained + steps, steps)
@@ -105,11 +103,12 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
     shard = shard_numel(units, n)
     full = n * shard
     persistent = persistent_numel
+    frozen = pb * frozen_numel
     if stage == 1:
-        return ModelStates(pb * full, pb * full, k * shard + steps, steps)
+        return ModelStates(pb * full + frozen, pb * full, k * shard + steps, steps)
     if stage == 2:
-        return ModelStates(pb * full, pb * shard, k * shard + steps, steps)
-    return ModelStates(pb * (shard + persistent), pb * (shard + persistent),
+        return ModelStates(pb * full + frozen, pb * shard, k * shard + steps, steps)
+    return ModelStates(pb * (shard + persistent) + frozen, pb * (shard + persistent),
                        k * (shard + persistent) + steps, steps)
 
 

@@ -34,7 +34,7 @@ class SplitStates(ModelStates):
 def offload_model_state_bytes(stage: int, psi: int, n: int, optimizer: str = "adamw",
                               offload_params: bool = False, *, precision: str = "bf16-mixed",
                               units: Optional[Sequence[int]] = None, optimizer_tensors: int = 0,
-                              persistent_numel: int = 0) -> tuple:
+                              persistent_numel: int = 0, frozen_numel: int = 0) -> tuple:
     """ZeRO-Offload (2101.06840 §4): (device, host) model states per rank.
 
     16-bit parameters stay on the device (2Ψ; 2Ψ/N at stage 3; none with ``offload_params``,
@@ -49,7 +49,8 @@ def offload_model_state_bytes(stage: int, psi: int, n: int, optimizer: str = "ad
     shard that lives on the device — K = 4 + 8 with Adam; a shard resting on the host in
     fp32 is its own master), ``optimizer_tensors`` (one 4-byte Adam ``step`` each, on the
     host) and ``persistent_numel`` (stage-3 parameters kept whole on the device: stepped
-    on the host like the shards, copied back every step).
+    on the host like the shards, copied back every step). ``frozen_numel``: parameters with
+    ``requires_grad=False``, held whole on the device, with no gradient and no optimizer state.
     """
     if stage not in (1, 2, 3):
         raise ValueError(f"stage={stage!r}: offloading the optimizer needs ZeRO stage 1, 2 or 3 (DeepSpeed's rule)")
@@ -72,7 +73,7 @@ def offload_model_state_bytes(stage: int, psi: int, n: int, optimizer: str = "ad
         device_params = pb * (persistent_numel + shard - resident)
     else:
         device_params = pb * full
-    device = ModelStates(device_params, pb * full if stage == 1 else 0, 0)
+    device = ModelStates(device_params + pb * frozen_numel, pb * full if stage == 1 else 0, 0)
     host = ModelStates(pb * resident, pb * stepped, 4 * masters + moments * stepped + steps, steps)
     return device, host
 

@@ -10,14 +10,14 @@ DeepSpeed means them (``5e8`` is accepted for 500,000,000), never bytes (FACTS �
 |---|---|---|
 | ``stage`` | ``stage`` (must be the strategy's own) | 0–3 |
 | ``reduce_bucket_size`` | ``reduce_bucket_size`` (1–2: unit size; 3: gradients in flight) | 1–3 |
-| ``allgather_bucket_size`` | ``allgather_bucket_size`` | 1–2 |
+| ``allgather_bucket_size`` | ``allgather_bucket_size`` (stage 3: ignored with a warning, as DeepSpeed ignores it) | 1–2 |
 | ``overlap_comm`` | ``overlap_comm`` | 1–3 |
 | ``contiguous_gradients`` | ``contiguous_gradients`` | 1–3 |
 | ``reduce_scatter`` | ``reduce_scatter`` (stage 3: must be true) | 1–3 |
 | ``allgather_partitions`` | must be true (zerokit gathers with all-gather) | 1–3 |
 | ``stage3_prefetch_bucket_size`` | ``prefetch_bucket_size``; 0 turns ``prefetch`` off | 3 |
 | ``stage3_param_persistence_threshold`` | ``param_persistence_threshold`` | 3 |
-| ``offload_optimizer``, ``offload_param`` | only ``{"device": "none"}``; ``offload_param`` needs stage 3 | |
+| ``offload_optimizer``, ``offload_param`` | ``{"device": "cpu"}``: ``offload="optimizer"`` / ``"params"`` (:mod:`zerokit.offload`); ``offload_param`` needs stage 3 | 1–3 / 3 |
 
 At the top level only ``zero_optimization`` and ``"gradient_clipping": 0`` (zerokit never
 clips; DeepSpeed clips at 1.0 unless told 0) are read; precision, optimizer and batch
@@ -26,6 +26,7 @@ are ``zerokit compare`` flags. ``to_deepspeed`` goes the other way, for the Deep
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Union
 
@@ -119,14 +120,24 @@ def from_deepspeed(source: Union[str, Path, dict]) -> Dict[str, Any]:
         if key in NOT_IMPLEMENTED:
             raise ValueError(f"zero_optimization.{key} is not implemented by zerokit ({NOT_IMPLEMENTED[key]}); "
                              f"remove it")
+        if key == "allgather_bucket_size" and stage == 3:
+            warnings.warn("zero_optimization.allgather_bucket_size applies to stages 1 and 2; DeepSpeed accepts it "
+                          "at stage 3 and ignores it (stage 3 gathers by stage3_prefetch_bucket_size), and so does "
+                          "zerokit", stacklevel=2)
+            check_elements(f"zero_optimization.{key}", value)
+            continue
         if key in STAGES_OF and stage not in STAGES_OF[key]:
             stages = " or ".join(map(str, STAGES_OF[key]))
             raise ValueError(f"zero_optimization.{key} contradicts stage {stage}: it applies to stage {stages} only")
         if key in OFFLOAD:
             device = value.get("device") if isinstance(value, dict) else None
-            if device not in ("none", None) or not isinstance(value, dict):
-                raise ValueError(f"zero_optimization.{key}={value!r}: zerokit does not offload (ZeRO-Offload is "
-                                 f"FACTS §6); use {{\"device\": \"none\"}} or remove it")
+            extra = sorted(set(value) - {"device", "pin_memory"}) if isinstance(value, dict) else []
+            if device not in ("none", "cpu", None) or not isinstance(value, dict) or extra:
+                raise ValueError(f"zero_optimization.{key}={value!r}: zerokit offloads to the CPU only; use "
+                                 f"{{\"device\": \"cpu\"}} (optional \"pin_memory\") or {{\"device\": \"none\"}}")
+            if device == "cpu":  # zerokit.offload: 'params' moves the optimizer to the host too
+                options["offload"] = "params" if key == "offload_param" or options.get("offload") == "params" \
+                    else "optimizer"
             continue
         if key in BOOLEANS and not isinstance(value, bool):
             raise ValueError(f"zero_optimization.{key}={value!r} must be true or false")

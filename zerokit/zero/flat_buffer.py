@@ -30,16 +30,13 @@ def check_world_size(psi: int, world_size: int) -> None:
 
 
 def check_trainable(model: torch.nn.Module, strategy: str) -> List[torch.nn.Parameter]:
-    """Every parameter (zerokit's ZeRO strategies shard them all), each requiring grad."""
+    """The parameters ZeRO shards: those that require grad. A frozen one (``requires_grad=False``) is held whole
+    on every rank, like a buffer: it has no gradient to reduce and no optimizer state to shard."""
     named = list(model.named_parameters())
-    frozen = [n for n, p in named if not p.requires_grad]
-    if frozen:
-        raise ValueError(f"strategy {strategy!r}: parameters {frozen[:5]} have requires_grad=False; zerokit's ZeRO "
-                         f"strategies shard every parameter, and a frozen one would hold optimizer shards it "
-                         f"never uses: remove it from the model or register it as a buffer")
-    if not named:
-        raise ValueError(f"strategy {strategy!r}: the model has no parameters to shard")
-    return [p for _, p in named]
+    trainable = [p for _, p in named if p.requires_grad]
+    if not trainable:
+        raise ValueError(f"strategy {strategy!r}: the model has no parameters that require grad, nothing to shard")
+    return trainable
 
 
 def check_elements(name: str, value) -> int:

@@ -115,7 +115,8 @@ class ZeroStage3(Strategy):
         if persistent:
             self.persistent = FlatUnit(persistent, 1, 0, -1, [self.names[p] for p in persistent])
         self.units: List[Unit] = []
-        for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent))):
+        frozen = {p for p in model.parameters() if not p.requires_grad}  # held whole, like buffers
+        for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent) | frozen)):
             flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params])
             self.units.append(Unit(spec, flat))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}

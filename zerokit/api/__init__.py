@@ -1,0 +1,15 @@
+"""zerokit in your own training loop: torch-style wrappers, a DeepSpeed-style ``initialize``, and ``measure``.
+
+Each is a thin face over the strategies ``zerokit.train`` runs (one mechanism, one code
+path): :class:`DistributedDataParallel` (torch's DDP interface, zerokit's ``ddp``),
+:class:`ShardedOptimizer` (torch's ZeroRedundancyOptimizer interface, zerokit's ``zero1``),
+:func:`initialize` and its :class:`Engine` (DeepSpeed's verbs over ``ddp`` or ZeRO 1–3,
+the engine ``zerokit.train`` itself drives), and :func:`measure` (the ledgers around a block).
+"""
+from .ddp import DistributedDataParallel
+from .engine import Engine
+from .initialize import initialize
+from .measure import Measurement, measure
+from .sharded_optimizer import ShardedOptimizer
+
+__all__ = ["DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "Measurement"]

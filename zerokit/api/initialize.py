@@ -1,0 +1,137 @@
+"""``zerokit.initialize``: DeepSpeed's entry point, reading a DeepSpeed config, returning an engine.
+
+``engine, optimizer, _, _ = zerokit.initialize(model=model, model_parameters=model.parameters(),
+config=ds_config)`` — the seed's snippet with ``deepspeed`` replaced by ``zerokit``. Lifecycle:
+
+1. the config (a dict or a JSON path) is read key by key: ``train_batch_size``,
+   ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` (checked
+   against each other and the data-parallel degree, as DeepSpeed does); ``optimizer``
+   (``{"type": "AdamW"|"Adam"|"SGD", "params": {...}}``, or a torch optimizer passed as
+   ``optimizer=`` — its class and hyperparameters are taken and rebuilt on the shards,
+   because a ZeRO rank steps flat shards, not the model's parameters); ``bf16`` (the
+   model is cast to bf16 and fp32 masters live in the optimizer); ``zero_optimization``
+   (:mod:`zerokit.zero.config`: stage 0 is ``ddp``, 1–3 ``zero1``–``zero3``) and
+   ``gradient_clipping`` (0 only). Any other key is refused by name; the seed's
+   ``"pipeline"`` block is refused with what DeepSpeed's real API is;
+2. rank 0's parameters are broadcast (every rank starts equal), then the strategy is
+   built on the model and wrapped in an :class:`~.engine.Engine`.
+
+Returns ``(engine, engine.optimizer, None, None)`` like DeepSpeed (no dataloader, no scheduler).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .ddp import broadcast_from_first
+from .engine import Engine, mark_wrapped, rank_context
+
+STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+KNOWN = BATCH_KEYS + ("optimizer", "bf16", "fp16", "zero_optimization", "gradient_clipping")
+PIPELINE = ("'pipeline' is not a DeepSpeed config key: DeepSpeed's pipeline parallelism is built in code, "
+            "deepspeed.pipe.PipelineModule(layers=…, num_stages=2, partition_method='parameters') passed as the "
+            "model, with the engine's train_batch(); in zerokit it is zerokit.train(…, parallel={'pp': 2}, "
+            "schedule='1f1b', partition='params') — and DeepSpeed runs it with ZeRO stage 0 or 1 only")
+
+
+def _positive(config: dict, key: str) -> Optional[int]:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config {key}={value!r} must be a positive integer")
+    return value
+
+
+def batch_sizes(config: dict, world: int) -> tuple:
+    """(micro-batch per rank, accumulation steps), checked as DeepSpeed checks them: train_batch_size =
+    micro × accumulation × data-parallel degree."""
+    total, micro, accumulation = (_positive(config, k) for k in BATCH_KEYS)
+    if micro is None and total is not None:
+        accumulation = accumulation or 1
+        if total % (accumulation * world):
+            raise ValueError(f"config train_batch_size={total} is not divisible by gradient_accumulation_steps "
+                             f"({accumulation}) × data-parallel degree ({world})")
+        micro = total // (accumulation * world)
+    accumulation = accumulation or (total // (micro * world) if total and micro else 1)
+    if total is not None and micro is not None and total != micro * accumulation * world:
+        raise ValueError(f"config train_batch_size={total} != train_micro_batch_size_per_gpu ({micro}) × "
+                         f"gradient_accumulation_steps ({accumulation}) × data-parallel degree ({world}) = "
+                         f"{micro * accumulation * world}")
+    return micro, accumulation
+
+
+def optimizer_spec(config: dict, optimizer):
+    from ..optim import OptimizerSpec
+
+    if optimizer is not None and "optimizer" in config:
+        raise ValueError("zerokit.initialize: give the optimizer either as optimizer=… or in the config's "
+                         "'optimizer' block, not both (DeepSpeed refuses both too)")
+    if isinstance(optimizer, torch.optim.Optimizer):
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps", "weight_decay",
+                                                                         "momentum", "nesterov", "dampening")}
+        return OptimizerSpec.of_class(type(optimizer), **defaults)
+    if optimizer is not None:
+        raise ValueError(f"zerokit.initialize(optimizer={type(optimizer).__name__}): pass a torch.optim.Optimizer "
+                         f"instance, or an 'optimizer' block in the config")
+    block = config.get("optimizer", {"type": "AdamW", "params": {}})
+    if not isinstance(block, dict) or "type" not in block:
+        raise ValueError("config 'optimizer' must be {\"type\": \"AdamW\" | \"Adam\" | \"SGD\", \"params\": {...}}")
+    kind = str(block["type"]).lower()
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"config optimizer.type={block['type']!r}; allowed: AdamW, Adam, SGD")
+    params = dict(block.get("params", {}))
+    if "betas" in params:
+        params["betas"] = tuple(params["betas"])
+    return OptimizerSpec.of_class(OPTIMIZERS[kind], **params)
+
+
+def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=None, config=None, **unused):
+    """DeepSpeed's ``initialize`` (see the module docstring): ``(engine, optimizer, None, None)``."""
+    from ..strategies import TrainConfig, get as get_strategy
+    from ..zero.config import from_deepspeed, load_deepspeed_config
+
+    if unused:
+        raise ValueError(f"zerokit.initialize: arguments {sorted(unused)} are not supported; allowed: model, "
+                         f"model_parameters, optimizer, config")
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"zerokit.initialize(model=…) needs an nn.Module, got {type(model).__name__}")
+    if config is None:
+        raise ValueError("zerokit.initialize(config=…) is required: a DeepSpeed config dict or JSON path")
+    config = load_deepspeed_config(config)
+    if "pipeline" in config:
+        raise ValueError(PIPELINE)
+    unknown = sorted(set(config) - set(KNOWN))
+    if unknown:
+        raise ValueError(f"config keys {unknown} are not implemented by zerokit; allowed: {', '.join(KNOWN)}")
+    if config.get("fp16", {}).get("enabled", False):
+        raise ValueError("config fp16.enabled=true: zerokit has no fp16 loss scaling; use \"bf16\": {\"enabled\": "
+                         "true}")
+    ctx = rank_context("zerokit.initialize")
+    world = ctx.mesh.size("dp")
+    _, accumulation = batch_sizes(config, world)
+    spec = optimizer_spec(config, optimizer)
+    zero = {k: v for k, v in config.items() if k in ("zero_optimization", "gradient_clipping")}
+    zero.setdefault("zero_optimization", {"stage": 0})
+    options = from_deepspeed(zero)
+    stage = zero["zero_optimization"]["stage"]
+    if model_parameters is not None:
+        given = {id(p) for p in model_parameters}
+        trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        if given != trainable:
+            raise ValueError("zerokit.initialize(model_parameters=…) must be the model's trainable parameters "
+                             "(freeze a parameter with requires_grad=False instead of leaving it out)")
+    precision = "bf16-mixed" if config.get("bf16", {}).get("enabled", False) else "fp32"
+    mark_wrapped(model, "zerokit.initialize")
+    if precision == "bf16-mixed":
+        model.to(torch.bfloat16)
+    broadcast_from_first(model, ctx)
+    cls = get_strategy(STRATEGY_OF_STAGE[stage])
+    if stage == 0:
+        options = {}
+    strategy = cls(model, ctx, TrainConfig(precision, spec, accumulation), **options)
+    engine = Engine(strategy, accumulation)
+    return engine, engine.optimizer, None, None
