@@ -1,0 +1,241 @@
+"""Exercises, their scenarios and checks, and the run that grades a submission against them.
+
+Lifecycle of one grading (:func:`run`):
+
+1. every name the exercise needs is looked up in the submission's namespace; a missing
+   one fails every check with a message that names it;
+2. each *scenario* — a function run on ``world_size`` gloo ranks through
+   :func:`zerokit.launch`, with a timeout, that drives the learner's code under the
+   :mod:`.probe` and returns its measurements — runs once, the first time a check needs it;
+   a rank that raises or hangs becomes a :class:`ScenarioError` that says what happened
+   in a learner's words (not implemented yet, which rank raised what at which line of
+   theirs, a hang and where each rank waited, a mistake the probe caught);
+3. each *check* judges the measurements of its scenario in the grader's process against
+   the single-process reference and :mod:`zerokit.theory`: it returns a line saying what
+   matched, or raises :class:`Fail` with expected vs measured, the rank, and a hint that
+   names the concept (the check's own ``concept`` unless the judge recognised a mistake).
+
+Nothing here raises at the learner: every outcome becomes a :class:`CheckResult`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..runtime.errors import RankFailed, RankTimeout
+
+#: seconds a scenario may run before it is reported as a hang
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class Fail(Exception):
+    """A check's verdict: what is wrong, expected vs measured, on which rank, and a hint."""
+
+    def __init__(self, message: str, expected=None, measured=None, rank: Optional[int] = None,
+                 hint: Optional[str] = None):
+        super().__init__(message)
+        self.message, self.expected, self.measured, self.rank, self.hint = message, expected, measured, rank, hint
+
+
+@dataclass
+class Scenario:
+    """``fn(ctx, ns)`` on ``world_size`` ranks; returns each rank's measurements (picklable)."""
+
+    name: str
+    world_size: int
+    fn: Callable
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class Check:
+    """One graded property: ``judge(results_by_rank, ns)`` returns a line or raises :class:`Fail`.
+
+    ``catches``: the probe's mistake kinds (and "hang") that belong to this check when the
+    scenario stops on one. ``scenario`` None: judged without running anything.
+    """
+
+    name: str
+    points: int
+    scenario: Optional[str]
+    judge: Callable
+    concept: str
+    catches: Sequence[str] = ()
+
+
+@dataclass
+class Exercise:
+    key: str
+    title: str
+    minutes: int
+    needs: Sequence[str]
+    scenarios: Dict[str, Scenario]
+    checks: List[Check]
+    hints: List[str] = field(default_factory=list)
+
+    @property
+    def number(self) -> str:
+        return self.key[:2]
+
+    @property
+    def max_points(self) -> int:
+        return sum(c.points for c in self.checks)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    points: int
+    passed: bool
+    detail: str
+    expected: object = None
+    measured: object = None
+    rank: Optional[int] = None
+    hint: Optional[str] = None
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.passed else 0
+
+
+@dataclass
+class ScenarioError:
+    """Why a scenario produced no measurements: ``kind`` is not-implemented, error, hang or a probe mistake."""
+
+    kind: str
+    message: str
+    rank: Optional[int] = None
+
+
+# --- turning a failed launch into a learner's message ------------------------------------------
+
+_MISTAKE = re.compile(r"Mistake: \[([\w-]+)\] (.*)$")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_LIBRARY = ("/torch/", "/zerokit/", "/multiprocessing/", "/python3.", "/site-packages/", "<frozen")
+
+
+def learner_frame(traceback_text: str, with_code: bool = True) -> str:
+    """``"func (code cell K, line N): code"`` for the deepest frame of the learner's own code, or ''."""
+    lines = traceback_text.splitlines()
+    found = ""
+    for i, line in enumerate(lines):
+        match = _FRAME.match(line)
+        if match and not any(part in match.group(1) for part in _LIBRARY):
+            file, number, func = match.groups()
+            cell = re.match(r"<.* cell (\d+)>$", file)
+            place = f"code cell {cell.group(1)}, line {number}" if cell else f"{file.rsplit('/', 1)[-1]}, line {number}"
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            found = f"{func} ({place})" + (f": {code}" if code and with_code else "")
+    return found
+
+
+def from_rank_failed(e: RankFailed) -> ScenarioError:
+    lines = [line for line in e.traceback.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "the rank died without a traceback"
+    mistake = _MISTAKE.search(last)
+    if mistake:
+        return ScenarioError(mistake.group(1), f"rank {e.rank}: {mistake.group(2)}", e.rank)
+    if last.startswith("NotImplementedError"):
+        what = last.partition(":")[2].strip() or "write this part"
+        where = learner_frame(e.traceback, with_code=False) or "your code"
+        return ScenarioError("not-implemented", f"not implemented yet — {where} still raises "
+                                                f"NotImplementedError: {what}", e.rank)
+    where = learner_frame(e.traceback)
+    at = f" in {where}" if where else ""
+    code = f" (exit code {e.exitcode})" if e.exitcode is not None and not lines else ""
+    return ScenarioError("error", f"rank {e.rank} raised {last}{at}{code}", e.rank)
+
+
+def from_timeout(e: RankTimeout, world_size: int) -> ScenarioError:
+    waits = "; ".join(f"rank {r} last entered {e.last_collectives.get(r) or 'no collective'}" for r in e.ranks)
+    return ScenarioError("hang", f"the run on {world_size} ranks did not finish in {e.timeout_s:g} s — a hang: "
+                                 f"{waits}. Ranks wait for each other: a receive no rank sends, a send no "
+                                 f"rank receives, or a collective that one rank skips or calls in another order")
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+def _rank_entry(ctx, fn, ns):
+    """What every rank runs: a fixed seed, the probe installed, then the scenario."""
+    import torch
+
+    from . import probe
+
+    torch.manual_seed(0)
+    return fn(ctx, ns, probe.install())
+
+
+def run_scenario(scenario: Scenario, ns: dict, timeout_s: Optional[float] = None):
+    """The scenario's measurements by rank, or a :class:`ScenarioError`."""
+    from ..runtime.launch import launch
+
+    try:
+        return launch(_rank_entry, scenario.world_size, scenario.fn, ns, backend="gloo",
+                      timeout_s=timeout_s or scenario.timeout_s)
+    except RankFailed as e:
+        return from_rank_failed(e)
+    except RankTimeout as e:
+        return from_timeout(e, scenario.world_size)
+
+
+def _judge(check: Check, outcome, ns: dict, owner: Optional[str]) -> CheckResult:
+    """``owner``: the check a scenario error is reported on (the others say they were not judged)."""
+    if isinstance(outcome, ScenarioError):
+        if outcome.kind == "not-implemented" or check.name == owner:
+            generic = outcome.kind in ("error", "hang") and outcome.kind not in check.catches
+            hint = "fix this first: the checks need a run that finishes" if generic else check.concept
+            return CheckResult(check.name, check.points, False, outcome.message, rank=outcome.rank, hint=hint)
+        return CheckResult(check.name, check.points, False,
+                           f"not judged: the run stopped first ({outcome.kind}; see {owner!r})", rank=outcome.rank)
+    try:
+        detail = check.judge(outcome, ns)
+    except Fail as f:
+        return CheckResult(check.name, check.points, False, f.message, f.expected, f.measured, f.rank,
+                           f.hint or check.concept)
+    except Exception as e:  # noqa: BLE001 - a measurement the judge could not read: report it, never raise
+        return CheckResult(check.name, check.points, False,
+                           f"could not judge the measurements ({type(e).__name__}: {e}); does your code return "
+                           f"what the interface says?", hint=check.concept)
+    return CheckResult(check.name, check.points, True, detail or "as expected")
+
+
+def _owner(checks: Sequence[Check], scenario: str, kind: str) -> Optional[str]:
+    """The check that reports a scenario's error: the first that catches its kind, else the scenario's first."""
+    mine = [c for c in checks if c.scenario == scenario]
+    for c in mine:
+        if kind in c.catches:
+            return c.name
+    return mine[0].name if mine else None
+
+
+def run(exercise: Exercise, ns: dict, only: Optional[Sequence[str]] = None,
+        timeout_s: Optional[float] = None) -> List[CheckResult]:
+    """Grade ``ns`` on every check of ``exercise`` (or those named in ``only``), in order."""
+    checks = [c for c in exercise.checks if only is None or c.name in only]
+    unknown = set(only or ()) - {c.name for c in exercise.checks}
+    if unknown:
+        raise ValueError(f"exercise {exercise.key} has no check {sorted(unknown)}; its checks: "
+                         f"{', '.join(c.name for c in exercise.checks)}")
+    missing = [name for name in exercise.needs if name not in ns]
+    if missing:
+        message = (f"the submission defines no {', '.join(map(repr, missing))}: keep the cell that defines "
+                   f"{'it' if len(missing) == 1 else 'them'}, under the name the interface gives")
+        return [CheckResult(c.name, c.points, False, message) for c in checks]
+    outcomes: dict = {}
+    results = []
+    shown: Dict[str, str] = {}
+    for c in checks:
+        outcome = None
+        if c.scenario is not None:
+            if c.scenario not in outcomes:
+                outcomes[c.scenario] = run_scenario(exercise.scenarios[c.scenario], ns, timeout_s)
+            outcome = outcomes[c.scenario]
+        owner = _owner(checks, c.scenario, outcome.kind) if isinstance(outcome, ScenarioError) else None
+        result = _judge(c, outcome, ns, owner)
+        if isinstance(outcome, ScenarioError) and outcome.kind == "not-implemented":
+            if outcome.message in shown:  # said once is enough
+                result.detail = f"not implemented yet (see {shown[outcome.message]!r})"
+            shown.setdefault(outcome.message, c.name)
+        results.append(result)
+    return results

@@ -1,0 +1,150 @@
+"""Exercise 02: naive data parallelism — each rank its share of the batch, gradients averaged after backward.
+
+Interface: ``shard_batch(inputs, targets, rank, world_size)`` returns this rank's 1/N of
+the global batch; ``average_gradients(model, group=None)`` makes every ``p.grad`` the mean
+over the ranks, after backward. Graded by three SGD steps of a small MLP on 2 ranks
+against one process training on the whole batch (ZeRO §2.1: DDP), and by the all-reduce
+traffic against :func:`zerokit.theory.comm_bytes_per_step` (stage 0).
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import theory
+from .. import reference as ref
+from ..core import Check, Exercise, Fail, Scenario
+from .common import per_step_traffic
+
+STEPS = 3
+LR = 0.1
+
+
+def _row_of(batch: torch.Tensor, row: torch.Tensor) -> int:
+    for i in range(batch.shape[0]):
+        if torch.equal(batch[i], row):
+            return i
+    return -1
+
+
+def _train(ctx, ns, probe):
+    model = ref.mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    out = {}
+    for step in range(STEPS):
+        x, y = ref.batch(step)
+        xs, ys = ns["shard_batch"](x, y, ctx.rank, ctx.world_size)
+        if step == 0:
+            out["rows"] = [_row_of(x, row) for row in xs]
+            out["target_rows"] = [_row_of(y, row) for row in ys]
+        with probe.phase("backward"):
+            ref.mse(model(xs), ys).backward()
+        if step == 0:
+            out["local_grads"] = ref.named_grads(model)
+        with probe.phase("average"):
+            ns["average_gradients"](model)
+        if step == 0:
+            out["grads"] = ref.named_grads(model)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {**out, "params": ref.named_params(model), "calls": probe.calls()}
+
+
+def reference_run():
+    return ref.train_single(ref.mlp, STEPS, lambda p: torch.optim.SGD(p, lr=LR), ref.batch)
+
+
+def _judge_shard(results, ns):
+    n, rows = len(results), ref.batch(0)[0].shape[0]
+    seen: dict = {}
+    for rank, r in enumerate(results):
+        mine = r["rows"]
+        if len(mine) != rows // n:
+            raise Fail(f"rank {rank} trains on {len(mine)} rows of the global batch of {rows}; with N = {n} ranks "
+                       f"each takes {rows // n}" + (" — every rank took the whole batch" if len(mine) == rows else ""),
+                       rows // n, len(mine), rank)
+        if -1 in mine or r["target_rows"] != mine:
+            raise Fail(f"rank {rank}'s inputs or targets are not rows of the global batch, or they no longer "
+                       f"match each other: slice inputs and targets the same way", rank=rank)
+        for i in mine:
+            if i in seen:
+                raise Fail(f"ranks {seen[i]} and {rank} both train on row {i}: the shards must not overlap — rank r "
+                           f"takes rows [r·B/N, (r+1)·B/N)", rank=rank)
+            seen[i] = rank
+    return f"each of the {n} ranks trains on its own {rows // n} rows; together they cover the batch of {rows}"
+
+
+def _judge_mean(results, ns):
+    expected = reference_run()["grads"][0]
+    n = len(results)
+    for rank, r in enumerate(results):
+        diff, name = ref.worst(r["grads"], expected)
+        if diff <= ref.GRAD_ATOL * 10:
+            continue
+        if any(g is None for g in r["grads"].values()):
+            raise Fail(f"rank {rank}: some p.grad is None after average_gradients", rank=rank)
+        got, want = ref.flat(r["grads"]), ref.flat(expected)
+        multiple = ref.describe_multiple(ref.ratio(got, want), n)
+        if torch.allclose(got, ref.flat(r["local_grads"]), atol=1e-7):
+            why = "p.grad still holds this rank's own gradient: nothing was reduced over the ranks"
+        else:
+            why = multiple or f"max |Δ| = {diff:.3g} in {name}"
+        raise Fail(f"rank {rank}'s gradients after average_gradients differ from the single-process gradient of "
+                   f"the whole batch: {why}", 0.0, f"max |Δ| = {diff:.3g} ({name})", rank)
+    return "every rank's gradient equals the whole batch's gradient in one process (max |Δ| ≤ 1e-5)"
+
+
+def _judge_params(results, ns):
+    expected = reference_run()["params"]
+    for rank, r in enumerate(results):
+        diff, name = ref.worst(r["params"], expected)
+        if diff > ref.PARAM_ATOL:
+            raise Fail(f"after {STEPS} SGD steps rank {rank}'s {name} differs from single-process training by "
+                       f"{diff:.3g}", f"≤ {ref.PARAM_ATOL:g}", f"{diff:.3g}", rank)
+    return f"after {STEPS} steps every rank's parameters equal single-process training's (max |Δ| ≤ {ref.PARAM_ATOL:g})"
+
+
+def _judge_traffic(results, ns):
+    psi = sum(t.numel() for t in results[0]["params"].values())
+    n = len(results)
+    expected = theory.comm_bytes_per_step(0, psi, n, 4)
+    for rank, r in enumerate(results):
+        payload, cost, ops = per_step_traffic(r["calls"], STEPS, "average")
+        if ops - {"all_reduce"}:
+            raise Fail(f"rank {rank} used {', '.join(sorted(ops))}: average every gradient with one all-reduce "
+                       f"(sum), then divide by N", "all_reduce", ", ".join(sorted(ops)), rank)
+        if cost != expected:
+            what = "nothing" if payload == 0 else f"{payload / (4 * psi):.3g}× the gradients"
+            raise Fail(f"rank {rank} all-reduced {payload:,.0f} B of payload per step ({what}); every gradient "
+                       f"once is Ψ·4 = {4 * psi:,} B, whose ring cost is 2(N−1)/N·Ψ·4",
+                       f"{expected:,} B ring cost", f"{cost:,.0f} B", rank)
+    return (f"payload Ψ·4 = {4 * psi:,} B per step; ring cost {expected:,} B = 2(N−1)/N·Ψ·4 "
+            f"(theory.comm_bytes_per_step(0, Ψ, N, 4))")
+
+
+EXERCISE = Exercise(
+    key="02_naive_ddp",
+    title="Naive data parallelism: average after backward",
+    minutes=25,
+    needs=("shard_batch", "average_gradients"),
+    scenarios={"train": Scenario("train", 2, _train)},
+    checks=[
+        Check("batch-shards", 2, "train", _judge_shard,
+              "data parallelism splits the global batch: rank r trains on rows [r·B/N, (r+1)·B/N)"),
+        Check("mean-gradient", 3, "train", _judge_mean,
+              "with a mean loss, the whole batch's gradient is the mean of the ranks' gradients: sum with an "
+              "all-reduce, divide by N"),
+        Check("same-as-one-process", 3, "train", _judge_params,
+              "identical replicas + identical averaged gradients = identical steps: DDP trains exactly like one "
+              "process on the whole batch"),
+        Check("traffic", 2, "train", _judge_traffic,
+              "one all-reduce of every gradient per step: 2(N−1)/N·Ψ·4 bytes sent per rank in fp32"),
+    ],
+    hints=[
+        "shard_batch: with B rows and N ranks, per = B // N; return inputs[rank * per:(rank + 1) * per] and the "
+        "same rows of the targets.",
+        "average_gradients: for every parameter with a gradient, dist.all_reduce(p.grad, group=group) sums it "
+        "over the ranks in place; then divide by N = dist.get_world_size(group).",
+        "The loss is a mean over this rank's rows; the mean over the ranks of those means is the mean over the "
+        "whole batch (equal shards), which is why you divide by N and not by B.",
+    ],
+)
