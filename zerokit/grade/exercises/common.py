@@ -35,6 +35,13 @@ def by_op(calls: Iterable[dict], phase: Optional[str] = None) -> Dict[str, dict]
     return out
 
 
+def describe_ops(ops: Dict[str, dict], steps: int) -> str:
+    """``"reduce_scatter ×1 (3,024 B)"`` per step, for a message."""
+    if not ops:
+        return "none"
+    return ", ".join(f"{op} ×{row['calls'] / steps:g} ({row['bytes'] / steps:,.0f} B)" for op, row in sorted(ops.items()))
+
+
 def same_params(results, expected: dict, steps: int, optimizer: str, atol: float = ref.PARAM_ATOL) -> str:
     """Fail unless every rank's ``params`` equal ``expected``; the pass line otherwise."""
     for rank, r in enumerate(results):
