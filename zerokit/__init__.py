@@ -15,8 +15,9 @@ from .pipeline_parallel import schedule, simulate
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
+from . import grade  # callable: zerokit.grade(notebook) grades an exercise
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
-           "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure"]
+           "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade"]
 __version__ = "0.1.0"

@@ -287,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_command(sub)
 
+    from .grade.cli import add_grade_command
+
+    add_grade_command(sub)
+
     bench = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
     bench.add_argument("suite", help="ddp, zero or offload")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

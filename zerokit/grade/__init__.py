@@ -28,15 +28,8 @@ from typing import Optional, Sequence
 from .core import CheckResult, Exercise, Fail
 from .report import GradeReport, class_table
 
-__all__ = ["grade", "grade_folder", "hint", "checks", "exercises", "GradeReport", "CheckResult", "Exercise",
-           "Fail", "class_table"]
-
-
-def exercises() -> list:
-    """Every exercise's key, in course order."""
-    from .exercises import KEYS
-
-    return list(KEYS)
+__all__ = ["grade", "grade_folder", "hint", "checks", "GradeReport", "CheckResult", "Exercise", "Fail",
+           "class_table"]
 
 
 def _exercise(key) -> Exercise:
@@ -64,8 +57,10 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
         load_error = str(e)
     key = exercise or loader.exercise_key(submission, ns)
     if key is None:
+        from .exercises import KEYS
+
         raise ValueError(f"grade: which exercise does {label} answer? Pass exercise='01' (one of "
-                         f"{', '.join(exercises())}), or name the file after it, e.g. 01_ring_allreduce.ipynb")
+                         f"{', '.join(KEYS)}), or name the file after it, e.g. 01_ring_allreduce.ipynb")
     spec = _exercise(key)
     if load_error is not None:
         chosen = [c for c in spec.checks if checks is None or c.name in checks]

@@ -40,7 +40,11 @@ class Fail(Exception):
 
 @dataclass
 class Scenario:
-    """``fn(ctx, ns)`` on ``world_size`` ranks; returns each rank's measurements (picklable)."""
+    """``fn(ctx, ns, probe)`` on ``world_size`` ranks; returns each rank's measurements (picklable).
+
+    ``world_size`` 0: ``fn(None, ns, None)`` runs in the grader's process — for a scenario that
+    launches ranks itself (``zerokit.train``, which has its own timeout).
+    """
 
     name: str
     world_size: int
@@ -62,6 +66,8 @@ class Check:
     judge: Callable
     concept: str
     catches: Sequence[str] = ()
+    #: ``requires(ns)`` -> a message when the submission is not ready for this check (its scenario is then not run)
+    requires: Optional[Callable] = None
 
 
 @dataclass
@@ -170,6 +176,11 @@ def run_scenario(scenario: Scenario, ns: dict, timeout_s: Optional[float] = None
     """The scenario's measurements by rank, or a :class:`ScenarioError`."""
     from ..runtime.launch import launch
 
+    if scenario.world_size == 0:
+        try:
+            return scenario.fn(None, ns, None)
+        except (RankFailed, RankTimeout) as e:
+            return ScenarioError("error", f"the measured run failed: {str(e).splitlines()[0]}")
     try:
         return launch(_rank_entry, scenario.world_size, scenario.fn, ns, backend="gloo",
                       timeout_s=timeout_s or scenario.timeout_s)
@@ -227,6 +238,10 @@ def run(exercise: Exercise, ns: dict, only: Optional[Sequence[str]] = None,
     shown: Dict[str, str] = {}
     for c in checks:
         outcome = None
+        waiting = c.requires(ns) if c.requires is not None else None
+        if waiting:
+            results.append(CheckResult(c.name, c.points, False, waiting, hint=c.concept))
+            continue
         if c.scenario is not None:
             if c.scenario not in outcomes:
                 outcomes[c.scenario] = run_scenario(exercise.scenarios[c.scenario], ns, timeout_s)

@@ -1,0 +1,91 @@
+"""``zerokit grade``: grade exercises from the shell — one submission, many, or a class's folder as one table.
+
+Lifecycle: :func:`add_grade_command` puts the ``grade`` subcommand on ``zerokit``'s parser;
+:func:`cmd_grade` expands each PATH (a folder: every notebook and ``.py`` under it), grades
+each submission with :func:`zerokit.grade.grade`, prints every report in full, or with
+``--table`` one row per submission (a workshop teacher's view), or ``--json``. The exit
+status is 0 only when every check of every submission passed, 1 otherwise, 2 for bad
+input (``zerokit: error: …``, as every ``zerokit`` command reports it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _usage_error(message: str):
+    from ..cli import UsageError
+
+    return UsageError(message)
+
+
+def _list_exercises() -> str:
+    from .exercises import KEYS, get
+
+    lines = []
+    for key in KEYS:
+        spec = get(key)
+        lines.append(f"{key:<20} {spec.title} — about {spec.minutes} min, {len(spec.checks)} checks, "
+                     f"{spec.max_points} points")
+    return "\n".join(lines)
+
+
+def cmd_grade(args) -> int:
+    from . import grade, grade_folder, class_table
+    from .exercises import get
+
+    if args.list:
+        print(_list_exercises())
+        return 0
+    if not args.paths:
+        raise _usage_error("grade: give a notebook, a .py file or a folder of them (or --list)")
+    if args.exercise is not None:
+        try:
+            spec = get(args.exercise)
+        except ValueError as e:
+            raise _usage_error(f"--exercise: {e}") from e
+        unknown = sorted(set(args.check or ()) - {c.name for c in spec.checks})
+        if unknown:
+            raise _usage_error(f"--check {', '.join(unknown)}: exercise {spec.key} has the checks "
+                               f"{', '.join(c.name for c in spec.checks)}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise _usage_error(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    reports = []
+    for text in args.paths:
+        path = Path(text)
+        if not path.exists():
+            raise _usage_error(f"grade: no such file or folder: {text}")
+        try:
+            if path.is_dir():
+                found = grade_folder(path, args.exercise, timeout_s=args.timeout)
+                if not found:
+                    raise _usage_error(f"grade: {text} holds no notebook or .py file")
+                reports.extend(found)
+            else:
+                reports.append(grade(path, args.exercise, checks=args.check, timeout_s=args.timeout))
+        except ValueError as e:  # which exercise could not be told, or an unknown one
+            raise _usage_error(str(e)) from e
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=1))
+    elif args.table:
+        print(class_table(reports))
+    else:
+        print("\n\n".join(r.text() for r in reports))
+    return 0 if all(r.passed for r in reports) else 1
+
+
+def add_grade_command(sub) -> None:
+    """The ``grade`` subcommand on ``zerokit``'s subparsers."""
+    grade = sub.add_parser("grade", help="grade exercises: a notebook, a .py file, or a folder of submissions",
+                           description="Grade exercise submissions on gloo ranks, check by check; exit status 0 "
+                                       "only when every check passes.")
+    grade.add_argument("paths", nargs="*", metavar="PATH",
+                       help="a notebook (.ipynb) or .py file, or a folder: every submission under it")
+    grade.add_argument("--exercise", metavar="NN",
+                       help="the exercise (e.g. 03 or 03_bucketed_ddp); default: from the file name")
+    grade.add_argument("--check", action="append", metavar="NAME", help="grade only this check (repeatable)")
+    grade.add_argument("--table", action="store_true", help="one row per submission (for a class's folder)")
+    grade.add_argument("--json", action="store_true", help="the reports as JSON")
+    grade.add_argument("--timeout", type=float, metavar="S", help="seconds each run may take before it is a hang")
+    grade.add_argument("--list", action="store_true", help="list the exercises")
+    grade.set_defaults(func=cmd_grade)
