@@ -5,8 +5,9 @@
 # with pencil and paper (or a line of Python), then let the grader hold each against
 # `zerokit.theory` **and** a measured run of the same configuration, side by side.
 #
-# **The configurations.** `zerokit.mlp(sizes=(32, 64, 64, 10))`: three linear layers,
-# Ψ = 32·64 + 64 + 64·64 + 64 + 64·10 + 10 = 6,922 parameters, fp32, AdamW, N = 2 ranks.
+# **Interface.** Three numbers, set at the top level of the notebook, for this configuration:
+# `zerokit.mlp(sizes=(32, 64, 64, 10))`, three linear layers, Ψ = 32·64 + 64 + 64·64 + 64 +
+# 64·10 + 10 = 6,922 parameters, fp32, AdamW, N = 2 ranks.
 #
 # 1. `ZERO1_BYTES_PER_RANK` — the model-state bytes (parameters + gradients + optimizer
 #    states) one rank holds under ZeRO-1. zerokit's ZeRO-1 keeps the parameters in one flat
