@@ -318,6 +318,10 @@ def test_cli_exit_status_and_a_class_table(tmp_path, capsys):
     assert re.search(r"ada/08_one_f_one_b\.py\s+08_one_f_one_b\s+10/10\s+5/5\s+—", table), table
     assert re.search(r"bob/08_one_f_one_b\.ipynb\s+08_one_f_one_b\s+0/10\s+0/5\s+well-formed", table), table
     assert "2 submissions, 1 with every check passing" in table
+    (folder / "notes.py").write_text("x = 1\n")  # a stray file is a row that says so, not the end of the table
+    assert main(["grade", "--table", str(folder)]) == 1
+    assert re.search(r"notes\.py\s+\?\?\s+0/0\s+0/0\s+could not load", capsys.readouterr().out)
+    (folder / "notes.py").unlink()
     assert main(["grade", "--json", str(folder / "ada")]) == 0
     assert json.loads(capsys.readouterr().out)[0]["passed"] is True
 

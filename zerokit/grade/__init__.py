@@ -82,7 +82,10 @@ def grade_folder(folder, exercise: Optional[str] = None, timeout_s: Optional[flo
     """A :class:`GradeReport` for every submission under ``folder``, labelled by its path inside it."""
     reports = []
     for path in submissions_in(folder):
-        report = grade(path, exercise, timeout_s=timeout_s)
+        try:
+            report = grade(path, exercise, timeout_s=timeout_s)
+        except ValueError as e:  # a stray file: which exercise it answers cannot be told; a row says so
+            report = GradeReport("??", "unknown exercise", str(path), load_error=str(e))
         report.submission = str(path.relative_to(folder))
         reports.append(report)
     return reports
