@@ -143,8 +143,9 @@ def _judge_mlp(results, ns):
         if not _close(got["out"], expected["out"]):
             b2 = weights()[3]
             if _close(got["out"] - expected["out"], (n - 1) * b2.expand_as(got["out"])):
-                raise Fail(f"the output is off by (N−1)·b2: every rank added b2 before g summed — add the "
-                           f"row-parallel bias once, after the reduction", "unsharded output", "+ (N−1)·b2", rank)
+                raise Fail(f"rank {rank}'s output is off by (N−1)·b2: every rank added b2 before g summed — add "
+                           f"the row-parallel bias once, after the reduction", "unsharded output", "+ (N−1)·b2",
+                           rank)
             diff = float((got["out"] - expected["out"]).abs().max()) if got["out"].shape == expected["out"].shape \
                 else float("inf")
             raise Fail(f"rank {rank}'s output differs from the unsharded MLP's (max |Δ| = {diff:.3g})", 0.0,
