@@ -152,3 +152,84 @@ def test_measure_reads_the_ledgers_around_a_block():
     assert ("backward", "reduce_scatter") in ops and ("step", "all_gather") in ops
     assert memory["params"] > 0 and memory["optimizer"] > 0
     assert "payload B (measured)" in table
+
+
+#: the seed's ZeRO block (shared/seed), with the optimizer a DeepSpeed config needs
+SEED_ZERO = {"stage": 3, "allgather_partitions": True, "allgather_bucket_size": 5e8, "reduce_scatter": True,
+             "overlap_comm": True, "contiguous_gradients": True}
+
+
+def _seed_snippet(ctx, library):
+    import os
+    import warnings
+
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+    model = work.build_model()
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": dict(SEED_ZERO)}
+    if library == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size), ("LOCAL_RANK", ctx.rank)):
+            os.environ.setdefault(key, str(value))
+        import deepspeed
+        import torch.distributed as dist
+
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+        config.update(zero_allow_untested_optimizer=True, steps_per_print=10 ** 9)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine, _, _, _ = zerokit.initialize(model=model, model_parameters=model.parameters(), config=config)
+        assert any("allgather_bucket_size" in str(w.message) for w in caught)
+    losses = []
+    for step in range(3):
+        x, y = work.batch(step)
+        x, y = x[ctx.rank * 4:(ctx.rank + 1) * 4], y[ctx.rank * 4:(ctx.rank + 1) * 4]
+        total = 0.0
+        for micro in range(2):
+            loss = work.loss(engine(x[micro * 2:(micro + 1) * 2]), y[micro * 2:(micro + 1) * 2])
+            engine.backward(loss)
+            engine.step()
+            total += float(loss) / 2
+        losses.append(total)
+    return losses
+
+
+def test_the_seeds_snippet_runs_with_zerokit_and_matches_deepspeed_and_the_reference():
+    ours = zerokit.launch(_seed_snippet, 2, "zerokit")
+    reference = zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8),
+                              "single", world_size=1, steps=3, optimizer="sgd", lr=0.1, reference=False)
+    mean = [sum(r[i] for r in ours) / 2 for i in range(3)]
+    assert mean == pytest.approx(reference.results[0].losses, abs=1e-5)
+    pytest.importorskip("deepspeed")
+    theirs = zerokit.launch(_seed_snippet, 2, "deepspeed")
+    for a, b in zip(ours, theirs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def _ledgers(ctx, stage):
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+    model = work.build_model()
+    engine, _, _, _ = zerokit.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": stage}})
+    engine.zero_grad_after_step = False  # zerokit.train reads its ledgers after the step, before zero_grad
+    for step in range(2):
+        x, y = work.batch(step)
+        engine.zero_grad()
+        with zerokit.measure(engine) as m:
+            engine.backward(work.loss(engine(x[ctx.rank * 4:(ctx.rank + 1) * 4]), y[ctx.rank * 4:(ctx.rank + 1) * 4]))
+            engine.step()
+    payload = sum(r["payload_bytes"] for r in m.collectives)
+    return {k: m.memory[k] for k in ("params", "grads", "optimizer")}, payload
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_own_loop_ledgers_equal_zerokit_trains(stage):
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+    states, payload = zerokit.launch(_ledgers, 2, stage)[0]
+    trained = zerokit.train(work, ["ddp", "zero1", "zero2", "zero3"][stage], world_size=2, steps=2, reference=False)
+    rank0 = trained.results[0].ranks[0]
+    assert states == rank0.model_state_bytes
+    assert payload == rank0.comm_payload_bytes_per_step
