@@ -13,7 +13,8 @@ from . import theory
 from .report import Report
 from .runtime.errors import RankFailed, RankTimeout
 from .runtime.mesh import AXES, check_built, parse_parallel
-from .train import JOB_OPTIONS, make_job, run_job, run_reference
+from .job import JOB_OPTIONS, make_job
+from .train import run_job, run_reference
 from .workloads import Workload, tiny_gpt
 
 #: the tiny GPT the tour runs: small enough for every strategy at 2 and 4 ranks in a minute
