@@ -233,3 +233,15 @@ def test_own_loop_ledgers_equal_zerokit_trains(stage):
     rank0 = trained.results[0].ranks[0]
     assert states == rank0.model_state_bytes
     assert payload == rank0.comm_payload_bytes_per_step
+
+
+def _phases(ctx):
+    model = zerokit.DistributedDataParallel(build(0))
+    x, y = batch(0)
+    with zerokit.measure(model) as m:
+        loss_fn(model(x[:3]), y[:3]).backward()  # the user's own backward, outside any zerokit phase
+    return {(r["phase"], r["op"]) for r in m.collectives}
+
+
+def test_collectives_fired_by_a_users_own_backward_are_filed_under_backward():
+    assert zerokit.launch(_phases, 2)[0] == {("backward", "all_reduce")}

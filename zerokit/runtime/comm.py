@@ -53,10 +53,20 @@ def phase(name: str) -> Iterator[None]:
         raise ValueError(f"phase={name!r}; allowed: {', '.join(PHASES)}")
     previous = _ledger.phase
     _ledger.phase = name
+    _ledger.phase_depth += 1
     try:
         yield
     finally:
         _ledger.phase = previous
+        _ledger.phase_depth -= 1
+
+
+def current_phase() -> str:
+    """The phase a collective issued now belongs to: the innermost ``phase`` block's; outside any, "backward"
+    while autograd runs a backward (a user's own ``loss.backward()`` firing a wrapper's hooks), else "setup"."""
+    if _ledger.phase_depth == 0 and torch._C._current_graph_task_id() != -1:
+        return "backward"
+    return _ledger.phase
 
 
 def set_step(step: int) -> None:
@@ -119,7 +129,7 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
                algorithm: str = "torch", **formula) -> CommRecord:
     """A ledger record for a collective this rank is entering, with its payload and its ring cost."""
     n = _group_size(group) if (group is not None or dist.is_initialized()) else 1
-    record = CommRecord(op=op, phase=_ledger.phase, step=_ledger.step, numel=payload_bytes // tensor.element_size(),
+    record = CommRecord(op=op, phase=current_phase(), step=_ledger.step, numel=payload_bytes // tensor.element_size(),
                         dtype=str(tensor.dtype).replace("torch.", ""), payload_bytes=payload_bytes,
                         ring_cost_bytes=theory.ring_bytes_sent(op, payload_bytes, n, **formula), group_size=n,
                         async_op=async_op, t_launch=time.perf_counter(), algorithm=algorithm, tag=tag,

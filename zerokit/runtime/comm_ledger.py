@@ -58,11 +58,14 @@ class CommLedger:
     step: int = 0
     phase: str = "setup"
     enabled: bool = True
+    #: blocks of ``comm.phase`` currently open (0: nobody said; see ``comm.current_phase``)
+    phase_depth: int = 0
 
     def reset(self) -> None:
         self.records.clear()
         self.step = 0
         self.phase = "setup"
+        self.phase_depth = 0
 
     def add(self, record: CommRecord) -> CommRecord:
         if self.enabled:
