@@ -245,3 +245,43 @@ def _phases(ctx):
 
 def test_collectives_fired_by_a_users_own_backward_are_filed_under_backward():
     assert zerokit.launch(_phases, 2)[0] == {("backward", "all_reduce")}
+
+
+_UNDER_TORCHRUN = '''
+import os, torch, torch.distributed as dist, torch.nn.functional as F
+import zerokit
+
+dist.init_process_group("gloo")                   # a user's own torchrun script: no zerokit.launch
+torch.manual_seed(int(os.environ["RANK"]))         # ranks start different
+model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+engine, _, _, _ = zerokit.initialize(model=model, config={"zero_optimization": {"stage": 2},
+                                                          "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+x, y = torch.randn(4, 5, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 0])
+engine.backward(F.cross_entropy(engine(x), y)); engine.step()
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+everyone = [torch.empty_like(flat) for _ in range(2)]
+dist.all_gather(everyone, flat)
+print("EQUAL", bool((everyone[0] == everyone[1]).all()), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_initialize_under_torchrun(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "own_loop.py"
+    script.write_text(_UNDER_TORCHRUN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                           "127.0.0.1", "--master_port", str(port), str(script)], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("EQUAL True") == 2, done.stdout
