@@ -16,8 +16,10 @@ from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 from . import grade  # callable: zerokit.grade(notebook) grades an exercise
+from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_dict
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
-           "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade"]
+           "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade",
+           "checkpoint"]
 __version__ = "0.1.0"

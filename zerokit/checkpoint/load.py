@@ -1,0 +1,60 @@
+"""``zerokit.checkpoint.load``: any checkpoint into any strategy, at any world size; the run resumes exactly.
+
+Lifecycle of ``load(directory, engine_or_strategy) -> meta`` (a collective in spirit: every
+rank calls it, each reads the files on its own; no communication):
+
+1. the manifest is read and checked (:mod:`.files`), then compared with the model —
+   names, shapes, trainable or frozen — naming the first parameter that differs
+   (:func:`~.reshard.check_model`), and the optimizer class must be the saved one;
+2. every shard file is verified (sha256) and loaded with ``weights_only=True``, and the
+   saved layout is undone into every parameter whole (:func:`~.reshard.full_state`);
+3. the target's layout is filled from it (:func:`~.layout.apply_full`): parameters,
+   fp32 masters, optimizer states; gradients are zeroed;
+4. rank r takes back the RNG states saved by rank r (a rank beyond the saved world
+   size keeps its own), and an engine's step counter is set to the saved step.
+
+Returns ``{"step", "data_position", "world_size", "stage", "strategy"}`` of the checkpoint.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .files import CheckpointError, read_manifest, shard_name
+from .layout import apply_full, optimizer_name
+from .reshard import check_model, full_state
+from .save import strategy_of
+
+
+def _restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load(directory, engine_or_strategy) -> dict:
+    """Load the checkpoint in ``directory`` into ``engine_or_strategy`` (see the module docstring)."""
+    strategy = strategy_of(engine_or_strategy)
+    engine = engine_or_strategy if engine_or_strategy is not strategy else None
+    manifest = read_manifest(directory)
+    where = f"checkpoint {str(directory)!r}"
+    check_model(manifest, strategy.model, where)
+    mine = optimizer_name(strategy)
+    if manifest["optimizer"] != mine:
+        raise CheckpointError(f"{where} holds {manifest['optimizer']} states; this run's optimizer is {mine}")
+    full, manifest, shards = full_state(directory, manifest)
+    apply_full(strategy, full)
+    strategy.zero_grad()
+    if strategy.rank < manifest["world_size"]:
+        rng = shards[strategy.rank].get("rng")
+        if rng is None:
+            raise CheckpointError(f"{shard_name(strategy.rank, manifest['world_size'])} holds no RNG state")
+        _restore_rng(rng)
+    if engine is not None and hasattr(engine, "global_steps"):
+        engine.global_steps = int(manifest["step"]) if isinstance(manifest["step"], int) else engine.global_steps
+        engine.micro_steps = 0
+    return {k: manifest[k] for k in ("step", "data_position", "world_size", "stage", "strategy")}
