@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from .. import theory
 from .comm_ledger import TRAFFIC, CommLedger, CommRecord, backend_note  # noqa: F401 - part of comm's API
-from .context import note_collective
+from . import context
+from .hang import check_signature
 
 PHASES = ("setup", "forward", "backward", "step")
 
@@ -83,6 +84,9 @@ class Work:
     def wait(self) -> None:
         if self.record.t_end is not None:
             return
+        call = getattr(self.record, "_call", None)
+        if call is not None:
+            context.wait_collective(*call)
         cuda = self.record.backend == "nccl" and torch.cuda.is_available()
         if cuda:
             before = torch.cuda.Event(enable_timing=True)
@@ -97,6 +101,8 @@ class Work:
             self.record._cuda_events = (before, after)
         else:
             self.record.blocked_s += t1 - t0
+        if call is not None:
+            context.leave_collective(*call)
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -134,8 +140,12 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
                         ring_cost_bytes=theory.ring_bytes_sent(op, payload_bytes, n, **formula), group_size=n,
                         async_op=async_op, t_launch=time.perf_counter(), algorithm=algorithm, tag=tag,
                         axis=axis_of(group), backend=_backend(group))
-    prefix = "ring " if algorithm == "ring" else ""
-    note_collective(f"{prefix}{op} {record.numel} {record.dtype} on {record.axis} [{record.phase}, step {record.step}]")
+    name = f"ring {op}" if algorithm == "ring" else op
+    detail = f"{record.numel} {record.dtype} on {record.axis}, step {record.step}"
+    number = context.enter_collective(name, record.phase, detail, async_op)
+    record._call = (number, name, record.phase, detail)  # for the slot when it is waited for and left
+    if context.collectives_checked():
+        check_signature(op, record.numel, tensor.dtype, record.phase, number, group, record.axis)
     return _ledger.add(record)
 
 
@@ -144,6 +154,7 @@ def _finish(work, record: CommRecord, async_op: bool):
         return Work(work, record)
     record.t_end = time.perf_counter()
     record.blocked_s = record.t_end - record.t_launch
+    context.leave_collective(*record._call)
     return None
 
 

@@ -2,11 +2,16 @@
 
 ``zerokit.launch`` (or torchrun) sets the context before the user's function runs;
 library code reads it with :func:`current`. The launcher also installs a *status
-slot*, a small piece of shared memory the parent reads when a rank hangs, and
-:func:`note_collective` writes the collective a rank is entering into it.
+slot*, a small piece of shared memory the parent reads when a rank hangs or stalls:
+:func:`enter_collective`, :func:`wait_collective` and :func:`leave_collective` write into
+it the collective a rank is in (op, phase, call number, shape) and whether it is waiting
+in it; :func:`note_collective` writes a free-form description. The slot's text format
+is :mod:`.hang`'s. ``collectives_checked`` says whether each collective's signature is
+compared across its group before it runs (``check_collectives`` / ``ZEROKIT_DEBUG_COLLECTIVES=1``).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -44,6 +49,8 @@ class RankContext:
 
 _current: Optional[RankContext] = None
 _status_writer: Optional[Callable[[str], None]] = None
+_calls = 0  # collectives this rank has entered
+_check_collectives: Optional[bool] = None  # None: ask ZEROKIT_DEBUG_COLLECTIVES
 
 
 def current() -> RankContext:
@@ -64,11 +71,48 @@ def set_current(ctx: Optional[RankContext]) -> None:
 
 
 def set_status_writer(writer: Optional[Callable[[str], None]]) -> None:
-    global _status_writer
-    _status_writer = writer
+    """Install the slot's writer (a new rank): the call count starts again from zero."""
+    global _status_writer, _calls
+    _status_writer, _calls = writer, 0
+
+
+def set_check_collectives(on: Optional[bool]) -> None:
+    """Compare each collective's signature across its group before it runs (None: as the environment says)."""
+    global _check_collectives
+    _check_collectives = on
+
+
+def collectives_checked() -> bool:
+    if _check_collectives is not None:
+        return _check_collectives
+    return os.environ.get("ZEROKIT_DEBUG_COLLECTIVES", "") not in ("", "0")
+
+
+def _write(state: str, call: int, op: str = "", phase: str = "", detail: str = "") -> None:
+    if _status_writer is not None:
+        from .hang import encode
+
+        _status_writer(encode(state, call, op, phase, detail))
 
 
 def note_collective(description: str) -> None:
-    """Record the collective this rank is entering, so a hang can be reported with it."""
-    if _status_writer is not None:
-        _status_writer(description)
+    """Record a free-form description of what this rank is entering, so a hang can be reported with it."""
+    _write("in" if description else "", _calls, "", "", description)
+
+
+def enter_collective(op: str, phase: str, detail: str, async_op: bool = False) -> int:
+    """Record that this rank enters (or, async, launches) a collective; returns its call number (from 1)."""
+    global _calls
+    _calls += 1
+    _write("launched" if async_op else "in", _calls, op, phase, detail)
+    return _calls
+
+
+def wait_collective(call: int, op: str, phase: str, detail: str) -> None:
+    """Record that this rank waits for async collective ``call`` to finish."""
+    _write("wait", call, op, phase, detail)
+
+
+def leave_collective(call: int, op: str, phase: str, detail: str) -> None:
+    """Record that collective ``call`` returned (a rank stuck after it is not in a collective)."""
+    _write("out", call, op, phase, detail)

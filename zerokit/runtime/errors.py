@@ -3,8 +3,8 @@
 Lifecycle: the supervision loop (:mod:`.supervise`) builds one of these after it has
 stopped and reaped every rank, and raises it from ``launch`` in the calling process.
 :class:`RankFailed` names the first rank that really failed, with that rank's own
-traceback; :class:`RankTimeout` names the ranks still running at the deadline and the
-collective each last entered. Both pickle (``__reduce__``), so they can cross a
+traceback; :class:`RankTimeout` names the ranks still running at the deadline (or at a
+stall) and the collective each is in, grouped by call. Both pickle (``__reduce__``), so they can cross a
 process boundary again, e.g. from a launch made inside a worker.
 """
 from __future__ import annotations
@@ -37,20 +37,29 @@ class RankFailed(Exception):
 
 
 class RankTimeout(TimeoutError):
-    """The launch ran past ``timeout_s``; ``ranks`` were still running.
+    """The launch ran past ``timeout_s``, or stalled for ``stalled_s`` (``heartbeat_s``); ``ranks`` were still running.
 
-    ``last_collectives`` maps each of them to the collective it last entered (as noted by
-    :func:`zerokit.context.note_collective`); their stacks were printed to stderr.
+    ``last_collectives`` maps each of them to the collective it is in or last entered
+    (as noted in its status slot, :mod:`zerokit.runtime.hang`); ``where`` groups the
+    ranks by the call they are stuck in ("rank 2 is in all_gather #14 of forward; ranks
+    0, 1, 3 are in reduce_scatter #9 of backward"). Their stacks were printed to stderr.
     """
 
-    def __init__(self, ranks: List[int], last_collectives: Dict[int, str], timeout_s: float):
+    def __init__(self, ranks: List[int], last_collectives: Dict[int, str], timeout_s: float,
+                 where: str = "", stalled_s: Optional[float] = None):
         self.ranks = list(ranks)
         self.last_collectives = dict(last_collectives)
         self.timeout_s = timeout_s
-        where = "; ".join(f"rank {r}: {self.last_collectives.get(r) or 'none since joining the group'}"
-                          for r in self.ranks)
-        super().__init__(f"launch timed out after {timeout_s:g} s with ranks {self.ranks} still running; "
-                         f"last collective entered — {where} (their stacks are printed on stderr above)")
+        self.where = where or "; ".join(f"rank {r}: {self.last_collectives.get(r) or 'none since joining the group'}"
+                                        for r in self.ranks)
+        self.stalled_s = stalled_s
+        if stalled_s is not None:
+            how = (f"launch stalled: no rank entered or left a collective for {stalled_s:.1f} s "
+                   f"(heartbeat_s), before the {timeout_s:g} s timeout")
+        else:
+            how = f"launch timed out after {timeout_s:g} s"
+        super().__init__(f"{how}, with ranks {self.ranks} still running: {self.where} "
+                         f"(their stacks are printed on stderr above)")
 
     def __reduce__(self):
-        return type(self), (self.ranks, self.last_collectives, self.timeout_s)
+        return type(self), (self.ranks, self.last_collectives, self.timeout_s, self.where, self.stalled_s)

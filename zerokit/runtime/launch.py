@@ -45,7 +45,7 @@ def max_world_size(backend: Optional[str] = None) -> int:
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str] = None,
            timeout_s: float = 300.0, threads_per_rank: int = 1, start_method: Optional[str] = None,
-           **kwargs) -> list:
+           heartbeat_s: Optional[float] = None, check_collectives: Optional[bool] = None, **kwargs) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
 
     ``ctx`` is the rank's :class:`~zerokit.context.RankContext`. ``backend`` None picks
@@ -53,6 +53,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
     where that is safe (Linux, no process group or CUDA in this process), else spawns.
     Raises :class:`RankFailed` for the first rank that fails, :class:`RankTimeout` when
     the whole launch takes longer than ``timeout_s``; no rank outlives the call.
+    ``heartbeat_s``: raise :class:`RankTimeout` as soon as no rank has entered, waited in
+    or left a collective for that long (it must exceed the longest stretch of a rank's
+    work between collectives). ``check_collectives``: before each collective, compare its
+    op, element count and dtype across the group and fail fast on a mismatch (None: on
+    when ``ZEROKIT_DEBUG_COLLECTIVES=1``).
     Under torchrun (its agent's TORCHELASTIC_RUN_ID, GROUP_RANK, LOCAL_RANK... set, not a
     mere RANK and WORLD_SIZE) ``fn`` runs here, as this process's rank.
     """
@@ -62,7 +67,17 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
         raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
         raise ValueError(f"threads_per_rank={threads_per_rank!r} must be an integer >= 1")
+    if heartbeat_s is not None and (not isinstance(heartbeat_s, (int, float)) or isinstance(heartbeat_s, bool)
+                                    or not heartbeat_s > 0):
+        raise ValueError(f"heartbeat_s={heartbeat_s!r} must be None (off) or a positive number of seconds")
+    if check_collectives is not None and not isinstance(check_collectives, bool):
+        raise ValueError(f"check_collectives={check_collectives!r} must be True, False or None "
+                         f"(None: as ZEROKIT_DEBUG_COLLECTIVES says)")
     if under_torchrun():
+        if check_collectives is not None:  # fn runs in this process: its collectives read the flag here
+            from .context import set_check_collectives
+
+            set_check_collectives(check_collectives)
         return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)
     backend = _choose_backend(backend, world_size)
     method = _choose_start_method(start_method)
@@ -74,8 +89,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
         except Exception as exc:
             raise TypeError(f"start_method='spawn' sends fn and its arguments to the ranks with cloudpickle, "
                             f"which failed: {type(exc).__name__}: {exc}") from exc
-    return Supervisor(mp.get_context(method), fn, job, world_size, backend, float(timeout_s),
-                      threads_per_rank).run()
+    return Supervisor(mp.get_context(method), fn, job, world_size, backend, float(timeout_s), threads_per_rank,
+                      None if heartbeat_s is None else float(heartbeat_s), check_collectives).run()
 
 
 def check_backend(backend: Optional[str]) -> None:

@@ -52,11 +52,12 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .context import RankContext, note_collective, set_current, set_status_writer
+from .context import RankContext, set_check_collectives, set_current, set_status_writer
+from .hang import encode
 
 LOOPBACK = "127.0.0.1"
-#: size of the shared-memory slot holding the collective a rank last entered
-STATUS_BYTES = 256
+#: size of the shared-memory slot holding the collective a rank is in (:mod:`.hang`'s format)
+STATUS_BYTES = 320
 _PR_SET_PDEATHSIG = 1
 
 
@@ -69,6 +70,8 @@ class RankSpec:
     group_timeout_s: float
     threads: int
     parent_pid: int
+    #: compare each collective's signature across its group first (None: ZEROKIT_DEBUG_COLLECTIVES decides)
+    check_collectives: bool | None = None
 
 
 def rendezvous_socket() -> socket.socket:
@@ -94,6 +97,7 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # so does a hang
     set_status_writer(_status_writer(status))
+    set_check_collectives(spec.check_collectives)
     try:
         fn, args, kwargs = cloudpickle.loads(job) if isinstance(job, bytes) else job
         torch.set_num_threads(spec.threads)
@@ -162,9 +166,16 @@ def _status_writer(slot) -> Callable[[str], None]:
     return write
 
 
+def _status_writer_now() -> Callable[[str], None]:
+    from . import context
+
+    return context._status_writer or (lambda text: None)
+
+
 def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) -> None:
     """Join the group through rank 0's store on the parent's loopback socket; peers on loopback too."""
-    note_collective("init_process_group")
+    status_write = _status_writer_now()
+    status_write(encode("init", 0, "", "", ""))
     if sys.platform.startswith("linux"):  # gloo and NCCL would otherwise listen on the hostname's address
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -174,7 +185,7 @@ def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) ->
                           timeout=timeout, **serve)
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
                             timeout=timeout)
-    note_collective("")  # joined: a hang from here on is fn's
+    status_write(encode("idle", 0, "", "", ""))  # joined: a hang from here on is fn's
 
 
 @contextlib.contextmanager

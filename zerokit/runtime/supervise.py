@@ -13,7 +13,9 @@ Lifecycle (:meth:`Supervisor.run`):
 3. *blame* — on failure, stop every rank and raise :class:`.errors.RankFailed` for the
    earliest failure that is not a mere peer-loss victim; on a hang, send SIGUSR1 so
    each hung rank prints its stacks, then stop them and raise
-   :class:`.errors.RankTimeout` with the collective each last entered.
+   :class:`.errors.RankTimeout` naming, per rank, the collective it is in (grouped by
+   call, :mod:`.hang`). With ``heartbeat_s``, a stall — no rank entered, waited in or left
+   a collective for that long — ends the loop the same way, before the deadline.
 4. *stop* — on every path (return, raise, Ctrl-C), SIGTERM then SIGKILL every rank's
    whole process group (``os.killpg``: each rank leads one, :func:`.spawn.own_session`),
    so what a rank started dies with it even after the rank exited; reap, print what is
@@ -34,13 +36,12 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-import cloudpickle
-
 from .errors import RankFailed, RankTimeout
+from .hang import summarise
 from .output import LineForwarder
+from .rank_handle import RankHandle, _Failure
 from .spawn import STATUS_BYTES, RankSpec, main_module_hidden, rank_main, rendezvous_socket
 
 #: after the first failure, how long to keep collecting the other ranks' reports
@@ -52,89 +53,15 @@ _TERMINATE_S = 1.0
 #: the ranks' own collective timeout exceeds the launch timeout by this much, so that
 #: a hang is reported by the parent as a hang rather than by gloo as a rank failure
 _GROUP_TIMEOUT_MARGIN_S = 30.0
-#: words in a traceback that mark a rank failing only because a peer went away first
-_PEER_LOSS_SIGNS = ("connection closed by peer", "connection reset", "econnreset", "broken pipe",
-                    "connection refused", "socket closed", "distnetworkerror")
-
-
-@dataclass
-class _Failure:
-    rank: int
-    time: float
-    traceback: str
-    kind: str  # the exception's type name, or "exit"
-
-    @property
-    def peer_loss(self) -> bool:
-        text = self.traceback.lower()
-        return any(sign in text for sign in _PEER_LOSS_SIGNS)
-
-    def summary(self) -> str:
-        lines = [line for line in self.traceback.splitlines() if line.strip()]
-        last = lines[-1].strip() if lines else self.kind
-        return last[:300] + (" (lost a peer)" if self.peer_loss else "")
-
-
-class _Rank:
-    """The parent's handles on one rank: its process, result pipe, output pipes and status slot."""
-
-    def __init__(self, rank: int, process, results, outputs: List[LineForwarder], status):
-        self.rank = rank
-        self.process = process
-        self.results = results
-        self.outputs = outputs
-        self.status = status
-        self.value: Any = None
-        self.failure: Optional[_Failure] = None
-        self.reported = False  # a value or a failure arrived
-        self.exited = False
-
-    def receive(self) -> None:
-        """Read the rank's one report: its return value or its failure."""
-        if self.results.closed:
-            return
-        try:
-            kind, *rest = cloudpickle.loads(self.results.recv_bytes())
-        except EOFError:  # it closed the pipe without reporting; its exit tells the rest
-            pass
-        except Exception as exc:
-            self._fail(time.time(), f"the return value of fn on rank {self.rank} could not be unpickled "
-                                    f"in the launching process: {type(exc).__name__}: {exc}", "UnpicklingError")
-        else:
-            if kind == "ok":
-                self.value, self.reported = rest[0], True
-            else:
-                self._fail(*rest)
-        self.results.close()
-
-    def on_exit(self) -> None:
-        """The process ended: take its last report and output; no report means it died."""
-        if self.exited:
-            return
-        self.exited = True
-        self.process.join(5)  # the sentinel fires as it exits: reap it for its exit code
-        if not self.results.closed and self.results.poll():
-            self.receive()
-        for output in self.outputs:
-            output.pump()
-        if not self.reported:
-            code = self.process.exitcode
-            how = f"exited with code {code} without raising"
-            if code is not None and code < 0:
-                how += f" (killed by {signal.Signals(-code).name})"
-            self._fail(time.time(), f"rank {self.rank} {how}", "exit")
-
-    def last_collective(self) -> str:
-        return self.status.value.decode("utf-8", "replace")
-
-    def _fail(self, when: float, text: str, kind: str) -> None:
-        self.failure, self.reported = _Failure(self.rank, when, text, kind), True
 
 
 class Supervisor:
     """Start the ranks, forward their output and reports until they finish, fail or hang."""
 
-    def __init__(self, mpctx, fn, job, world_size: int, backend: str, timeout_s: float, threads: int):
+    def __init__(self, mpctx, fn, job, world_size: int, backend: str, timeout_s: float, threads: int,
+                 heartbeat_s: Optional[float] = None, check_collectives: Optional[bool] = None):
+        self.heartbeat_s = heartbeat_s
+        self.check_collectives = check_collectives
         self.mpctx = mpctx
         self.name = getattr(fn, "__name__", "fn")
         self.job = job
@@ -142,7 +69,7 @@ class Supervisor:
         self.backend = backend
         self.timeout_s = timeout_s
         self.threads = threads
-        self.ranks: List[_Rank] = []
+        self.ranks: List[RankHandle] = []
         self.owner_pid = os.getpid()
 
     def run(self) -> list:
@@ -165,7 +92,7 @@ class Supervisor:
         store_socket = rendezvous_socket()
         port = store_socket.getsockname()[1]
         specs = [RankSpec(r, self.world_size, self.backend, port, self.timeout_s + _GROUP_TIMEOUT_MARGIN_S,
-                          self.threads, os.getpid()) for r in range(self.world_size)]
+                          self.threads, os.getpid(), self.check_collectives) for r in range(self.world_size)]
         spawn = self.mpctx.get_start_method() == "spawn"
         with main_module_hidden() if spawn else contextlib.nullcontext():
             try:
@@ -182,7 +109,7 @@ class Supervisor:
         status = self.mpctx.RawArray("c", STATUS_BYTES)
         process = self.mpctx.Process(target=rank_main, name=f"zerokit-{self.name}-rank{spec.rank}",
                                      args=(spec, self.job, results_w, stdout_w, stderr_w, status, store_socket))
-        rank = _Rank(spec.rank, process, results_r, [LineForwarder(spec.rank, stdout_r, "stdout"),
+        rank = RankHandle(spec.rank, process, results_r, [LineForwarder(spec.rank, stdout_r, "stdout"),
                                                      LineForwarder(spec.rank, stderr_r, "stderr")], status)
         self.ranks.append(rank)
         try:
@@ -195,18 +122,22 @@ class Supervisor:
         """Forward output and collect reports until every rank exits; raise on failure or hang."""
         deadline = time.monotonic() + self.timeout_s
         grace_end = math.inf
+        beat = _Heartbeat(self.heartbeat_s, self.ranks)
+        stalled = None
         while not all(rank.exited for rank in self.ranks):
             now = time.monotonic()
             if now >= min(deadline, grace_end):
                 break
-            self._pump(min(deadline, grace_end) - now)
+            if grace_end == math.inf and (stalled := beat.stalled(now)) is not None:
+                break
+            self._pump(min(deadline, grace_end, now + beat.poll_s) - now)
             if grace_end == math.inf and self._failures():
                 grace_end = time.monotonic() + _GRACE_S
         if self._failures():
             self._raise_first_failure()
         hung = [rank for rank in self.ranks if not rank.exited]
         if hung:
-            self._raise_timeout(hung)
+            self._raise_timeout(hung, stalled)
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a pipe or a process, and handle everything that is ready.
@@ -235,9 +166,11 @@ class Supervisor:
         others = [(f.rank, f.summary()) for f in failures if f is not first]
         raise RankFailed(first.rank, first.traceback, self.ranks[first.rank].process.exitcode, others)
 
-    def _raise_timeout(self, hung: List[_Rank]):
-        """Print the hung ranks' stacks (SIGUSR1 → faulthandler), kill them, report their collectives."""
+    def _raise_timeout(self, hung: List[RankHandle], stalled_s: Optional[float] = None):
+        """Print the hung ranks' stacks (SIGUSR1 → faulthandler), kill them, report their collectives
+        grouped by the call each is in."""
         last = {rank.rank: rank.last_collective() for rank in hung}
+        where = summarise({rank.rank: rank.state() for rank in hung})
         if hasattr(signal, "SIGUSR1"):
             for rank in hung:
                 with contextlib.suppress(ProcessLookupError):
@@ -246,7 +179,7 @@ class Supervisor:
             while (left := end - time.monotonic()) > 0:
                 self._pump(left)
         self._stop()
-        raise RankTimeout([rank.rank for rank in hung], last, self.timeout_s)
+        raise RankTimeout([rank.rank for rank in hung], last, self.timeout_s, where, stalled_s)
 
     def _stop(self) -> None:
         """Terminate, then kill, and reap every rank; print what they wrote; close the pipes.
@@ -276,6 +209,29 @@ class Supervisor:
         for rank in list(self.ranks) if os.getpid() == self.owner_pid else ():  # not in a fork
             if rank.process.pid is not None:
                 _signal_rank(rank.process, signal.SIGKILL)
+
+
+class _Heartbeat:
+    """Notices a stall: no rank entered, waited in or left a collective (nor exited) for ``heartbeat_s``,
+    counted once every rank has joined the group."""
+
+    def __init__(self, heartbeat_s: Optional[float], ranks: List[RankHandle]):
+        self.heartbeat_s = heartbeat_s
+        self.ranks = ranks
+        self.poll_s = math.inf if heartbeat_s is None else min(0.25, heartbeat_s / 4)
+        self.seen: Optional[tuple] = None
+        self.since = time.monotonic()
+
+    def stalled(self, now: float) -> Optional[float]:
+        """Seconds without progress once that reaches ``heartbeat_s``, else None."""
+        if self.heartbeat_s is None:
+            return None
+        states = [rank.state() for rank in self.ranks]
+        snapshot = tuple((rank.exited, rank.status_text()) for rank in self.ranks)
+        if snapshot != self.seen or any(s.state in ("", "init") for s in states):
+            self.seen, self.since = snapshot, now
+            return None
+        return now - self.since if now - self.since >= self.heartbeat_s else None
 
 
 def _signal_rank(process, sig: int) -> None:
