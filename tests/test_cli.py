@@ -115,3 +115,13 @@ def test_a_failing_rank_is_one_clean_message(capsys):
     assert "RuntimeError: the loss refuses to run on rank 1" in err.splitlines()[0]
     assert err.count("Traceback (most recent call last)") == 1  # the rank's own, not the CLI's
     assert "failing_workload.py" in err and "cli.py" not in err
+
+
+def test_bench_needs_a_suite_or_quick(capsys):
+    assert cli.main(["bench"]) == 2
+    assert "name a suite (ddp, zero, offload, pipeline) or give --quick" in capsys.readouterr().err
+    assert cli.main(["bench", "--quick", "ddp"]) == 2
+    assert "give no suite with it" in capsys.readouterr().err
+    assert cli.main(["bench", "tp"]) == 2
+    assert "allowed: ddp, zero, offload, pipeline" in capsys.readouterr().err
+

@@ -2,15 +2,33 @@
 
 Wall-clock times on a shared machine are noisy, so every suite runs zerokit and the
 peer in the same invocation, interleaved, and reports medians and their ratio.
-Suites live in this package, one module each (``ddp``, ``zero``, ``offload``), with a
-``main(argv) -> int``.
+Suites live in this package, one module each (``ddp``, ``zero``, ``offload``, ``pipeline``),
+with a ``main(argv) -> int``. ``zerokit bench --quick`` runs every suite with one round of
+few steps at 2 ranks (:data:`QUICK`): a smoke run of the whole benchmark, minutes on 2 cores,
+too short for the ratios to mean much.
 """
 from __future__ import annotations
 
 import importlib
 import statistics
 
-SUITES = ("ddp", "zero", "offload")
+SUITES = ("ddp", "zero", "offload", "pipeline")
+#: every suite's arguments for ``--quick``
+QUICK = {
+    "ddp": ["--world-sizes", "2", "--bucket-mb", "1", "--steps", "3", "--rounds", "1", "--no-heavy", "--quiet"],
+    "zero": ["--world-sizes", "2", "--steps", "3", "--rounds", "1", "--quiet"],
+    "offload": ["--sizes", "1e6", "--repeats", "3", "--steps", "3", "--rounds", "1", "--quiet"],
+    "pipeline": ["--steps", "3", "--rounds", "1", "--quiet"],
+}
+
+
+def quick() -> int:
+    """Every suite, one short round each."""
+    worst = 0
+    for suite in SUITES:
+        print(f"\n=== zerokit bench {suite} (quick) ===", flush=True)
+        worst = max(worst, main(suite, QUICK[suite]))
+    return worst
 
 
 def main(suite: str, argv) -> int:

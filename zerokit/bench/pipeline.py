@@ -1,0 +1,87 @@
+"""``zerokit bench pipeline``: zerokit's ``pp`` against torch.distributed.pipelining, schedule by schedule.
+
+Each round runs, in rotating order, zerokit's ``pp`` and torch's peer for every schedule both
+have (GPipe, 1F1B, interleaved with 2 chunks) on the same tiny GPT, the same stages and the
+same micro-batches. Reported per schedule: the median step time of each (the first step
+left out), their ratio (zerokit / torch; below 1.0 is faster), the ratio of peak bytes per
+rank (measured by the ledger on the busiest rank), and zerokit's measured bubble next to
+the simulated one (t_b = 2·t_f) — on a shared CPU the measured bubble also counts the time
+a rank waits for a core.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+import torch
+
+from . import median, ratio
+
+PAIRS = [("gpipe", "torch-pp-gpipe", 1), ("1f1b", "torch-pp-1f1b", 1), ("interleaved", "torch-pp-interleaved", 2)]
+GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=8, n_head=4, batch_size=16)
+
+
+def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: int, timeout_s: float) -> dict:
+    from ..pipeline_parallel import measured, schedule as build
+    from ..train import train
+
+    options = {"schedule": schedule, "chunks": chunks} if strategy == "pp" else {}
+    report = train(work, strategy, world_size=p, steps=steps, optimizer="adamw", micro_batches=m, reference=False,
+                   timeout_s=timeout_s, **options)
+    result = report.results[0]
+    ranks = sorted(result.ranks, key=lambda r: r.coords["pp"])
+    times = [max(r.step_times_s[s] for r in ranks) for s in range(1, steps)]
+    bubble = None
+    if ranks[0].pipeline_spans is not None:
+        bubble = measured(build(schedule, p, m, chunks), [r.pipeline_spans for r in ranks]).bubble_fraction
+    return {"step_s": median(times), "peak": max(r.peak_bytes for r in ranks), "bubble": bubble}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerokit bench pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", type=int, default=2, help="pipeline ranks p")
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is left out)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    return parser
+
+
+def main(argv=None) -> int:
+    from ..pipeline_parallel import schedule as build, simulate
+    from ..workloads import tiny_gpt
+
+    args = build_parser().parse_args(argv)
+    if args.steps < 2 or args.rounds < 1 or args.stages < 1 or args.micro_batches < 1:
+        raise ValueError("--steps must be at least 2, --rounds, --stages and --micro-batches at least 1")
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    work, p, m = tiny_gpt(**GPT), args.stages, args.micro_batches
+    plan = [(ours, peer, chunks, name) for ours, peer, chunks in PAIRS for name in ("pp", peer)]
+    samples: dict = {i: [] for i in range(len(plan))}
+    start = time.perf_counter()
+    for r in range(args.rounds):
+        shift = r % len(plan)
+        for i in list(range(len(plan)))[shift:] + list(range(len(plan)))[:shift]:
+            sched, _, chunks, name = plan[i]
+            samples[i].append(run(work, name, sched, chunks, p, m, args.steps, args.timeout))
+            log(f"round {r + 1}/{args.rounds}: {name} {sched}: {1000 * samples[i][-1]['step_s']:.1f} ms")
+    print(f"zerokit bench pipeline — {work.description}; p = {p}, m = {m}, fp32 AdamW, {args.steps} steps × "
+          f"{args.rounds} rounds; {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          + "load average %.2f %.2f %.2f" % os.getloadavg())
+    print(f"{'schedule':<12}{'pp ms':>9}{'torch ms':>10}{'time ratio':>12}{'peak ratio':>12}"
+          f"{'bubble measured':>17}{'simulated':>11}")
+    for k, (sched, peer, chunks) in enumerate(PAIRS):
+        ours, theirs = samples[2 * k], samples[2 * k + 1]
+        per_round = median([ratio(a["step_s"], b["step_s"]) for a, b in zip(ours, theirs)])
+        peak = ratio(median([a["peak"] for a in ours]), median([b["peak"] for b in theirs]))
+        bubble = median([a["bubble"] for a in ours])
+        simulated = simulate(build(sched, p, m, chunks)).bubble_fraction
+        print(f"{sched:<12}{1000 * median([a['step_s'] for a in ours]):>9.1f}"
+              f"{1000 * median([b['step_s'] for b in theirs]):>10.1f}{per_round:>12.2f}{peak:>12.2f}"
+              f"{bubble:>17.3f}{simulated:>11.3f}")
+    print(f"({time.perf_counter() - start:.0f} s; ratios are zerokit / torch, the time ratio paired round by round)")
+    return 0
