@@ -14,6 +14,8 @@ per thing a lesson shows:
 - :mod:`.timeline_panel`: :class:`TimelinePanel` (a strategy's options: bucket size,
   overlap, ZeRO-3's prefetch and reshard_after_forward → per-rank timeline with the
   exposed communication shaded) and the readers of its records;
+- :mod:`.pipeline_panel`: :class:`PipelinePanel` (stages, micro-batches, schedule,
+  chunks → the simulated schedule drawn, its bubble next to (p − 1)/(v·m + p − 1));
 - :mod:`.ring_panel`: :class:`CollectivePanel` (collective, world size, payload → the
   ring's rounds and the bytes each rank sent) and :func:`ring_schedule_figure`;
 - :mod:`.latency_bandwidth`: timing the ring all-reduce and fitting the α-β model;
@@ -28,6 +30,7 @@ from .latency_bandwidth import fit_latency_bandwidth, latency_bandwidth_figure, 
 from .machine import machine_summary
 from .memory_panel import MemoryPanel, peak_bars
 from .panel import Panel
+from .pipeline_panel import PipelinePanel
 from .plan_panel import PlanPanel, plan_bars
 from .ring_panel import CollectivePanel, ring_schedule_figure
 from .tables import Table, model_state_rows, summary_rows, table
@@ -37,4 +40,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
            "ring_schedule_figure", "volume_figure", "time_ring_all_reduce", "fit_latency_bandwidth",
            "modelled_seconds", "latency_bandwidth_figure", "machine_summary", "DPI", "new_figure", "png",
-           "PlanPanel", "plan_bars"]
+           "PlanPanel", "plan_bars", "PipelinePanel"]

@@ -1,0 +1,276 @@
+# %% [markdown]
+# # 08 · Pipeline parallelism: schedules as data, the bubble, and 1F1B's memory
+#
+# **The question.** A pipeline gives each rank a contiguous slice of the layers (a
+# **stage**) and streams **micro-batches** through them: rank i works on micro-batch j while
+# rank i + 1 works on micro-batch j − 1. At the start and the end of every step some ranks
+# have nothing to do — the **bubble**. How large is it — `(p − 1)/(m + p − 1)`, as GPipe and
+# Megatron say? What do 1F1B, interleaving and zero-bubble schedules change: the idle time,
+# the memory, or both? And what does a pipeline send?
+#
+# **What you will see.** GPipe, 1F1B, interleaved 1F1B and ZB-H1 as tables of actions and as
+# pictures, built from the same data the executor runs; the bubble simulated next to the
+# formula, and measured on a real 2-rank run next to its simulation (`draw_side_by_side`);
+# the activations each rank stashes, measured, against the schedule's peak in flight; the
+# point-to-point bytes next to `theory.pipeline_p2p_bytes`; and a panel where stages,
+# micro-batches and the schedule change the picture.
+
+# %%
+%matplotlib inline
+import matplotlib
+from IPython.display import display
+
+import zerokit
+from zerokit import course, theory
+from zerokit.pipeline_parallel import draw_schedule, draw_side_by_side, measured
+
+matplotlib.rcParams["figure.dpi"] = course.DPI
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+# %% [markdown]
+# ## Schedules are data
+#
+# A schedule is, for each rank, the ordered list of what it does — written as torch's
+# pipelining IR writes it: `1F0` is stage 1's forward of micro-batch 0, `0B3` stage 0's full
+# backward of micro-batch 3; ZB-H1 splits the backward into `I` (the input gradient, which
+# the previous stage waits for) and `W` (the weight gradient, which nobody waits for).
+# `zerokit.schedule(name, stages, micro_batches, chunks)` builds one; here 4 stages and 8
+# micro-batches (interleaved: 2 model chunks per rank, stage s on rank s mod 4):
+
+# %%
+p, m = 4, 8
+schedules = {name: zerokit.schedule(name, p, m, chunks=2 if name == "interleaved" else 1) for name in NAMES}
+for name in ("gpipe", "1f1b", "zb-h1"):
+    print(schedules[name], end="\n\n")
+
+# %% [markdown]
+# - **GPipe**: all forwards, then all backwards. Every rank holds all m micro-batches'
+#   activations before the first backward.
+# - **1F1B** (PipeDream-Flush, Megatron): rank i does `p − i` warm-up forwards, then
+#   alternates one forward, one backward. The same idle time, but a micro-batch's
+#   activations are freed as soon as its backward runs.
+# - **Interleaved 1F1B**: each rank holds v chunks of non-contiguous layers, so a
+#   micro-batch passes every rank v times and the ramp-up is v times shorter.
+# - **ZB-H1** (Qi et al., 2401.10241): 1F1B with each backward split into I and W, the W
+#   passes moved into the idle slots.
+#
+# `zerokit.simulate` plays each schedule out without processes (t_b = 2·t_f, so for ZB-H1
+# I = W = t_f), respecting only the dependencies: a stage's forward waits for the previous
+# stage's forward of the same micro-batch, its backward for the next stage's backward.
+
+# %%
+simulated = {name: zerokit.simulate(s) for name, s in schedules.items()}
+for name, result in simulated.items():
+    fig, ax = course.new_figure(13, 2.3)
+    draw_schedule(result, ax=ax, title=f"{name}, p = {p}, m = {m}: bubble {result.bubble_fraction:.1%}, "
+                                       f"peak micro-batches in flight per rank {result.peak_in_flight}")
+    fig.tight_layout()
+    display(fig)
+
+# %% [markdown]
+# ## The bubble: simulated next to the formula
+#
+# With p equal stages and m micro-batches, the first rank starts the last forward after
+# `m` forwards and the last rank ends its first backward `p − 1` slots late: the step takes
+# `(m + p − 1)(t_f + t_b)` and each rank works `m(t_f + t_b)` of it, so the idle share is
+# `(p − 1)/(m + p − 1)` for GPipe and 1F1B alike. Interleaving with v chunks divides the
+# ramp by v: `(p − 1)/(v·m + p − 1)`. ZB-H1 (m ≥ p, I = W = t_f): `(p − 1)/(3m + p − 1)`.
+
+# %%
+rows = []
+for m_ in (4, 8, 16):
+    for name in NAMES:
+        v = 2 if name == "interleaved" else 1
+        result = zerokit.simulate(zerokit.schedule(name, p, m_, chunks=v))
+        formula = theory.zb_h1_bubble_fraction(p, m_) if name == "zb-h1" else theory.bubble_fraction(p, m_, v)
+        rows.append({"schedule": name, "p": p, "m": m_, "v": v, "simulated bubble": round(result.bubble_fraction, 4),
+                     "formula": round(formula, 4), "peak in flight (rank 0)": result.peak_in_flight[0]})
+course.table(rows)
+
+# %%
+for row in rows:
+    assert abs(row["simulated bubble"] - row["formula"]) < 1e-4, row
+for m_ in (4, 8, 16):  # 1F1B idles exactly as long as GPipe, and holds min(p − i, m) micro-batches, not m
+    gp, ofob = (zerokit.simulate(zerokit.schedule(n, p, m_)) for n in ("gpipe", "1f1b"))
+    assert gp.bubble_fraction == ofob.bubble_fraction
+    assert gp.peak_in_flight == [theory.peak_stashed_microbatches("gpipe", p, m_, i) for i in range(p)]
+    assert ofob.peak_in_flight == [theory.peak_stashed_microbatches("1f1b", p, m_, i) for i in range(p)]
+
+# %% [markdown]
+# The only lever on the bubble of GPipe and 1F1B is m: more, smaller micro-batches. 1F1B
+# buys nothing in time — it buys **memory** (the next section). Interleaving and ZB-H1 buy
+# time: interleaving at the price of v times more point-to-point messages, ZB-H1 by moving
+# work that nobody waits for into the gaps. (ZB-H1's "in flight" counts a micro-batch until
+# its W has run; W needs only the weight layers' inputs and output gradients, and the paper
+# keeps ZB-H1's peak memory at 1F1B's.)
+#
+# ## Measured: a real pipeline on 2 ranks
+#
+# `zerokit.train(work, "pp", world_size=2, micro_batches=4, schedule=…)` cuts the GPT into
+# 2 stages (embeddings with the first, final norm and head with the last) and runs the same
+# actions over send/recv, recording each one's start and end. The last of 3 steps, drawn
+# next to its simulation:
+
+# %%
+work = zerokit.tiny_gpt(vocab=64, seq_len=32, d_model=64, n_layer=4, n_head=2, batch_size=16)
+P2, M2 = 2, 4
+runs = {name: zerokit.train(work, "pp", world_size=P2, steps=3, micro_batches=M2, schedule=name, optimizer="sgd",
+                            lr=0.1, reference=(name == "1f1b"))
+        for name in ("gpipe", "1f1b", "zb-h1")}
+
+
+def spans(report):
+    return [r.pipeline_spans for r in sorted(report.results[0].ranks, key=lambda r: r.coords["pp"])]
+
+
+rows = []
+for name, report in runs.items():
+    sched = zerokit.schedule(name, P2, M2)
+    real, sim = measured(sched, spans(report)), zerokit.simulate(sched)
+    rows.append({"schedule": name, "measured bubble": round(real.bubble_fraction, 3),
+                 "simulated": round(sim.bubble_fraction, 3),
+                 "formula": round(theory.zb_h1_bubble_fraction(P2, M2) if name == "zb-h1" else theory.bubble_fraction(P2, M2), 3),
+                 "measured step ms": round(real.makespan * 1e3, 1),
+                 "peak in flight measured": real.peak_in_flight, "simulated peak": sim.peak_in_flight})
+course.table(rows)
+
+# %%
+assert runs["1f1b"].results[0].max_abs_param_diff <= 1e-6  # the same training as one process
+for name, report in runs.items():
+    sched = zerokit.schedule(name, P2, M2)
+    for rank in report.results[0].ranks:  # every rank ran its schedule's actions, in order
+        assert [a for a, _, _ in rank.pipeline_spans] == [str(a) for a in sched.actions[rank.coords["pp"]]]
+    real = measured(sched, spans(report))
+    assert real.peak_in_flight == zerokit.simulate(sched).peak_in_flight
+    assert 0 < real.bubble_fraction < 1
+
+# %%
+draw_side_by_side(zerokit.schedule("1f1b", P2, M2), spans(runs["1f1b"]))
+
+# %% [markdown]
+# The order of the actions is exact — the same list, run — and so is what each rank holds.
+# The **time is not**: on this machine the measured bubble is noisy and usually larger than
+# the simulated one. Two ranks share two CPU cores with everything else running; each
+# action carries a fixed cost (the Python executor, a gloo message) that is not small next
+# to a micro-batch this size; the backward is not exactly 2·t_f; and the ranks' clocks start
+# a few ms apart. `benchmarks/RESULTS.md` ("Pipeline bubble") measured the same on a larger
+# GPT: at p = 2 the measured bubble follows the formula for small m and stays near
+# 0.25–0.35 as m grows (the formula falls to 0.11 at m = 8); at p = 4 on two cores it is
+# 0.41–0.53 whatever the schedule, since four ranks can't compute at once on two cores.
+# ZB-H1 came out below 1F1B there at every m, though not by the simulated factor. The
+# simulation is the picture of a GPU cluster; the run is the proof that the schedule runs.
+#
+# ## 1F1B's memory: the activations each rank stashes
+#
+# A stage must keep each micro-batch's activations from its forward until its backward.
+# GPipe runs all m forwards first: every rank stashes m micro-batches. 1F1B starts the
+# backwards after `p − i` forwards on rank i: `min(p − i, m)`. Measured on 4 ranks, 8
+# micro-batches, one step, each rank's peak activation bytes from the memory ledger (a small
+# GPT, so four ranks on two cores stay quick):
+
+# %%
+small = zerokit.tiny_gpt(vocab=64, seq_len=8, d_model=16, n_layer=4, n_head=2, batch_size=8)
+P4, M8 = 4, 8
+mem = {name: zerokit.train(small, "pp", world_size=P4, steps=1, micro_batches=M8, schedule=name, optimizer="sgd",
+                           lr=0.1, reference=False) for name in ("gpipe", "1f1b")}
+ranks = {name: sorted(report.results[0].ranks, key=lambda r: r.coords["pp"]) for name, report in mem.items()}
+rows = []
+for g, f in zip(ranks["gpipe"], ranks["1f1b"]):
+    i = g.coords["pp"]
+    per_micro = g.peak_by_category["activations"] / theory.peak_stashed_microbatches("gpipe", P4, M8, i)
+    rows.append({"stage": i, "GPipe activations B": g.peak_by_category["activations"],
+                 "1F1B activations B": f.peak_by_category["activations"],
+                 "1F1B stash min(p − i, m)": theory.peak_stashed_microbatches("1f1b", P4, M8, i),
+                 "predicted 1F1B B (per micro-batch × stash)": round(per_micro * theory.peak_stashed_microbatches("1f1b", P4, M8, i)),
+                 "1F1B ÷ GPipe": round(f.peak_by_category["activations"] / g.peak_by_category["activations"], 3)})
+course.table(rows)
+
+# %%
+for g, f in zip(ranks["gpipe"], ranks["1f1b"]):
+    i = g.coords["pp"]
+    per_micro = g.peak_by_category["activations"] / theory.peak_stashed_microbatches("gpipe", P4, M8, i)
+    expected = theory.peak_stashed_microbatches("1f1b", P4, M8, i) * per_micro
+    assert abs(f.peak_by_category["activations"] - expected) <= 1e-9 * expected, i
+
+# %%
+fig, ax = course.new_figure(7, 3.0)
+stages = [r["stage"] for r in rows]
+ax.bar([s - 0.2 for s in stages], [r["GPipe activations B"] / 1024 for r in rows], 0.4, color="#8C8C8C", label="GPipe: m")
+ax.bar([s + 0.2 for s in stages], [r["1F1B activations B"] / 1024 for r in rows], 0.4, color="#4C72B0",
+       label="1F1B: min(p − i, m)")
+ax.set_xticks(stages, [f"stage {s}" for s in stages])
+ax.set_ylabel("activations at peak, KiB (measured)")
+ax.set_title(f"p = {P4}, m = {M8}: micro-batches stashed per stage, measured", fontsize=9)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig
+
+# %% [markdown]
+# The first stage stashes the most — p micro-batches under 1F1B, whatever m — which is why
+# 1F1B lets m grow (and the bubble shrink) without the memory growing with it.
+#
+# ## What a pipeline sends
+#
+# Only point-to-point messages, at the stage boundaries: per boundary per step, m
+# activations of `b·s·h` forward and m gradients of the same size back
+# (`theory.pipeline_p2p_bytes`) — no collective, and nothing that grows with the parameter
+# count. A middle stage has two boundaries. From the 1F1B run above (fp32, micro-batch of
+# `8/8 = 1` sequence):
+
+# %%
+b_micro = 8 // M8
+per_boundary = theory.pipeline_p2p_bytes(8, b_micro, 16, M8, element_bytes=4)
+rows = []
+for rank in ranks["1f1b"]:
+    i = rank.coords["pp"]
+    boundaries = (i < P4 - 1) + (i > 0)
+    rows.append({"stage": i, "boundaries": boundaries, "ops": ", ".join(sorted({row["op"] for row in rank.comm_summary})),
+                 "sent B/step (measured)": rank.comm_bytes_by_axis["pp"]["ring_cost_bytes"],
+                 "theory boundaries × pipeline_p2p_bytes": boundaries * per_boundary,
+                 "calls/step": rank.comm_bytes_by_axis["pp"]["calls"]})
+course.table(rows)
+
+# %%
+for rank, row in zip(ranks["1f1b"], rows):
+    assert set(rank.comm_bytes_by_axis) == {"pp"} and row["ops"] in ("recv, send",)
+    assert row["sent B/step (measured)"] == row["theory boundaries × pipeline_p2p_bytes"]
+    assert row["calls/step"] == 2 * row["boundaries"] * M8  # a send and a receive per micro-batch each way
+
+# %% [markdown]
+# ## Try it
+#
+# Stages, micro-batches, the schedule and (for interleaved) the chunks: the panel builds the
+# schedule, simulates it and redraws, with the bubble next to the formula and each rank's
+# peak in flight. Watch the bubble shrink as m grows, 1F1B's picture idle exactly as long as
+# GPipe's, and ZB-H1's W passes fill the gaps.
+
+# %%
+course.PipelinePanel(stages=(2, 3, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32), p=4, m=4, name="1f1b")
+
+# %% [markdown]
+# ## Summary
+#
+# - A schedule is a list of actions per rank; the simulator, the pictures and the executor
+#   read the same list, and a real run executes it in order.
+# - GPipe and 1F1B idle `(p − 1)/(m + p − 1)` of the step (simulated = formula); only more
+#   micro-batches shrink it. Interleaving: `(p − 1)/(v·m + p − 1)`; ZB-H1 fills the bubble
+#   with weight-gradient passes.
+# - Measured on 2 shared CPU cores the bubble is noisy and larger than simulated; the order
+#   of the actions and what each rank holds are exact.
+# - 1F1B stashes `min(p − i, m)` micro-batches on stage i instead of m (measured); a
+#   pipeline sends only point-to-point activations and gradients, `m·b·s·h` per boundary
+#   each way (= `theory.pipeline_p2p_bytes`).
+#
+# ## Interview questions
+#
+# 1. *What is the pipeline bubble and how do you shrink it?* — the idle share
+#    `(p − 1)/(m + p − 1)` from filling and draining the pipeline; more micro-batches,
+#    interleaved chunks (`v·m`), or zero-bubble schedules that move weight-gradient work into
+#    the gaps (the simulated table and the panel).
+# 2. *1F1B has the same bubble as GPipe: why use it?* — memory: stage i holds
+#    `min(p − i, m)` micro-batches' activations, not m, so m can grow without the memory
+#    growing (the measured bars).
+# 3. *What does pipeline parallelism communicate, compared with tensor parallelism?* — only
+#    activations and their gradients at stage boundaries, `m·b·s·h` each way per step,
+#    point to point; TP all-reduces `b·s·h` four times per layer, which is why PP crosses
+#    nodes and TP stays inside one (the traffic table).
