@@ -41,43 +41,50 @@ def batch(step):
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
 
 
-def make_engine(ctx, stage, optimizer="adamw", bf16=False, hidden=HIDDEN):
+def make_engine(ctx, stage, optimizer="adamw", bf16=False, hidden=HIDDEN, zero=(), accumulation=1):
     torch.manual_seed(100)
     model = Odd(hidden)
     params = {"adamw": {"lr": 0.01, "weight_decay": 0.1}, "sgd": {"lr": 0.3, "momentum": 0.9}}[optimizer]
-    config = {"train_micro_batch_size_per_gpu": BATCH // ctx.world_size, "gradient_accumulation_steps": 1,
+    config = {"train_micro_batch_size_per_gpu": BATCH // ctx.world_size // accumulation,
+              "gradient_accumulation_steps": accumulation,
               "optimizer": {"type": "AdamW" if optimizer == "adamw" else "SGD", "params": params},
-              "zero_optimization": {"stage": stage, "reduce_bucket_size": 40}, "bf16": {"enabled": bf16}}
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": 40, **dict(zero)}, "bf16": {"enabled": bf16}}
     engine, _, _, _ = zerokit.initialize(model=model, config=config)
     return engine
 
 
-def _train(ctx, stage, optimizer="adamw", bf16=False, save_to=None, load_from=None, end=2 * K):
-    engine = make_engine(ctx, stage, optimizer, bf16)
+def _train(ctx, stage, optimizer="adamw", bf16=False, save_to=None, load_from=None, end=2 * K, zero=(),
+           accumulation=1):
+    engine = make_engine(ctx, stage, optimizer, bf16, zero=zero, accumulation=accumulation)
     start = 0
     if load_from is not None:
         meta = checkpoint.load(load_from, engine)
         start = meta["data_position"]
         assert meta["step"] == engine.global_steps == start
-    per, losses = BATCH // ctx.world_size, {}
+        rng = torch.get_rng_state()  # this rank's generator, as the uninterrupted run left it at step K
+    per, micro, losses = BATCH // ctx.world_size, BATCH // ctx.world_size // accumulation, {}
     for s in range(start, end):
         x, y = batch(s)
         x, y = x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]
-        loss = F.cross_entropy(engine(x).float().flatten(0, 1), y.flatten())
-        engine.backward(loss)
-        engine.step()
-        total = loss.detach().float().clone()
+        total = torch.zeros(())
+        for m in range(accumulation):
+            xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+            loss = F.cross_entropy(engine(xm).float().flatten(0, 1), ym.flatten())
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float() / accumulation
         dist.all_reduce(total)
         losses[s] = float(total) / ctx.world_size
         if save_to is not None and s + 1 == K:
             checkpoint.save(save_to, engine, data_position=s + 1)
+            rng = torch.get_rng_state()
     state = engine.full_state_dict()
-    return losses, ({n: t.float() for n, t in state.items()} if state is not None else None)
+    return losses, ({n: t.float() for n, t in state.items()} if state is not None else None), rng
 
 
 def _compare(reference, resumed, tol):
-    ref_losses, ref_params = reference
-    losses, params = resumed
+    ref_losses, ref_params = reference[:2]
+    losses, params = resumed[:2]
     assert sorted(losses) == list(range(K, 2 * K))
     for s in losses:
         assert abs(losses[s] - ref_losses[s]) <= tol, (s, losses[s], ref_losses[s])
@@ -114,6 +121,21 @@ def test_resume_other_sources_optimizers_and_precisions(tmp_path, source, target
     reference = zerokit.launch(_train, source[0], source[1], optimizer, bf16, save_to=str(directory))[0]
     resumed = zerokit.launch(_train, target[0], target[1], optimizer, bf16, load_from=str(directory))[0]
     _compare(reference, resumed, tol)
+
+
+@pytest.mark.parametrize("source,target,zero,accumulation", [
+    # zero3 with persistent (whole, unsharded) small parameters and the optimizer on the host -> zero1 at 3 ranks
+    ((2, 3), (3, 1), {"stage3_param_persistence_threshold": 20, "offload_optimizer": {"device": "cpu"}}, 1),
+    ((2, 2), (2, 3), {}, 3),  # three micro-batches per step (the step count and the boundary survive)
+])
+def test_resume_persistent_offloaded_and_accumulated(tmp_path, source, target, zero, accumulation):
+    directory = tmp_path / "ck"
+    reference = zerokit.launch(_train, source[0], source[1], save_to=str(directory), zero=tuple(zero.items()),
+                               accumulation=accumulation)
+    resumed = zerokit.launch(_train, target[0], target[1], load_from=str(directory), accumulation=accumulation)
+    _compare(reference[0], resumed[0], 1e-6)
+    if source[0] == target[0]:  # every rank's RNG is back where it was at step K
+        assert all(torch.equal(a[2], b[2]) for a, b in zip(reference, resumed))
 
 
 def test_export_full_state_dict_is_the_model_at_step_k(saved, tmp_path):
@@ -190,3 +212,26 @@ def test_a_checkpoint_of_another_model_names_the_parameter(saved):
     directory, _ = saved
     with pytest.raises(zerokit.RankFailed, match="fc1.weight.*shape"):
         zerokit.launch(_load_other_model, 2, str(directory))
+
+
+def _misuse(ctx, directory):
+    messages = []
+    engine = make_engine(ctx, 1, accumulation=2)
+    x, y = batch(0)
+    engine.backward(F.cross_entropy(engine(x[:1]).flatten(0, 1), y[:1].flatten()))
+    for call in (lambda: checkpoint.save(directory, engine),                      # mid-accumulation
+                 lambda: checkpoint.save(directory, engine.strategy, step=0, data_position=object()),
+                 lambda: checkpoint.save(directory, zerokit.DistributedDataParallel(Odd())),
+                 lambda: checkpoint.load(directory, 42)):
+        with pytest.raises((ValueError, TypeError)) as info:
+            call()
+        messages.append(str(info.value))
+    return messages
+
+
+def test_misuse_says_what_to_do(tmp_path):
+    messages = zerokit.launch(_misuse, 2, str(tmp_path / "ck"))[0]
+    for message, expected in zip(messages, ["micro-batches", "JSON-serializable", "your own torch optimizer",
+                                            "Engine or strategy"]):
+        assert expected in message, message
+    assert not (tmp_path / "ck").exists()

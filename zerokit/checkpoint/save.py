@@ -32,6 +32,10 @@ from .layout import local_state, optimizer_name, segments
 
 def strategy_of(obj):
     """The strategy behind an engine (``zerokit.initialize``, ``zerokit.train``) or the strategy itself."""
+    if isinstance(obj, torch.nn.Module) and hasattr(obj, "strategy"):
+        raise TypeError(f"zerokit.checkpoint: {type(obj).__name__} is stepped by your own torch optimizer, whose "
+                        f"states zerokit does not hold; checkpoint an engine from zerokit.initialize, or save "
+                        f"model.state_dict() and optimizer.state_dict() with torch.save")
     strategy = getattr(obj, "strategy", obj)
     if not hasattr(strategy, "model") or not hasattr(strategy, "stage"):
         raise TypeError(f"zerokit.checkpoint: expected a zerokit Engine or strategy, got {type(obj).__name__}")
