@@ -130,6 +130,9 @@ def simulate(schedule: Schedule, forward: float = 1.0, backward: float = 2.0,
     W needs stay stashed until it runs). With interleaving each chunk counts on its own: a
     micro-batch held by two chunks of a rank counts twice, each being 1/v of the rank's layers.
     """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule, e.g. zerokit.schedule('1f1b', stages, micro_batches); "
+                        f"got {type(schedule).__name__} {schedule!r}")
     check(schedule)
     cost = durations(forward, backward, weight)
     p = schedule.ranks
