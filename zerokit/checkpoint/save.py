@@ -39,6 +39,10 @@ def strategy_of(obj):
     strategy = getattr(obj, "strategy", obj)
     if not hasattr(strategy, "model") or not hasattr(strategy, "stage"):
         raise TypeError(f"zerokit.checkpoint: expected a zerokit Engine or strategy, got {type(obj).__name__}")
+    other = {a: n for a, n in getattr(strategy.ctx.mesh, "shape", {}).items() if a != "dp" and n > 1}
+    if other:
+        raise ValueError(f"zerokit.checkpoint: the mesh has {other} besides data parallelism; sharded checkpoints "
+                         f"cover data parallelism and ZeRO (dp only) so far")
     return strategy
 
 
