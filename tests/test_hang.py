@@ -1,6 +1,5 @@
 """Hang diagnosis (issue 16): RankTimeout says per rank the collective it is waiting in, grouped by call;
 the heartbeat catches a stall before the timeout; debug mode fails fast on mismatched collectives."""
-import os
 import pickle
 import time
 
@@ -155,3 +154,14 @@ def test_summarise_groups_ranks_by_call():
     assert hang.summarise(statuses) == ("rank 2 is in all_gather #14 of forward; "
                                         "ranks 0, 1, 3 are in reduce_scatter #9 of backward")
     assert hang.decode("free text").where() == "free text"
+
+
+def test_debug_mode_leaves_a_real_strategy_correct(monkeypatch):
+    """ZeRO-3 (all-gathers and reduce-scatters in forward, backward and step) under the check: same losses."""
+    import zerokit
+
+    work = zerokit.mlp((4, 8, 2), batch_size=4)
+    plain = zerokit.train(work, "zero3", world_size=2, steps=2, reference=False, timeout_s=120)
+    monkeypatch.setenv("ZEROKIT_DEBUG_COLLECTIVES", "1")
+    checked = zerokit.train(work, "zero3", world_size=2, steps=2, reference=False, timeout_s=120)
+    assert checked.results[0].losses == plain.results[0].losses
