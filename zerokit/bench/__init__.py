@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib
 import statistics
 
-SUITES = ("ddp", "zero", "offload", "pipeline")
+SUITES = ("ddp", "zero", "offload", "pipeline", "scaling")
 #: every suite's arguments for ``--quick``
 QUICK = {
     "ddp": ["--world-sizes", "2", "--bucket-mb", "1", "--steps", "3", "--rounds", "1", "--no-heavy", "--quiet"],
     "zero": ["--world-sizes", "2", "--steps", "3", "--rounds", "1", "--quiet"],
     "offload": ["--sizes", "1e6", "--repeats", "3", "--steps", "3", "--rounds", "1", "--quiet"],
     "pipeline": ["--steps", "3", "--rounds", "1", "--quiet"],
+    "scaling": ["--world-sizes", "2", "3", "--out", "benchmarks/scaling-quick.png", "--quiet"],
 }
 
 
