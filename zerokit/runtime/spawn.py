@@ -107,6 +107,9 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
         init_process_group(spec, store_socket)
         ctx = RankContext(spec.rank, spec.world_size, device, spec.backend)
         set_current(ctx)
+        from . import comm
+
+        comm.ledger().reset()  # a forked rank starts with an empty ledger, not the parent's records and step
         value = fn(ctx, *args, **kwargs)
         try:
             message = cloudpickle.dumps(("ok", value))
