@@ -262,7 +262,10 @@ engine.backward(F.cross_entropy(engine(x), y)); engine.step()
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 everyone = [torch.empty_like(flat) for _ in range(2)]
 dist.all_gather(everyone, flat)
-print("EQUAL", bool((everyone[0] == everyone[1]).all()), flush=True)
+if dist.get_rank() == 0:                           # both ranks' parameters, compared on one (one printer)
+    print("EQUAL", bool((everyone[0] == everyone[1]).all()), flush=True)
+del engine                                         # nothing of ours holds the group when it is destroyed
+dist.barrier()
 dist.destroy_process_group()
 '''
 
@@ -285,4 +288,4 @@ def test_initialize_under_torchrun(tmp_path):
                            "127.0.0.1", "--master_port", str(port), str(script)], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("EQUAL True") == 2, done.stdout
+    assert "EQUAL True" in done.stdout, done.stdout
