@@ -54,13 +54,12 @@ from .. import theory
 from ..data_parallel.naive import check_replicas_match
 from ..data_parallel.reducer import Reducer
 from ..offload.zero_hooks import Offload, offload_option
-from ..pipeline_parallel.options import REFUSED
 from ..runtime import comm
 from ..strategies.base import Option, Strategy, boolean, register
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
 from .prefetch import Prefetcher
-from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, reduce_scatter_flat, \
-    stage_option
+from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, REFUSED, positive_elements, \
+    reduce_scatter_flat, stage_option
 
 __all__ = ["ZeroStage3", "DEFAULT_PREFETCH_BUCKET", "UNIT_SIZE_OPTION", "non_negative_elements"]
 from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_negative_elements
