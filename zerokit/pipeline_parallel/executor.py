@@ -24,6 +24,7 @@ communication ledger as ``send``/``recv`` on the ``pp`` axis).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -156,7 +157,7 @@ class Executor:
                 x.requires_grad_(True)
         entry["input"] = x
         kept = self.weight_outputs[a.stage].capture() if self.split else None
-        watch = self.memory.watch_activations() if self.memory is not None else _Null()
+        watch = self.memory.watch_activations() if self.memory is not None else nullcontext()
         with comm.phase("forward"), watch:
             out = self.stages[a.stage](x)
             if a.stage == self.last_stage:
@@ -212,11 +213,3 @@ class Executor:
         entry = self._stash.get((a.stage, a.micro))
         if entry is not None and what == "gradient" and "pending" not in entry and "output" not in entry:
             self._stash.pop((a.stage, a.micro))  # a full backward's entry ends with its SEND_B
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -83,6 +83,5 @@ def weight_backward(pending: list, root: torch.Tensor, grad: Optional[torch.Tens
     """``W``: every weight gradient, accumulated into ``.grad`` as a full backward would."""
     for out, g, params in pending:
         torch.autograd.backward(out, g, inputs=params, retain_graph=True)
-    used = [p for p in orphans]
-    if used:
-        torch.autograd.backward(root, grad, inputs=used, retain_graph=True)
+    if orphans:
+        torch.autograd.backward(root, grad, inputs=list(orphans), retain_graph=True)
