@@ -86,6 +86,18 @@ def test_notebook_is_committed_with_the_outputs_of_a_clean_run(name):
     assert (NOTEBOOKS / f"{name}.ipynb").stat().st_size < MAX_NOTEBOOK_BYTES
 
 
+@pytest.mark.parametrize("name", LESSONS)
+def test_every_panel_keeps_a_picture_of_its_last_run(name):
+    """A panel's cell carries a static PNG of what it drew, so the lesson reads without a kernel (GitHub, nbviewer)."""
+    nb = _load(name)
+    panels = [c for c in nb["cells"] if c["cell_type"] == "code" and re.search(r"course\.\w+Panel\(", _source(c))]
+    assert panels, "no interactive panel"
+    for cell in panels:
+        pictures = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
+        assert pictures, f"{name}: the panel cell {_source(cell)[:60]!r}… has no image/png output (Panel._repr_mimebundle_)"
+        assert all("text/plain" in o["data"] for o in pictures)
+
+
 def _noise_patterns() -> dict:
     patterns = {
         "absolute path": r"(?<![\w.])/(?:home|root|tmp|work|usr|opt|var|Users|private|mnt|srv)/",
@@ -132,6 +144,44 @@ def test_the_noise_check_catches_what_it_should():
     assert not re.search(patterns["absolute path"], "per-rank: 2(N−1)/N · S, reduce/scatter")
 
 
+#: an answer hidden until asked: a <details> block whose summary says "Answer"
+_HIDDEN_ANSWER = re.compile(r"<details>\s*<summary>\s*Answer\s*</summary>(?P<answer>.*?)</details>", re.S)
+
+
+def interview_problems(markdown: str) -> list:
+    """What is wrong with a lesson's interview questions: each numbered question must be followed by its
+    answer hidden in ``<details><summary>Answer</summary> … </details>``, with nothing of the answer
+    visible next to the question (``*Question?* — answer`` is what the check catches)."""
+    section = markdown.split("## Interview questions", 1)[1]
+    starts = [m.start() for m in re.finditer(r"^[ \t]*\d\. ", section, flags=re.M)]
+    items = [section[a:b].strip() for a, b in zip(starts, starts[1:] + [len(section)])]
+    problems = [] if 2 <= len(items) <= 3 else [f"{len(items)} numbered questions; a lesson ends with 2-3"]
+    for item in items:
+        number = item.split(".", 1)[0]
+        hidden = _HIDDEN_ANSWER.search(item)
+        if hidden is None:
+            problems.append(f"question {number}: no <details><summary>Answer</summary> … </details> answer")
+            continue
+        visible = re.sub(r"\s+", " ", item[:hidden.start()] + item[hidden.end():]).strip()
+        if not re.fullmatch(r"\d\. \*[^*]+\?\*", visible):
+            problems.append(f"question {number}: visible next to the question, outside <details>: {visible!r}")
+        if not hidden.group("answer").strip():
+            problems.append(f"question {number}: an empty answer")
+    return problems
+
+
+def test_the_interview_check_catches_a_visible_answer():
+    hidden = ("## Interview questions\n\n1. *Why?*\n\n   <details><summary>Answer</summary>\n\n   Because.\n\n"
+              "   </details>\n\n2. *How?*\n\n   <details><summary>Answer</summary>\n\n   So.\n\n   </details>\n")
+    assert interview_problems(hidden) == []
+    visible = hidden.replace("1. *Why?*", "1. *Why?* — because, in plain sight")
+    assert any("visible" in p for p in interview_problems(visible))
+    bare = "## Interview questions\n\n1. *Why?* — because.\n2. *How?* — so.\n"
+    assert len([p for p in interview_problems(bare) if "no <details>" in p]) == 2
+    assert interview_problems(hidden.replace("Because.", "")) == ["question 1: an empty answer"]
+    assert interview_problems(hidden.split("2.")[0])[0].startswith("1 numbered questions")
+
+
 @pytest.mark.parametrize("name", LESSONS)
 def test_notebook_reads_as_a_lesson(name):
     nb = _load(name)
@@ -140,8 +190,7 @@ def test_notebook_reads_as_a_lesson(name):
     assert cells[0]["cell_type"] == "markdown" and first.startswith("# ")
     assert "**The question.**" in first and "?" in first and "**What you will see.**" in first
     assert cells[-1]["cell_type"] == "markdown" and "## Summary" in last and "## Interview questions" in last
-    questions = re.findall(r"^\s*# ?\d\. |^\d\. ", last.split("## Interview questions")[1], flags=re.M)
-    assert 2 <= len(questions) <= 3
+    assert interview_problems(last) == [], f"{name}: interview answers must be hidden until asked"
     code = [_source(c) for c in cells if c["cell_type"] == "code"]
     assert any(src.lstrip().startswith(("for ", "assert ")) and "assert" in src for src in code), "no assertion cell"
     assert any(re.search(r"course\.\w+Panel\(", src) for src in code), "no interactive panel"

@@ -197,11 +197,31 @@ course.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload
 #
 # ## Interview questions
 #
-# 1. *With 4 ranks, how many bytes does each rank send to all-reduce a 4 KiB tensor with
-#    the ring algorithm?* — 2·3/4·4096 = 6144 B: the table above.
-# 2. *One rank of a data-parallel job raises in step 1000. What do the other ranks see, and
-#    how do you find the culprit?* — they block in the next collective, then fail with
-#    "connection closed by peer"; the culprit is the earliest failure, not the first rank
-#    `join()` happens to report (the `RankFailed` cell).
-# 3. *What must every rank do identically for a collective to complete?* — call the same
-#    collective, in the same order, with tensors of the same size; otherwise it hangs.
+# 1. *With 4 ranks, how many bytes does each rank send to all-reduce a 4 KiB tensor with the
+#    ring algorithm?*
+#
+#    <details><summary>Answer</summary>
+#
+#    2·3/4·4096 = 6144 B: the table above.
+#
+#    </details>
+#
+# 2. *One rank of a data-parallel job raises in step 1000. What do the other ranks see, and how
+#    do you find the culprit?*
+#
+#    <details><summary>Answer</summary>
+#
+#    They block in the next collective, then fail with "connection closed by peer"; the culprit
+#    is the earliest failure, not the first rank `join()` happens to report (the `RankFailed`
+#    cell).
+#
+#    </details>
+#
+# 3. *What must every rank do identically for a collective to complete?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Call the same collective, in the same order, with tensors of the same size; otherwise it
+#    hangs.
+#
+#    </details>

@@ -188,10 +188,29 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 #
 # ## Interview questions
 #
-# 1. *Why is an all-reduce the same traffic as a reduce-scatter plus an all-gather?* — it *is*
-#    one: the ring all-reduce runs a reduce-scatter then an all-gather, `(N−1)/N·S` each.
-# 2. *Going from 8 to 64 GPUs, how much more does each GPU send per all-reduce?* — barely
-#    more (the "8 → 64" row above): bytes per rank approach 2S, while the rounds grow 9×,
+# 1. *Why is an all-reduce the same traffic as a reduce-scatter plus an all-gather?*
+#
+#    <details><summary>Answer</summary>
+#
+#    It *is* one: the ring all-reduce runs a reduce-scatter then an all-gather, `(N−1)/N·S`
+#    each.
+#
+#    </details>
+#
+# 2. *Going from 8 to 64 GPUs, how much more does each GPU send per all-reduce?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Barely more (the "8 → 64" row above): bytes per rank approach 2S, while the rounds grow 9×,
 #    which only matters for small messages.
-# 3. *Why does DDP bucket gradients instead of all-reducing each tensor?* — each call pays
-#    `2(N−1)·α`; many small tensors are latency-bound, one large bucket is bandwidth-bound.
+#
+#    </details>
+#
+# 3. *Why does DDP bucket gradients instead of all-reducing each tensor?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Each call pays `2(N−1)·α`; many small tensors are latency-bound, one large bucket is
+#    bandwidth-bound.
+#
+#    </details>

@@ -172,9 +172,28 @@ course.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4),
 # ## Interview questions
 #
 # 1. *A 7 B model, Adam, bf16 mixed precision, plain DDP: how much memory per GPU before
-#    activations?* — 16 bytes per parameter (the table above): more than an 80 GB GPU holds,
-#    whatever the number of GPUs.
-# 2. *Why doesn't mixed precision halve the memory of training?* — the optimizer keeps an
-#    fp32 master copy and fp32 m and v, 12 of the 16 bytes (the table above).
-# 3. *DeepSpeed's estimator says 18 bytes per parameter, you measured 16 — who is wrong?* —
-#    neither: it assumes fp32 gradients.
+#    activations?*
+#
+#    <details><summary>Answer</summary>
+#
+#    16 bytes per parameter (the table above): more than an 80 GB GPU holds, whatever the number
+#    of GPUs.
+#
+#    </details>
+#
+# 2. *Why doesn't mixed precision halve the memory of training?*
+#
+#    <details><summary>Answer</summary>
+#
+#    The optimizer keeps an fp32 master copy and fp32 m and v, 12 of the 16 bytes (the table
+#    above).
+#
+#    </details>
+#
+# 3. *DeepSpeed's estimator says 18 bytes per parameter, you measured 16 — who is wrong?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Neither: it assumes fp32 gradients.
+#
+#    </details>

@@ -141,11 +141,29 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #
 # ## Interview questions
 #
-# 1. *How much memory does ZeRO-1 save on 8 GPUs with mixed-precision Adam?* —
-#    `0.75·(1 − 1/8)` of the model states (the N = 8 row; the formula is measured above at
-#    N = 2–4).
-# 2. *Does ZeRO-1 communicate more than DDP?* — not on a ring: the reduce-scatter and the
-#    all-gather together move what one all-reduce moves (the ring cost in the traffic
-#    table); a backend whose reduce-scatter is an all-reduce underneath (gloo) sends more.
-# 3. *Why can ZeRO-1 not train a model whose parameters and gradients alone exceed a GPU?* —
-#    it shards only the optimizer states; `4Ψ` stays on every rank (the bars).
+# 1. *How much memory does ZeRO-1 save on 8 GPUs with mixed-precision Adam?*
+#
+#    <details><summary>Answer</summary>
+#
+#    `0.75·(1 − 1/8)` of the model states (the N = 8 row; the formula is measured above at N =
+#    2–4).
+#
+#    </details>
+#
+# 2. *Does ZeRO-1 communicate more than DDP?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Not on a ring: the reduce-scatter and the all-gather together move what one all-reduce
+#    moves (the ring cost in the traffic table); a backend whose reduce-scatter is an all-reduce
+#    underneath (gloo) sends more.
+#
+#    </details>
+#
+# 3. *Why can ZeRO-1 not train a model whose parameters and gradients alone exceed a GPU?*
+#
+#    <details><summary>Answer</summary>
+#
+#    It shards only the optimizer states; `4Ψ` stays on every rank (the bars).
+#
+#    </details>

@@ -244,10 +244,30 @@ course.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_siz
 #
 # ## Interview questions
 #
-# 1. *"ZeRO-2 = all-reduce the gradients, then drop the ones you don't own" — right?* — no:
-#    that peaks at full gradients and costs 1.5× DDP; ZeRO-2 reduce-scatters during backward.
-# 2. *Does ZeRO-2 communicate more than DDP?* — on a ring, not per step without
-#    accumulation (each reduce-scatter sends `(N−1)/N` of its buffer, measured on zerokit's
-#    ring above); with A micro-batches it sends `(A + 1)/2` × as much (the accumulation table).
-# 3. *When would you pick ZeRO-1 over ZeRO-2?* — with many micro-batches per step and memory
-#    to spare for full gradients: ZeRO-1 reduces once per step.
+# 1. *"ZeRO-2 = all-reduce the gradients, then drop the ones you don't own" — right?*
+#
+#    <details><summary>Answer</summary>
+#
+#    No: that peaks at full gradients and costs 1.5× DDP; ZeRO-2 reduce-scatters during
+#    backward.
+#
+#    </details>
+#
+# 2. *Does ZeRO-2 communicate more than DDP?*
+#
+#    <details><summary>Answer</summary>
+#
+#    On a ring, not per step without accumulation (each reduce-scatter sends `(N−1)/N` of its
+#    buffer, measured on zerokit's ring above); with A micro-batches it sends `(A + 1)/2` × as
+#    much (the accumulation table).
+#
+#    </details>
+#
+# 3. *When would you pick ZeRO-1 over ZeRO-2?*
+#
+#    <details><summary>Answer</summary>
+#
+#    With many micro-batches per step and memory to spare for full gradients: ZeRO-1 reduces
+#    once per step.
+#
+#    </details>

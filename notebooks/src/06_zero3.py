@@ -255,10 +255,30 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #
 # ## Interview questions
 #
-# 1. *How much does ZeRO-3 communicate compared with DDP?* — 1.5×: parameters are gathered in
-#    forward and again in backward, gradients reduce-scattered (the table and the plot).
-# 2. *ZeRO-3 on 8 GPUs: is memory per GPU 16Ψ/8?* — for model states at rest, yes; at the peak
-#    add the gathered units and the activations (the peak table). So T5-3B cannot train in
-#    4.3 GB per GPU: its states alone are 5.7 GB (the planner's table).
-# 3. *What do prefetch and reshard_after_forward trade?* — prefetch: memory for hidden gathers;
-#    `reshard_after_forward=False`: memory for one gather fewer per step (the 2 × 2 table).
+# 1. *How much does ZeRO-3 communicate compared with DDP?*
+#
+#    <details><summary>Answer</summary>
+#
+#    1.5×: parameters are gathered in forward and again in backward, gradients reduce-scattered
+#    (the table and the plot).
+#
+#    </details>
+#
+# 2. *ZeRO-3 on 8 GPUs: is memory per GPU 16Ψ/8?*
+#
+#    <details><summary>Answer</summary>
+#
+#    For model states at rest, yes; at the peak add the gathered units and the activations (the
+#    peak table). So T5-3B cannot train in 4.3 GB per GPU: its states alone are 5.7 GB (the
+#    planner's table).
+#
+#    </details>
+#
+# 3. *What do prefetch and reshard_after_forward trade?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Prefetch: memory for hidden gathers; `reshard_after_forward=False`: memory for one gather
+#    fewer per step (the 2 × 2 table).
+#
+#    </details>

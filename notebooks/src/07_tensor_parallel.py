@@ -276,13 +276,30 @@ course.CollectivePanel(ops=("all_reduce", "reduce_scatter", "all_gather"), world
 #
 # ## Interview questions
 #
-# 1. *Why column-parallel first and row-parallel second in the MLP?* — the column split
-#    leaves each rank whole columns of `XA`, so GeLU applies locally with no exchange; the
-#    row split then needs one all-reduce (g) for the output. The other order would need a
-#    collective before the nonlinearity (the first table: one all-reduce each way).
-# 2. *How much does tensor parallelism communicate per layer?* — 4 all-reduces of `b·s·h`
-#    (2 forward, 2 backward): `8·b·s·h·(t−1)/t` elements, independent of the parameter count
-#    and proportional to the activations (the per-layer table).
-# 3. *What does sequence parallelism change in the communication?* — nothing in bytes: each
-#    all-reduce becomes a reduce-scatter and an all-gather of the same total; it saves the
-#    LayerNorm/dropout activations and compute (the bars).
+# 1. *Why column-parallel first and row-parallel second in the MLP?*
+#
+#    <details><summary>Answer</summary>
+#
+#    The column split leaves each rank whole columns of `XA`, so GeLU applies locally with no
+#    exchange; the row split then needs one all-reduce (g) for the output. The other order would
+#    need a collective before the nonlinearity (the first table: one all-reduce each way).
+#
+#    </details>
+#
+# 2. *How much does tensor parallelism communicate per layer?*
+#
+#    <details><summary>Answer</summary>
+#
+#    4 all-reduces of `b·s·h` (2 forward, 2 backward): `8·b·s·h·(t−1)/t` elements, independent
+#    of the parameter count and proportional to the activations (the per-layer table).
+#
+#    </details>
+#
+# 3. *What does sequence parallelism change in the communication?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Nothing in bytes: each all-reduce becomes a reduce-scatter and an all-gather of the same
+#    total; it saves the LayerNorm/dropout activations and compute (the bars).
+#
+#    </details>

@@ -263,14 +263,31 @@ course.PipelinePanel(stages=(2, 3, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32), p=
 #
 # ## Interview questions
 #
-# 1. *What is the pipeline bubble and how do you shrink it?* — the idle share
-#    `(p − 1)/(m + p − 1)` from filling and draining the pipeline; more micro-batches,
-#    interleaved chunks (`v·m`), or zero-bubble schedules that move weight-gradient work into
-#    the gaps (the simulated table and the panel).
-# 2. *1F1B has the same bubble as GPipe: why use it?* — memory: stage i holds
-#    `min(p − i, m)` micro-batches' activations, not m, so m can grow without the memory
-#    growing (the measured bars).
-# 3. *What does pipeline parallelism communicate, compared with tensor parallelism?* — only
-#    activations and their gradients at stage boundaries, `m·b·s·h` each way per step,
-#    point to point; TP all-reduces `b·s·h` four times per layer, which is why PP crosses
-#    nodes and TP stays inside one (the traffic table).
+# 1. *What is the pipeline bubble and how do you shrink it?*
+#
+#    <details><summary>Answer</summary>
+#
+#    The idle share `(p − 1)/(m + p − 1)` from filling and draining the pipeline; more
+#    micro-batches, interleaved chunks (`v·m`), or zero-bubble schedules that move
+#    weight-gradient work into the gaps (the simulated table and the panel).
+#
+#    </details>
+#
+# 2. *1F1B has the same bubble as GPipe: why use it?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Memory: stage i holds `min(p − i, m)` micro-batches' activations, not m, so m can grow
+#    without the memory growing (the measured bars).
+#
+#    </details>
+#
+# 3. *What does pipeline parallelism communicate, compared with tensor parallelism?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Only activations and their gradients at stage boundaries, `m·b·s·h` each way per step,
+#    point to point; TP all-reduces `b·s·h` four times per layer, which is why PP crosses nodes
+#    and TP stays inside one (the traffic table).
+#
+#    </details>

@@ -439,15 +439,32 @@ course.PlanPanel(preset="gpt2-1.5b", gpus=8, gpu_memory_gb=16, strategy="zero3",
 #
 # ## Interview questions
 #
-# 1. *You switch from DDP to ZeRO-3 and the loss curve changes. Is that expected?* — no:
-#    ZeRO changes where the states live, not the arithmetic; every setup above matches a
-#    single process to fp32 rounding (the loss table). Something else changed — the data a
-#    rank sees, the seed, the batch.
-# 2. *A model has a 50 M-parameter frozen embedding. What does ZeRO-3 on 8 GPUs save on
-#    it?* — nothing: a frozen weight is held whole on every rank, with no gradient and no
-#    optimizer state to shard, and no step sends it (the frozen table in the params row at
-#    every stage, and in no step's payload).
-# 3. *The seed's stage-3 config sets `allgather_bucket_size: 5e8`. What does that change?* —
-#    nothing: it sizes the parameter all-gathers of stages 1 and 2; DeepSpeed ignores it at
-#    stage 3, and zerokit warns and ignores it too (the seed's rows equal the bare stage-3
-#    rows in every table).
+# 1. *You switch from DDP to ZeRO-3 and the loss curve changes. Is that expected?*
+#
+#    <details><summary>Answer</summary>
+#
+#    No: ZeRO changes where the states live, not the arithmetic; every setup above matches a
+#    single process to fp32 rounding (the loss table). Something else changed — the data a rank
+#    sees, the seed, the batch.
+#
+#    </details>
+#
+# 2. *A model has a 50 M-parameter frozen embedding. What does ZeRO-3 on 8 GPUs save on it?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Nothing: a frozen weight is held whole on every rank, with no gradient and no optimizer
+#    state to shard, and no step sends it (the frozen table in the params row at every stage,
+#    and in no step's payload).
+#
+#    </details>
+#
+# 3. *The seed's stage-3 config sets `allgather_bucket_size: 5e8`. What does that change?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Nothing: it sizes the parameter all-gathers of stages 1 and 2; DeepSpeed ignores it at
+#    stage 3, and zerokit warns and ignores it too (the seed's rows equal the bare stage-3 rows
+#    in every table).
+#
+#    </details>

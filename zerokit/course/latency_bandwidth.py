@@ -16,7 +16,7 @@ import time
 from typing import Iterable, Sequence
 
 from .. import theory
-from .figures import new_figure
+from .figures import LEGEND_SIZE, TITLE_SIZE, new_figure
 
 
 def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> list:
@@ -109,7 +109,7 @@ def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
     ax.set_xlabel("all-reduce payload S (bytes)")
     ax.set_ylabel("ms per call")
     ax.set_title(f"fit: α = {1e6 * fit['alpha_s']:.0f} µs per round, β = {fit['beta_Bps'] / 2**20:.0f} MiB/s",
-                 fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+                 fontsize=TITLE_SIZE)
+    ax.legend(fontsize=LEGEND_SIZE, loc="upper left")
     fig.tight_layout()
     return fig

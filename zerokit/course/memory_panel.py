@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import new_figure, png
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import RING_COST, THEORY, summary_rows, table
 
@@ -36,10 +36,10 @@ def peak_bars(report, ax=None):
                     label="theory: model states" if x == 0 else None)
             labels.append(f"{result.strategy}\n{result.precision + ' ' if mixed else ''}r{rank.rank}")
             x += 1
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
     ax.set_ylabel("MiB per rank at its peak")
-    ax.set_title("peak memory per rank, by category (measured)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title("peak memory per rank, by category (measured)", fontsize=TITLE_SIZE)
+    ax.legend(fontsize=LEGEND_SIZE)
     return ax
 
 
@@ -106,7 +106,7 @@ class MemoryPanel(Panel):
             ax.title.set_fontsize(9)
         first = report.results[0]
         ax.set_xlabel(f"{self.workload.name}, Ψ = {first.param_count:,}, N = {first.world_size}, {first.precision}",
-                      fontsize=8)
+                      fontsize=LABEL_SIZE)
         fig.tight_layout()
         self.image.value = png(fig)
         self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", RING_COST,

@@ -9,11 +9,14 @@ calls the panel's ``draw``; a job that fails is shown in the status line (and
 ``last_error``), not raised from a callback nobody sees.
 
 Panels draw into an ``ipywidgets.Image`` and print nothing, so no text leaks into a
-cell's output under nbval (FACTS §9). Their callbacks are plain methods: a test sets a
+cell's output under nbval (FACTS §9). Displayed, a panel offers the widget view *and* a
+static ``image/png`` of its last picture with a ``text/plain`` line (:func:`mimebundle`):
+a saved notebook read without a kernel (GitHub, nbviewer) still shows what the panel drew. Their callbacks are plain methods: a test sets a
 control's ``value`` or calls ``run_button.click()`` and reads ``last_report``.
 """
 from __future__ import annotations
 
+import base64
 import html
 import time
 from typing import Optional, Sequence
@@ -24,6 +27,19 @@ def ipywidgets():
     import ipywidgets as module
 
     return module
+
+
+def mimebundle(panel, **kwargs) -> dict:
+    """The widget view of ``panel.box``, its ``text/plain`` repr and, once drawn, a PNG of ``panel.image``.
+
+    The PNG is the picture the panel last drew (base64, as the notebook format stores it);
+    a front end with a live kernel shows the widget, any other the picture.
+    """
+    bundle = dict(panel.box._repr_mimebundle_(**kwargs) or {})
+    bundle["text/plain"] = repr(panel)
+    if panel.image.value:
+        bundle["image/png"] = base64.b64encode(bytes(panel.image.value)).decode("ascii")
+    return bundle
 
 
 class Panel:
@@ -80,4 +96,4 @@ class Panel:
                 f"Jupyter to use it")
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
+        return mimebundle(self, **kwargs)

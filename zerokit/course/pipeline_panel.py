@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from .. import theory
 from ..pipeline_parallel import draw_schedule, schedule, simulate
 from .figures import new_figure, png
-from .panel import ipywidgets
+from .panel import ipywidgets, mimebundle
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -82,4 +82,4 @@ class PipelinePanel:
         return "PipelinePanel: an interactive panel — run this notebook in Jupyter to use it"
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
+        return mimebundle(self, **kwargs)

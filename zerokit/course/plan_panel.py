@@ -12,8 +12,8 @@ import html
 from typing import Optional, Sequence
 
 from ..planner import PRESETS, STRATEGIES, plan
-from .figures import new_figure, png
-from .panel import ipywidgets
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
+from .panel import ipywidgets, mimebundle
 from .tables import table
 
 #: per-GPU memory sizes to choose from, GB
@@ -38,14 +38,14 @@ def plan_bars(plans: dict, chosen: Optional[str] = None, ax=None):
             ax.bar(x, height, bottom=bottom, color=CATEGORY_COLORS[category], label=category if x == 0 else None,
                    edgecolor="black" if name == chosen else None, linewidth=1.5 if name == chosen else 0)
             bottom += height
-        ax.text(x, bottom, "fits" if p.fits else "no", ha="center", va="bottom", fontsize=8)
+        ax.text(x, bottom, "fits" if p.fits else "no", ha="center", va="bottom", fontsize=LABEL_SIZE)
     ax.axhline(unit.value(first.cluster.gpu_memory), color="#333333", ls="--", lw=1,
                label=f"GPU memory {unit.text(first.cluster.gpu_memory)}")
-    ax.set_xticks(range(len(plans)), list(plans), fontsize=8)
+    ax.set_xticks(range(len(plans)), list(plans), fontsize=LABEL_SIZE)
     ax.set_ylabel(f"{unit.unit_name} per GPU (planned)")
     ax.set_title(f"{first.model.name} on {first.cluster.gpus} GPUs: per-GPU memory by strategy (formulas)",
-                 fontsize=9)
-    ax.legend(fontsize=7)
+                 fontsize=TITLE_SIZE)
+    ax.legend(fontsize=LEGEND_SIZE)
     return ax
 
 
@@ -121,4 +121,4 @@ class PlanPanel:
         return f"PlanPanel for {self.preset.value}: an interactive panel — run this notebook in Jupyter to use it"
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
+        return mimebundle(self, **kwargs)

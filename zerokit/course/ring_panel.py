@@ -15,7 +15,7 @@ import time
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import new_figure, png
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import table
 
@@ -38,15 +38,15 @@ def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
         for step in ring_schedule(op, n, rank):
             ax.add_patch(_rectangle(step.round, y, colors[ring_phase(op, n, step.round)]))
             ax.text(step.round + 0.5, y + 0.5, f"c{step.send_chunk} → r{(rank + 1) % n}", ha="center",
-                    va="center", fontsize=7 if rounds > 8 else 8)
+                    va="center", fontsize=LEGEND_SIZE if rounds > 8 else LABEL_SIZE)
     ax.set_xlim(0, rounds)
     ax.set_ylim(0, n)
-    ax.set_xticks([k + 0.5 for k in range(rounds)], [str(k + 1) for k in range(rounds)], fontsize=8)
-    ax.set_yticks([n - 1 - r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=8)
-    ax.set_xlabel("round", fontsize=8)
+    ax.set_xticks([k + 0.5 for k in range(rounds)], [str(k + 1) for k in range(rounds)], fontsize=LABEL_SIZE)
+    ax.set_yticks([n - 1 - r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=LABEL_SIZE)
+    ax.set_xlabel("round", fontsize=LABEL_SIZE)
     halves = " + ".join(p.replace("_", "-") for p in ("reduce_scatter", "all_gather")
                         if any(ring_phase(op, n, k) == p for k in range(rounds)))
-    ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds ({halves})", fontsize=9)
+    ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds ({halves})", fontsize=TITLE_SIZE)
     ax.figure.tight_layout()
     return ax.figure
 
@@ -160,10 +160,10 @@ class CollectivePanel(Panel):
         right.bar(range(n), [r["sent_bytes"] / 1024 for r in result], color="#4C72B0", label="sent (measured, ring)")
         right.plot([-0.4, n - 0.6], [expected / 1024] * 2, color="black", lw=2, label="ring formula")
         right.plot([-0.4, n - 0.6], [payload / 1024] * 2, color="#999999", lw=1, ls="--", label="payload S")
-        right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=8)
-        right.set_ylabel("KiB sent per rank", fontsize=8)
-        right.set_title(f"{result[0]['rounds']} rounds", fontsize=9)
-        right.legend(fontsize=7)
+        right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=LABEL_SIZE)
+        right.set_ylabel("KiB sent per rank", fontsize=LABEL_SIZE)
+        right.set_title(f"{result[0]['rounds']} rounds", fontsize=TITLE_SIZE)
+        right.legend(fontsize=LEGEND_SIZE)
         fig.tight_layout()
         self.image.value = png(fig)
         rows = [{"rank": r["rank"], "rounds": r["rounds"], "theory rounds": _rounds(op, n),
