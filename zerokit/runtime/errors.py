@@ -18,22 +18,27 @@ class RankFailed(Exception):
     """A rank raised or died. ``rank`` is the first that really failed, ``traceback`` its own.
 
     ``exitcode`` is that rank's exit code; ``others`` lists ``(rank, summary)`` of the
-    ranks that failed too (usually as a consequence).
+    ranks that failed too (usually as a consequence); ``where`` says where each rank was,
+    grouped ("rank 0 is finished (fn returned after 6 collectives); rank 1 is in all_reduce
+    #9 of backward (...)"), and, when a rank returned while another still waited, that the ranks
+    did not call the same collectives.
     """
 
     def __init__(self, rank: int, traceback: str, exitcode: Optional[int] = None,
-                 others: List[Tuple[int, str]] = ()):
+                 others: List[Tuple[int, str]] = (), where: str = ""):
         self.rank = rank
         self.traceback = traceback
         self.exitcode = exitcode
         self.others = list(others)
+        self.where = where
         code = f" (exit code {exitcode})" if exitcode is not None else ""
         also = "".join(f"\n  rank {r}: {summary}" for r, summary in self.others)
         super().__init__(f"rank {rank} failed{code}:\n{traceback.rstrip()}"
-                         + (f"\nother ranks failed after it:{also}" if also else ""))
+                         + (f"\nother ranks failed after it:{also}" if also else "")
+                         + (f"\nwhere the ranks were: {where}" if where else ""))
 
     def __reduce__(self):
-        return type(self), (self.rank, self.traceback, self.exitcode, self.others)
+        return type(self), (self.rank, self.traceback, self.exitcode, self.others, self.where)
 
 
 class RankTimeout(TimeoutError):

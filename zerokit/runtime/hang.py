@@ -93,9 +93,14 @@ def _ranks(ranks: List[int]) -> str:
 
 def summarise(statuses: Dict[int, RankStatus]) -> str:
     """Group the ranks by where they are: 'rank 2 is in all_gather #14 of forward; ranks 0, 1 are in ...'."""
+    return group_sentences({rank: status.sentence_part() for rank, status in statuses.items()})
+
+
+def group_sentences(parts: Dict[int, str]) -> str:
+    """Join ``{rank: "in all_reduce #3 of backward"}`` into one sentence, ranks with the same part together."""
     groups: Dict[str, List[int]] = {}
-    for rank in sorted(statuses):
-        groups.setdefault(statuses[rank].sentence_part(), []).append(rank)
+    for rank in sorted(parts):
+        groups.setdefault(parts[rank], []).append(rank)
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1]))  # the odd one out first
     return "; ".join(f"{_ranks(ranks)} {part}" for part, ranks in ordered)
 

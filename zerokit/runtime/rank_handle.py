@@ -2,8 +2,9 @@
 
 Lifecycle: :class:`.supervise.Supervisor` makes one handle per rank as it starts the
 rank; its supervision loop calls :meth:`RankHandle.receive` when the results pipe is
-ready and :meth:`RankHandle.on_exit` when the process ends; on a hang or stall it reads
-each rank's status slot with :meth:`RankHandle.status` (:mod:`.hang`'s format).
+ready and :meth:`RankHandle.on_exit` when the process ends; on a hang, a stall or a
+failure it reads each rank's status slot (:meth:`RankHandle.state`, :mod:`.hang`'s format)
+to say where the rank was (:meth:`RankHandle.where_part`).
 """
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ class RankHandle:
             how = f"exited with code {code} without raising"
             if code is not None and code < 0:
                 how += f" (killed by {signal.Signals(-code).name})"
+            if self.state().state not in ("", "idle"):  # where it died: the collective it was in or last left
+                how += f", {self.state().sentence_part()}"
             self._fail(time.time(), f"rank {self.rank} {how}", "exit")
 
     def status_text(self) -> str:
@@ -95,6 +98,14 @@ class RankHandle:
     def state(self) -> RankStatus:
         """Where the rank is: the collective it is in (or last left), from its status slot."""
         return decode(self.status_text())
+
+    def where_part(self) -> str:
+        """Where the rank was when the launch failed: returned (after which call), died, or its collective."""
+        status = self.state()
+        if self.reported and self.failure is None:
+            return f"finished (fn returned after {status.call} collective{'s' if status.call != 1 else ''})"
+        prefix = "dead; it was " if self.failure is not None and self.failure.kind == "exit" else ""
+        return prefix + status.sentence_part()
 
     def last_collective(self) -> str:
         """The collective it is in or last entered, as one line ("" when none since joining)."""

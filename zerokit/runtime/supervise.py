@@ -11,7 +11,8 @@ Lifecycle (:meth:`Supervisor.run`):
    the deadline (``timeout_s``), or ``_GRACE_S`` after the first failure, which gives
    the other ranks time to report theirs.
 3. *blame* — on failure, stop every rank and raise :class:`.errors.RankFailed` for the
-   earliest failure that is not a mere peer-loss victim; on a hang, send SIGUSR1 so
+   earliest failure that is not a mere peer-loss victim, saying where each rank was (the
+   collective it was in, or that it had returned or died); on a hang, send SIGUSR1 so
    each hung rank prints its stacks, then stop them and raise
    :class:`.errors.RankTimeout` naming, per rank, the collective it is in (grouped by
    call, :mod:`.hang`). With ``heartbeat_s``, a stall — no rank entered, waited in or left
@@ -39,7 +40,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from .errors import RankFailed, RankTimeout
-from .hang import summarise
+from .hang import group_sentences, summarise
 from .output import LineForwarder
 from .rank_handle import RankHandle, _Failure
 from .spawn import STATUS_BYTES, RankSpec, main_module_hidden, rank_main, rendezvous_socket
@@ -164,7 +165,21 @@ class Supervisor:
         failures = self._failures()
         first = min(failures, key=lambda f: (f.peer_loss, f.time))
         others = [(f.rank, f.summary()) for f in failures if f is not first]
-        raise RankFailed(first.rank, first.traceback, self.ranks[first.rank].process.exitcode, others)
+        raise RankFailed(first.rank, first.traceback, self.ranks[first.rank].process.exitcode, others,
+                         self._where())
+
+    def _where(self) -> str:
+        """Where each rank was, grouped; a rank that returned while another lost it is a collective called on
+        only some ranks (or a different number of times), and the sentence says so."""
+        where = group_sentences({rank.rank: rank.where_part() for rank in self.ranks})
+        returned = [rank.rank for rank in self.ranks if rank.reported and rank.failure is None]
+        lost = [f.rank for f in self._failures() if f.peer_loss]
+        if returned and lost:
+            where += (f". {_names(returned)} returned while {_names(lost)} still waited in a collective: the "
+                      f"ranks did not call the same collectives (one called on some ranks only, or a different "
+                      f"number of times: a forgotten no_sync, uneven data); check_collectives=True stops at the first "
+                      f"call whose op, size or dtype differs across the ranks")
+        return where
 
     def _raise_timeout(self, hung: List[RankHandle], stalled_s: Optional[float] = None):
         """Print the hung ranks' stacks (SIGUSR1 → faulthandler), kill them, report their collectives
@@ -232,6 +247,10 @@ class _Heartbeat:
             self.seen, self.since = snapshot, now
             return None
         return now - self.since if now - self.since >= self.heartbeat_s else None
+
+
+def _names(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _signal_rank(process, sig: int) -> None:
