@@ -7,12 +7,19 @@ directory appears atomically (:mod:`.save`, :mod:`.files`).
 ``load(directory, engine_or_strategy) -> meta`` — verifies, undoes the saved layout into
 whole parameters and cuts them into the target's (:mod:`.load`, :mod:`.reshard`, :mod:`.layout`).
 ``export_full_state_dict(directory)`` — a plain ``{name: tensor}``, no process group needed.
-Works for ``ddp``/``ddp-naive`` and ``zero1``/``zero2``/``zero3``, fp32 and bf16-mixed,
-behind an engine (``zerokit.initialize``, ``zerokit.train``) or a strategy.
+Works for ``ddp``/``ddp-naive``, ``zero1``/``zero2``/``zero3``, ``tp`` and ``pp``, fp32 and
+bf16-mixed, behind an engine (``zerokit.initialize``, ``zerokit.train``) or a strategy, on any
+mesh dp×tp×pp: each rank writes its tensor-parallel slices and its pipeline stages under the
+whole model's names (:mod:`.naming`), and any layout loads any other through the whole state.
+``zerokit.train(save_dir=…, save_every=…, resume_from=…)`` saves and resumes runs
+(:mod:`.training`); ``export_dcp(directory, out)`` writes the whole state as a
+torch.distributed.checkpoint (:mod:`.dcp`).
 """
+from .dcp import export_dcp
 from .files import CheckpointError
 from .load import load
+from .naming import Naming
 from .reshard import export_full_state_dict
 from .save import save
 
-__all__ = ["save", "load", "export_full_state_dict", "CheckpointError"]
+__all__ = ["save", "load", "export_full_state_dict", "export_dcp", "Naming", "CheckpointError"]

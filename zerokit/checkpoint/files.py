@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 FORMAT = "zerokit-checkpoint"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
 
 

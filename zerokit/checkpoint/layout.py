@@ -41,16 +41,18 @@ def _flat_units(strategy):
     return [(u, True) for u in units]
 
 
-def segments(strategy) -> List[dict]:
-    """The layout of every stepped tensor (see the module docstring), JSON-ready."""
+def segments(strategy, name_of=None) -> List[dict]:
+    """The layout of every stepped tensor (see the module docstring), JSON-ready; ``name_of(param, local_name)``
+    gives the name to record (the whole model's, :mod:`.naming`), the module's own name by default."""
+    name_of = name_of or (lambda p, local: local)
     flats = _flat_units(strategy)
     if flats is None:
         names = names_of(strategy.model)
-        return [{"params": [{"name": names[p], "shape": list(p.shape), "offset": 0, "numel": p.numel()}],
+        return [{"params": [{"name": name_of(p, names[p]), "shape": list(p.shape), "offset": 0, "numel": p.numel()}],
                  "numel": p.numel(), "padded": p.numel(), "sharded": False} for p in strategy.optimizer.tensors]
     out = []
     for flat, sharded in flats:
-        params = [{"name": n, "shape": list(p.shape), "offset": o, "numel": p.numel()}
+        params = [{"name": name_of(p, n), "shape": list(p.shape), "offset": o, "numel": p.numel()}
                   for n, p, o in zip(flat.names, flat.params, flat.offsets)]
         out.append({"params": params, "numel": flat.numel, "padded": flat.padded_numel, "sharded": sharded})
     return out
@@ -68,7 +70,7 @@ def _optimizer(strategy):
     optimizer = getattr(strategy, "optimizer", None)
     if optimizer is None or not hasattr(optimizer, "tensors"):
         raise ValueError(f"zerokit.checkpoint: strategy {getattr(strategy, 'name', strategy)!r} has no zerokit "
-                         f"optimizer (tensors, masters); supported: ddp, ddp-naive, zero1, zero2, zero3")
+                         f"optimizer (tensors, masters); supported: ddp, ddp-naive, zero1, zero2, zero3, tp, pp")
     return optimizer
 
 

@@ -3,17 +3,21 @@
 Lifecycle of ``load(directory, engine_or_strategy) -> meta`` (a collective in spirit: every
 rank calls it, each reads the files on its own; no communication):
 
-1. the manifest is read and checked (:mod:`.files`), then compared with the model —
-   names, shapes, trainable or frozen — naming the first parameter that differs
-   (:func:`~.reshard.check_model`), and the optimizer class must be the saved one;
+1. the manifest is read and checked (:mod:`.files`), then compared with the whole model
+   (:mod:`.naming`) — global names, full shapes, trainable or frozen — naming the first
+   parameter that differs (:func:`~.reshard.check_model`), and the optimizer class must
+   be the saved one;
 2. every shard file is verified (sha256) and loaded with ``weights_only=True``, and the
-   saved layout is undone into every parameter whole (:func:`~.reshard.full_state`);
-3. the target's layout is filled from it (:func:`~.layout.apply_full`): parameters,
-   fp32 masters, optimizer states; gradients are zeroed;
-4. rank r takes back the RNG states saved by rank r (a rank beyond the saved world
-   size keeps its own), and an engine's step counter is set to the saved step.
+   saved layout (dp×tp×pp, ZeRO stage) is undone into every parameter whole
+   (:func:`~.reshard.full_state`);
+3. this rank's slices are cut from it (:func:`~.naming.localize`: its pipeline stages,
+   its tensor-parallel slice) and its data-parallel layout filled
+   (:func:`~.layout.apply_full`): parameters, fp32 masters, optimizer states; gradients
+   are zeroed;
+4. global rank r takes back the RNG states saved by rank r (a rank beyond the saved
+   world size keeps its own), and an engine's step counter is set to the saved step.
 
-Returns ``{"step", "data_position", "world_size", "stage", "strategy"}`` of the checkpoint.
+Returns ``{"step", "data_position", "world_size", "mesh", "stage", "strategy"}`` of the checkpoint.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch
 
 from .files import CheckpointError, read_manifest, shard_name
 from .layout import apply_full, optimizer_name
+from .naming import localize, naming_of
 from .reshard import check_model, full_state
 from .save import strategy_of
 
@@ -40,21 +45,23 @@ def load(directory, engine_or_strategy) -> dict:
     """Load the checkpoint in ``directory`` into ``engine_or_strategy`` (see the module docstring)."""
     strategy = strategy_of(engine_or_strategy)
     engine = engine_or_strategy if engine_or_strategy is not strategy else None
+    naming = naming_of(strategy)
     manifest = read_manifest(directory)
     where = f"checkpoint {str(directory)!r}"
-    check_model(manifest, strategy.model, where)
+    check_model(manifest, naming.params, where)
     mine = optimizer_name(strategy)
     if manifest["optimizer"] != mine:
         raise CheckpointError(f"{where} holds {manifest['optimizer']} states; this run's optimizer is {mine}")
     full, manifest, shards = full_state(directory, manifest)
-    apply_full(strategy, full)
+    apply_full(strategy, localize(full, strategy, naming))
     strategy.zero_grad()
-    if strategy.rank < manifest["world_size"]:
-        rng = shards[strategy.rank].get("rng")
+    rank = strategy.ctx.rank
+    if rank < manifest["world_size"]:
+        rng = shards[rank].get("rng")
         if rng is None:
-            raise CheckpointError(f"{shard_name(strategy.rank, manifest['world_size'])} holds no RNG state")
+            raise CheckpointError(f"{shard_name(rank, manifest['world_size'])} holds no RNG state")
         _restore_rng(rng)
     if engine is not None and hasattr(engine, "global_steps"):
         engine.global_steps = int(manifest["step"]) if isinstance(manifest["step"], int) else engine.global_steps
         engine.micro_steps = 0
-    return {k: manifest[k] for k in ("step", "data_position", "world_size", "stage", "strategy")}
+    return {k: manifest[k] for k in ("step", "data_position", "world_size", "mesh", "stage", "strategy")}

@@ -1,18 +1,21 @@
 """``zerokit.checkpoint.save``: every rank writes its shard, rank 0 the manifest, and the directory appears whole.
 
 Lifecycle of ``save(directory, engine_or_strategy, step=…, data_position=…)`` (a collective:
-every rank of the data-parallel group calls it, between optimizer steps):
+every rank of the world — every dp, tp and pp coordinate — calls it, between optimizer steps):
 
 1. rank 0 draws a token and broadcasts it; the ranks agree on the temporary directory
    ``.D.tmp-<token>`` next to ``D`` (:mod:`.files`), which rank 0 creates (removing the
    leftovers of a crashed save first); a barrier;
-2. each rank writes ``shard-r-of-N.pt``: the segments it holds (:func:`~.layout.local_state`:
-   parameters, fp32 masters, optimizer states), its RNG states (CPU, CUDA when present,
-   Python's ``random``), the step and the data position; rank 0 adds the frozen
-   parameters and the buffers (whole on every rank); a barrier;
-3. rank 0 hashes the files, writes ``manifest.json`` (world size, stage, strategy, dtype,
-   optimizer, unit layout, frozen parameters, sha256 per file) and renames the directory
-   into place; a last barrier, so that ``save`` returns on every rank once ``D`` exists.
+2. each rank writes ``shard-r-of-N.pt`` (r its global rank): the segments it holds
+   (:func:`~.layout.local_state`: parameters — its tensor-parallel slices, its pipeline
+   stages' — fp32 masters, optimizer states), its RNG states (CPU, CUDA when present,
+   Python's ``random``), the step and the data position; dp rank 0 of each (pp, tp)
+   replica adds the frozen parameters and the buffers; the ranks' layouts, under the
+   whole model's names (:mod:`.naming`), are gathered on rank 0; a barrier;
+3. rank 0 hashes the files, writes ``manifest.json`` (world size, mesh, stage, strategy,
+   dtype, optimizer, every parameter's full shape, tensor-parallel cut and trainability,
+   the tied aliases, each replica's unit layout, sha256 per file) and renames the
+   directory into place; a last barrier, so that ``save`` returns once ``D`` exists.
 
 A failure before step 3's rename leaves any previous ``D`` untouched. The barriers run in
 the ``setup`` phase, so the training ledger does not count them.
@@ -25,9 +28,12 @@ from pathlib import Path
 
 import torch
 
+import torch.distributed as dist
+
 from ..runtime import comm
 from . import files
 from .layout import local_state, optimizer_name, segments
+from .naming import full_shape, naming_of, spec_of
 
 
 def strategy_of(obj):
@@ -39,25 +45,26 @@ def strategy_of(obj):
     strategy = getattr(obj, "strategy", obj)
     if not hasattr(strategy, "model") or not hasattr(strategy, "stage"):
         raise TypeError(f"zerokit.checkpoint: expected a zerokit Engine or strategy, got {type(obj).__name__}")
-    other = {a: n for a, n in getattr(strategy.ctx.mesh, "shape", {}).items() if a != "dp" and n > 1}
-    if other:
-        raise ValueError(f"zerokit.checkpoint: the mesh has {other} besides data parallelism; sharded checkpoints "
-                         f"cover data parallelism and ZeRO (dp only) so far")
     return strategy
 
 
+def _world(strategy):
+    return strategy.ctx.rank, strategy.ctx.world_size
+
+
 def barrier(strategy) -> None:
-    if strategy.world > 1:
+    """Every rank of the world (dp, tp and pp), in the setup phase."""
+    if _world(strategy)[1] > 1:
         with comm.phase("setup"):
-            comm.all_reduce(torch.zeros(1, device=strategy.ctx.device), group=strategy.group, tag="checkpoint barrier")
+            comm.all_reduce(torch.zeros(1, device=strategy.ctx.device), tag="checkpoint barrier")
 
 
 def _token(strategy) -> str:
-    t = torch.tensor([secrets.randbits(62) if strategy.rank == 0 else 0], dtype=torch.int64,
-                     device=strategy.ctx.device)
-    if strategy.world > 1:
+    rank, world = _world(strategy)
+    t = torch.tensor([secrets.randbits(62) if rank == 0 else 0], dtype=torch.int64, device=strategy.ctx.device)
+    if world > 1:
         with comm.phase("setup"):
-            comm.broadcast(t, src=0, group=strategy.group, tag="checkpoint token")
+            comm.broadcast(t, src=0, tag="checkpoint token")
     return f"{int(t.item()):016x}"
 
 
@@ -68,10 +75,17 @@ def rng_state() -> dict:
     return state
 
 
-def tied_names(model) -> dict:
-    """{alias: name} of parameters shared by several modules (``named_parameters`` lists each once)."""
-    canonical = {p: n for n, p in model.named_parameters()}
-    return {n: canonical[p] for n, p in model.named_parameters(remove_duplicate=False) if canonical[p] != n}
+def _replica(strategy, naming) -> dict:
+    """This rank's (pp, tp) replica: its saved layout under global names, and its parameters' whole-model table."""
+    mesh = strategy.ctx.mesh
+    tp = mesh.size("tp")
+    params = {}
+    for local, p in strategy.model.named_parameters():
+        spec = spec_of(p)
+        params[naming.name(p, local)] = {"shape": full_shape(p.shape, spec, tp), "shard": spec,
+                                         "trainable": bool(p.requires_grad)}
+    return {"pp": mesh.coord("pp"), "tp": mesh.coord("tp"), "dp": mesh.coord("dp"),
+            "segments": segments(strategy, naming.name), "params": params}
 
 
 def _check_json(value, what: str):
@@ -95,30 +109,42 @@ def save(directory, engine_or_strategy, step=None, data_position=None) -> Path:
         step = getattr(engine, "global_steps", 0)
     _check_json(step, "step")
     _check_json(data_position, "data_position")
+    naming = naming_of(strategy)
     final = Path(directory).absolute()
-    rank, world = strategy.rank, strategy.world
+    rank, world = _world(strategy)
     tmp = files.temporary(final, _token(strategy))
     if rank == 0:
         final.parent.mkdir(parents=True, exist_ok=True)
         files.remove_stale(final)
         tmp.mkdir()
     barrier(strategy)
-    payload = {"rank": rank, "world_size": world, "step": step, "data_position": data_position,
-               "segments": local_state(strategy), "rng": rng_state()}
+    payload = {"rank": rank, "world_size": world, "coords": strategy.ctx.mesh.coords, "step": step,
+               "data_position": data_position, "segments": local_state(strategy), "rng": rng_state()}
     model = strategy.model
-    if rank == 0:
-        payload["frozen"] = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if not p.requires_grad}
-        payload["buffers"] = {n: b.detach().cpu().clone() for n, b in model.named_buffers()}
+    if strategy.rank == 0:  # dp rank 0 of each (pp, tp) replica: what every dp rank holds the same
+        payload["frozen"] = {naming.name(p, n): p.detach().cpu().clone() for n, p in model.named_parameters()
+                             if not p.requires_grad}
+        payload["buffers"] = {naming.name(b, n): b.detach().cpu().clone() for n, b in model.named_buffers()}
     files.write_file(tmp / files.shard_name(rank, world), payload)
+    replicas = [None] * world
+    mine = _replica(strategy, naming)
+    if world > 1:
+        dist.all_gather_object(replicas, mine)
+    else:
+        replicas = [mine]
     barrier(strategy)
     if rank == 0:
+        params = {}
+        for replica in replicas:
+            params.update(replica.pop("params"))
         dtype = strategy.optimizer.tensors[0].dtype
         manifest = {"format": files.FORMAT, "version": files.VERSION, "world_size": world,
-                    "stage": strategy.stage, "strategy": strategy.name, "dtype": str(dtype).replace("torch.", ""),
-                    "optimizer": optimizer_name(strategy), "step": step, "data_position": data_position,
-                    "segments": segments(strategy),
-                    "frozen": {n: list(p.shape) for n, p in model.named_parameters() if not p.requires_grad},
-                    "tied": tied_names(model),
+                    "mesh": dict(strategy.ctx.mesh.shape), "stage": strategy.stage, "strategy": strategy.name,
+                    "dtype": str(dtype).replace("torch.", ""), "optimizer": optimizer_name(strategy),
+                    "step": step, "data_position": data_position,
+                    "params": {n: params[n] for n in naming.params if n in params},
+                    "tied": dict(naming.tied),
+                    "replicas": [{k: r[k] for k in ("pp", "tp", "segments")} for r in replicas if r["dp"] == 0],
                     "files": {files.shard_name(r, world): None for r in range(world)}}
         files.commit(tmp, final, manifest)
     barrier(strategy)
