@@ -40,13 +40,18 @@ class Job:
     checkpointing: str = "none"
     #: blocks per segment for ``checkpointing="every_k"``
     checkpoint_every: Optional[int] = None
+    #: sharded checkpoints (:mod:`zerokit.checkpoint.training`): where, every how many steps, and where from
+    save_dir: Optional[str] = None
+    save_every: Optional[int] = None
+    resume_from: Optional[str] = None
 
 
 def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
              optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
              keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
              sequence_parallel: bool = False, checkpointing: str = "none",
-             checkpoint_every: Optional[int] = None) -> Job:
+             checkpoint_every: Optional[int] = None, save_dir=None, save_every=None,
+             resume_from=None) -> Job:
     """Check every argument and build the job, before any process starts."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
@@ -56,6 +61,9 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     theory.check_precision(precision)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
+    from .checkpoint.training import check_options as check_saving
+
+    options, saving = check_saving(workload, options, steps, save_dir, save_every, resume_from)
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer")
     if not isinstance(world_size, int) or world_size < 1:
@@ -86,11 +94,11 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
                track_peak, keep_records, None if parallel is None else shape, sequence_parallel,
-               checkpointing=checkpointing, checkpoint_every=checkpoint_every)
+               checkpointing=checkpointing, checkpoint_every=checkpoint_every, **saving)
 
 
 #: keywords of ``train`` that ``--option`` / ``options_for`` may also carry, for every strategy
-JOB_OPTIONS = ("checkpointing", "checkpoint_every")
+JOB_OPTIONS = ("checkpointing", "checkpoint_every", "save_dir", "save_every", "resume_from")
 
 
 def _checkpointing_options(workload: Workload, options: dict, checkpointing, checkpoint_every):

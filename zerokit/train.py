@@ -23,6 +23,7 @@ from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
 from .workloads import Workload
 from .api.engine import Engine
+from .checkpoint.training import Resumable
 from .job import JOB_OPTIONS, Job, make_job  # noqa: F401 - part of zerokit.train's API
 from .pipeline_parallel.options import pipelined
 from .pipeline_parallel.strategy import Pipeline
@@ -103,6 +104,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         from .checkpointing import apply_checkpointing
 
         checkpointing = apply_checkpointing(model, job.checkpointing, job.checkpoint_every)
+    # sharded checkpoints (save_dir / resume_from) name the whole model's tensors before a pipeline splits it
+    resumable = Resumable.for_job(job, ctx, model)
     pipeline = None
     if pipelined(cls, ctx):  # this rank keeps its stages; the strategy wraps them
         driver = getattr(cls, "pipeline_driver", Pipeline)
@@ -128,8 +131,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         tracer = Tracer(ctx.rank)
         tracer.instrument(model)
     span = tracer.span if tracer is not None else (lambda name: nullcontext())
-    losses, times = [], []
-    for step in range(job.steps):
+    # resume_from: this run's layout filled from the checkpoint; the steps before it keep their saved losses
+    start, losses = resumable.resume(strategy, engine) if resumable is not None else (0, [])
+    times = []
+    for step in range(start, job.steps):
         comm.set_step(step)
         t0 = time.perf_counter()
         engine.zero_grad()
@@ -163,6 +168,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
             torch.cuda.synchronize(ctx.device)
         times.append(time.perf_counter() - t0)
         losses.append(step_loss)
+        if resumable is not None:  # save_dir: every save_every-th step and the last
+            resumable.after_step(step, losses)
     now = memory.current()
     comm.set_step(job.steps)
     with comm.phase("setup"):
@@ -242,7 +249,8 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
           sequence_parallel: bool = False, checkpointing: str = "none", checkpoint_every: Optional[int] = None,
-          **options) -> Report:
+          save_dir: Optional[str] = None, save_every: Optional[int] = None,
+          resume_from: Optional[str] = None, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
     ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
@@ -252,12 +260,17 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,
     ``selective``, ``torch-every``, ``torch-selective``) recomputes the blocks' activations in
     backward (:mod:`zerokit.checkpointing`); the reference checkpoints the same way.
+    ``save_dir`` (with ``save_every``: after every k-th step, and after the last) writes sharded
+    checkpoints ``save_dir/step-NNNNNN``; ``resume_from`` (a checkpoint, or a ``save_dir``: its
+    latest) continues one in this run's layout, which may differ, up to ``steps`` counted from
+    the beginning (:mod:`zerokit.checkpoint.training`).
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
     """
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
-                   options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every)
+                   options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every,
+                   save_dir=save_dir, save_every=save_every, resume_from=resume_from)
     ref = run_reference(job) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
     return Report([result], reference=ref)
