@@ -4,12 +4,15 @@ nbval (``pytest --nbval-lax notebooks/``) re-runs every notebook and fails on an
 that raises, the assertion cells included. These tests check what nbval does not: that
 the committed notebooks are what ``notebooks/build.py`` makes of ``notebooks/src/``, that
 they carry the outputs of a clean run and nothing of the machine that ran them, and that
-each reads as a lesson (a question first, interview questions last). The browser test
-opens lesson 03 in JupyterLab in headless Chromium, runs it, moves the bucket-size slider
-and checks that the figure changes.
+each reads as a lesson (a question first, interview questions last, their answers hidden
+in ``<details>``), and that every panel keeps a PNG of its last picture for readers without
+a kernel. The browser tests open a lesson in JupyterLab in headless Chromium, run it, move
+a panel's slider and check that the figure changes: lesson 03's bucket size, lesson 08's
+micro-batches.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import importlib.util
 import json
@@ -283,47 +286,88 @@ def _figure_source(page) -> str:
     return page.evaluate(f"() => {_LAST_IMAGE_JS}")
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
-def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(jupyterlab):
+def _run_all_in_lab(page, url: str, token: str, notebook: str) -> None:
+    """Open ``notebook`` in JupyterLab, run every cell, and wait until the kernel is idle again."""
+    page.goto(f"{url}/lab/tree/{notebook}?token={token}", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    _accept_dialogs(page)  # a fresh JupyterLab may ask which kernel to use: the notebook's own
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click("li[data-command='runmenu:run-all']")
+    _accept_dialogs(page)
+
+
+def _move_slider_and_wait_for_a_new_figure(page, description: str) -> None:
+    """Press → on the last slider labelled ``description``; the panel's picture must be redrawn."""
+    slider = page.locator(".widget-hslider").filter(has_text=description).last
+    slider.scroll_into_view_if_needed(timeout=30_000)  # lab renders only what is in view
+    slider.wait_for(state="visible", timeout=30_000)
+    before = _figure_source(page)
+    readout = slider.locator(".widget-readout")
+    value_before = readout.inner_text()
+    handle = slider.locator(".noUi-handle")
+    handle.scroll_into_view_if_needed()
+    handle.click()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"(old) => {_LAST_IMAGE_JS} !== old", arg=before, timeout=120_000)
+    assert readout.inner_text() != value_before, f"the {description} slider did not move"
+    after = _figure_source(page)
+    assert after.startswith("blob:") and after != before, f"the figure did not change when {description} moved"
+
+
+@pytest.fixture
+def lab_page(jupyterlab):
+    """A headless Chromium page next to the JupyterLab server, and where a failure leaves its screenshot."""
     from playwright.sync_api import sync_playwright
 
     url, token, workdir = jupyterlab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{url}/lab/tree/03_data_parallel.ipynb?token={token}", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            _accept_dialogs(page)  # a fresh JupyterLab may ask which kernel to use: the notebook's own
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click("li[data-command='runmenu:run-all']")
-            _accept_dialogs(page)
-            # the panel is the notebook's last widget: wait until it has run once and drawn its picture
-            status = page.locator(".widget-html").filter(has_text="job(s) in").last
-            status.wait_for(state="attached", timeout=240_000)
-            page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
-            panel_slider = page.locator(".widget-hslider").filter(has_text="bucket_mb").last
-            panel_slider.scroll_into_view_if_needed(timeout=30_000)  # lab renders only what is in view
-            panel_slider.wait_for(state="visible", timeout=30_000)
-            before = _figure_source(page)
-            readout = panel_slider.locator(".widget-readout")
-            value_before = readout.inner_text()
-            handle = panel_slider.locator(".noUi-handle")
-            handle.scroll_into_view_if_needed()
-            handle.click()
-            page.keyboard.press("ArrowRight")
-            page.wait_for_function(f"(old) => {_LAST_IMAGE_JS} !== old", arg=before, timeout=120_000)
-            assert readout.inner_text() != value_before, "the slider did not move"
-            after = _figure_source(page)
-            assert after.startswith("blob:") and after != before, "the figure did not change when the slider moved"
-        except Exception:
-            page.screenshot(path=str(workdir / "failure.png"), full_page=True)
-            log = (workdir / "jupyterlab.log").read_text()[-4000:]
-            print(f"screenshot: {workdir / 'failure.png'}\nJupyterLab log (end):\n{log}")
-            raise
+            yield browser.new_page(viewport={"width": 1400, "height": 1000}), url, token, workdir
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def _screenshot_on_failure(page, workdir: Path):
+    """On any failure inside: a full-page screenshot and the end of JupyterLab's log, printed with the error."""
+    try:
+        yield
+    except Exception:
+        page.screenshot(path=str(workdir / "failure.png"), full_page=True)
+        log = (workdir / "jupyterlab.log").read_text()[-4000:]
+        print(f"screenshot: {workdir / 'failure.png'}\nJupyterLab log (end):\n{log}")
+        raise
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
+def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(lab_page):
+    page, url, token, workdir = lab_page
+    with _screenshot_on_failure(page, workdir):
+        _run_all_in_lab(page, url, token, "03_data_parallel.ipynb")
+        # the panel is the notebook's last widget: wait until it has run once and drawn its picture
+        status = page.locator(".widget-html").filter(has_text="job(s) in").last
+        status.wait_for(state="attached", timeout=240_000)
+        page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+        _move_slider_and_wait_for_a_new_figure(page, "bucket_mb")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
+def test_lesson_08_in_a_real_browser_redraws_the_bubble_when_the_micro_batch_slider_moves(lab_page):
+    page, url, token, workdir = lab_page
+    with _screenshot_on_failure(page, workdir):
+        _run_all_in_lab(page, url, token, "08_pipeline_parallel.ipynb")
+        # course.PipelinePanel simulates and draws as soon as it is built: its status names the bubble
+        status = page.locator(".widget-html").filter(has_text="simulated bubble").last
+        status.wait_for(state="attached", timeout=240_000)
+        page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+        bubble_before = status.inner_text()
+        _move_slider_and_wait_for_a_new_figure(page, "micro-batches")
+        assert status.inner_text() != bubble_before, "the simulated bubble did not change with the micro-batches"

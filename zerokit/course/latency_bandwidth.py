@@ -7,7 +7,9 @@ payload, the bytes the ring handed to send read from the communication ledger
 :func:`fit_latency_bandwidth` fits t = rounds·α + bytes/β to those points, with rounds and
 bytes from the ring formulas of :mod:`zerokit.theory`; :func:`modelled_seconds` splits one
 call's time into the two terms and :func:`latency_bandwidth_figure` draws the measurements
-against the fit.
+against the fit. :func:`all_reduce_scaling_figure` extrapolates a link's α and β — the fit's,
+or the numbers a reader types for a GPU link — to many ranks, ring against tree
+(:func:`zerokit.theory.communication.all_reduce_seconds`): a formula, drawn as one.
 """
 from __future__ import annotations
 
@@ -113,3 +115,37 @@ def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
     ax.legend(fontsize=LEGEND_SIZE, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def all_reduce_scaling_figure(link: dict, payload_bytes: Sequence[int], world_sizes: Sequence[int], title: str = ""):
+    """The α-β time of one all-reduce against the world size, ring (solid) and tree (dashed), per payload.
+
+    ``link = {"alpha_s": seconds per hop, "beta_Bps": bytes per second}`` — the fit of
+    :func:`fit_latency_bandwidth`, or a link's datasheet numbers; nothing is measured here.
+    """
+    from ..theory.communication import all_reduce_seconds
+
+    alpha, beta = link.get("alpha_s"), link.get("beta_Bps")
+    if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)) or alpha < 0 or beta <= 0:
+        raise ValueError(f"link={link!r} needs alpha_s >= 0 (seconds per hop) and beta_Bps > 0 (bytes per second)")
+    fig, ax = new_figure(6.5, 3.6)
+    ns = sorted(world_sizes)
+    for i, size in enumerate(payload_bytes):
+        for algorithm, style in (("ring", "-"), ("tree", "--")):
+            ms = [1e3 * all_reduce_seconds(size, n, alpha, beta, algorithm)["total_s"] for n in ns]
+            ax.plot(ns, ms, style, color=f"C{i}", lw=1.8, label=f"S = {_size_text(size)}, {algorithm}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("world size N")
+    ax.set_ylabel("ms per all-reduce (α-β model)")
+    ax.set_title(title or f"α = {1e6 * alpha:g} µs per hop, β = {beta / 1e9:g} GB/s: ring vs tree")
+    ax.legend(fontsize=LEGEND_SIZE, ncol=2, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _size_text(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"

@@ -163,7 +163,8 @@ class CollectivePanel(Panel):
         right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=LABEL_SIZE)
         right.set_ylabel("KiB sent per rank", fontsize=LABEL_SIZE)
         right.set_title(f"{result[0]['rounds']} rounds", fontsize=TITLE_SIZE)
-        right.legend(fontsize=LEGEND_SIZE)
+        right.set_ylim(0, 1.9 * max(expected, payload, *(r["sent_bytes"] for r in result)) / 1024)  # room for the legend
+        right.legend(fontsize=LEGEND_SIZE, loc="upper center", framealpha=0.9)
         fig.tight_layout()
         self.image.value = png(fig)
         rows = [{"rank": r["rank"], "rounds": r["rounds"], "theory rounds": _rounds(op, n),

@@ -110,3 +110,37 @@ def link_seconds(nbytes: float, messages: float, bandwidth: float, latency: floa
     if bandwidth <= 0:
         raise ValueError(f"bandwidth={bandwidth!r} must be > 0 bytes per second")
     return messages * latency + nbytes / bandwidth
+
+
+ALL_REDUCE_ALGORITHMS = ("ring", "tree")
+
+
+def all_reduce_rounds(n: int, algorithm: str = "ring") -> int:
+    """Latency-paying hops of one all-reduce: the ring's 2(n−1) rounds, or a tree's 2⌈log₂ n⌉ (up, then down)."""
+    if n <= 1:
+        return 0
+    if algorithm == "ring":
+        return ring_steps("all_reduce", n)
+    if algorithm == "tree":
+        return 2 * (n - 1).bit_length()
+    raise ValueError(f"algorithm={algorithm!r}; allowed: {', '.join(ALL_REDUCE_ALGORITHMS)}")
+
+
+def all_reduce_seconds(payload_bytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring") -> dict:
+    """The α-β time of one all-reduce of S bytes on n ranks, split into its latency and bandwidth terms.
+
+    ``ring``: 2(n−1)·α + 2(n−1)/n·S/β — bandwidth-optimal, but the latency term grows
+    linearly with n. ``tree``: NCCL's pipelined double binary tree (NCCL 2.4; Sanders et
+    al. 2009): 2⌈log₂ n⌉·α + 2·S/β — the payload reduced up a tree and broadcast down,
+    pipelined in chunks and split over two trees so each rank moves about S each way; the
+    latency term grows with log n. Crossover: the tree wins when S < n·β·α·(n − 1 − ⌈log₂ n⌉),
+    the ring when larger (the bandwidth terms differ by n/(n−1)). ``alpha`` in seconds per
+    hop, ``beta`` in bytes per second. Returns ``latency_s``, ``bandwidth_s``, ``total_s``.
+    """
+    if beta <= 0 or alpha < 0:
+        raise ValueError(f"alpha={alpha!r} must be >= 0 seconds and beta={beta!r} > 0 bytes per second")
+    if n <= 1:
+        return {"latency_s": 0.0, "bandwidth_s": 0.0, "total_s": 0.0}
+    latency = all_reduce_rounds(n, algorithm) * alpha
+    volume = ring_bytes_sent("all_reduce", payload_bytes, n) if algorithm == "ring" else 2 * payload_bytes
+    return {"latency_s": latency, "bandwidth_s": volume / beta, "total_s": latency + volume / beta}
