@@ -53,8 +53,12 @@ def test_timeline_renders_and_exposed_time_is_the_ledgers_blocked_time(n):
         assert exposed[rank.rank] == pytest.approx(sum(r["blocked_s"] for r in in_steps))
         assert timeline.exposed_comm_s(rank) >= exposed[rank.rank] >= 0
         line = timeline.rank_timeline(rank)
-        assert [c["name"] for c in line["compute"]] == ["forward", "backward", "step"] * 3
-        assert [c["step"] for c in line["compute"]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        loop = [c for c in line["compute"] if c["name"] != "grad sync"]
+        assert [c["name"] for c in loop] == ["forward", "backward", "step"] * 3
+        assert [c["step"] for c in loop] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        for c in filter(lambda c: c["name"] == "backward", loop):  # ends with the last module's backward
+            assert c["end"] == max(m["end"] for m in line["modules"] if m["kind"] == "backward"
+                                   and c["start"] <= m["start"] <= c["end"])
         for c in line["comm"]:
             assert c["start"] <= c["blocked_start"] + 1e-9 and c["blocked_start"] <= c["end"]
     assert len(ax.get_yticks()) == n
@@ -96,3 +100,28 @@ def test_timeline_needs_records():
         plot.timeline(report)
     with pytest.raises(ValueError, match="keep_records=True"):
         timeline.exposed_comm_s(report.result.ranks[0])
+
+
+def test_backward_span_stops_where_backward_compute_stops_and_straggler_waits_name_the_peer():
+    """After-backward all-reduces are "grad sync", not backward; a rank waiting for a late peer is told so."""
+    report = zerokit.train(small_gpt(), "ddp-bucketed", world_size=2, steps=2, keep_records=True, bucket_mb=0.02,
+                           reference=False)
+    lines = [timeline.rank_timeline(rank) for rank in report.result.ranks]
+    for line in lines:
+        for step in (0, 1):
+            names = [c["name"] for c in line["compute"] if c["step"] == step]
+            assert names == ["forward", "backward", "grad sync", "step"]
+            backward, sync = (c for c in line["compute"] if c["step"] == step and c["name"] in ("backward", "grad sync"))
+            launches = [c["start"] for c in line["comm"] if c["step"] == step and c["phase"] == "backward"]
+            assert backward["end"] <= min(launches) and sync["start"] == backward["end"]
+    waits = timeline.straggler_waits(lines)
+    for w in waits:
+        assert w["peer"] != w["rank"] and w["start"] < w["end"]
+        mine = [c for c in lines[w["rank"]]["comm"] if c["step"] == w["step"] and c["op"] == w["op"]]
+        assert any(c["blocked_start"] <= w["start"] and w["end"] <= c["end"] for c in mine)
+    # rank 0 launches late on purpose in a hand-made pair of lines: rank 1's wait is attributed to it
+    fake = [{"rank": r, "comm": [{"phase": "backward", "step": 0, "op": "all_reduce", "start": start,
+                                  "blocked_start": start, "blocked_s": 1.0 - start, "end": 1.0}]}
+            for r, start in ((0, 0.8), (1, 0.1))]
+    assert timeline.straggler_waits(fake) == [{"rank": 1, "step": 0, "op": "all_reduce", "peer": 0,
+                                               "start": 0.1, "end": 0.8}]

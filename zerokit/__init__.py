@@ -17,9 +17,11 @@ from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 from . import grade  # callable: zerokit.grade(notebook) grades an exercise
 from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_dict
+from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
+from .runtime.link import Link
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade",
-           "checkpoint"]
+           "checkpoint", "Link", "links"]
 __version__ = "0.1.0"

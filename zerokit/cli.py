@@ -170,6 +170,8 @@ def _strategy_options(args, names):
         except ValueError as e:
             raise UsageError(f"--deepspeed-config: {e}") from e
     merged = {**config, **options}
+    if getattr(args, "link", None):  # --link NAME: every strategy's collectives behind an emulated link
+        merged["link"] = args.link
     classes = {name: strategy_registry.get(name) for name in names}
     for key in merged:
         if key not in JOB_OPTIONS and not any(key in cls.options for cls in classes.values()):
@@ -259,6 +261,8 @@ def cmd_bench(args) -> int:
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from .runtime.link import PRESETS as link_presets
+
     parser = argparse.ArgumentParser(prog="zerokit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -289,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a strategy option, repeatable: a JSON value (4, 0.5, true, false, null) or a bare "
                            "string (ring, 1f1b); given to every chosen strategy that has it, an error if none has")
     cmp_.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON (zero_optimization)")
+    cmp_.add_argument("--link", choices=link_presets,
+                      help="hold each collective until an emulated α-β link has carried its bytes (zerokit.links)")
     cmp_.add_argument("--json", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
 

@@ -40,6 +40,8 @@ class Job:
     checkpointing: str = "none"
     #: blocks per segment for ``checkpointing="every_k"``
     checkpoint_every: Optional[int] = None
+    #: the emulated link every rank's collectives complete through (:mod:`zerokit.runtime.link`); None: none
+    link: Optional[Any] = None
     #: sharded checkpoints (:mod:`zerokit.checkpoint.training`): where, every how many steps, and where from
     save_dir: Optional[str] = None
     save_every: Optional[int] = None
@@ -50,7 +52,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
              optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
              keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
              sequence_parallel: bool = False, checkpointing: str = "none",
-             checkpoint_every: Optional[int] = None, save_dir=None, save_every=None,
+             checkpoint_every: Optional[int] = None, link=None, save_dir=None, save_every=None,
              resume_from=None) -> Job:
     """Check every argument and build the job, before any process starts."""
     if not isinstance(workload, Workload):
@@ -58,6 +60,9 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     cls = get_strategy(strategy)
     options, checkpointing, checkpoint_every = _checkpointing_options(workload, options, checkpointing,
                                                                       checkpoint_every)
+    from .runtime.link import resolve as resolve_link
+
+    link = resolve_link(options.pop("link", link))  # --option link=… puts it in the options
     theory.check_precision(precision)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
@@ -94,11 +99,11 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
                track_peak, keep_records, None if parallel is None else shape, sequence_parallel,
-               checkpointing=checkpointing, checkpoint_every=checkpoint_every, **saving)
+               checkpointing=checkpointing, checkpoint_every=checkpoint_every, link=link, **saving)
 
 
 #: keywords of ``train`` that ``--option`` / ``options_for`` may also carry, for every strategy
-JOB_OPTIONS = ("checkpointing", "checkpoint_every", "save_dir", "save_every", "resume_from")
+JOB_OPTIONS = ("checkpointing", "checkpoint_every", "link", "save_dir", "save_every", "resume_from")
 
 
 def _checkpointing_options(workload: Workload, options: dict, checkpointing, checkpoint_every):

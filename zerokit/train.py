@@ -92,6 +92,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     psi = sum(p.numel() for p in model.parameters())
     ledger = comm.ledger()
     ledger.reset()
+    comm.set_link(job.link)  # None (the reference, or no link=): the backend's own speed
     transfers = transfer_ledger()  # device↔host copies (zerokit.offload), counted apart from the collectives
     transfers.reset()
     tensor_parallel = ctx.mesh.size("tp") > 1 and not cls.own_tensor_parallel
@@ -170,6 +171,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         losses.append(step_loss)
         if resumable is not None:  # save_dir: every save_every-th step and the last
             resumable.after_step(step, losses)
+    comm.set_link(None)  # the gathers below are not training: the backend's own speed
     now = memory.current()
     comm.set_step(job.steps)
     with comm.phase("setup"):
@@ -249,7 +251,7 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
           sequence_parallel: bool = False, checkpointing: str = "none", checkpoint_every: Optional[int] = None,
-          save_dir: Optional[str] = None, save_every: Optional[int] = None,
+          link=None, save_dir: Optional[str] = None, save_every: Optional[int] = None,
           resume_from: Optional[str] = None, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
@@ -260,6 +262,9 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,
     ``selective``, ``torch-every``, ``torch-selective``) recomputes the blocks' activations in
     backward (:mod:`zerokit.checkpointing`); the reference checkpoints the same way.
+    ``link`` (``"nvlink"``, ``"pcie"``, ``"ib-100g"``, ``"10gbe"``, ``"this machine"``/None, or a
+    :class:`zerokit.Link`) holds each collective's completion until an emulated α-β link has
+    carried its bytes (:mod:`zerokit.runtime.link`); the collectives still run for real.
     ``save_dir`` (with ``save_every``: after every k-th step, and after the last) writes sharded
     checkpoints ``save_dir/step-NNNNNN``; ``resume_from`` (a checkpoint, or a ``save_dir``: its
     latest) continues one in this run's layout, which may differ, up to ``steps`` counted from
@@ -270,7 +275,7 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     """
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
                    options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every,
-                   save_dir=save_dir, save_every=save_every, resume_from=resume_from)
+                   link, save_dir=save_dir, save_every=save_every, resume_from=resume_from)
     ref = run_reference(job) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
     return Report([result], reference=ref)

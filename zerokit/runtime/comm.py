@@ -18,6 +18,11 @@ and how long it was blocked: the *exposed* communication the timeline shades. On
 (NCCL), ``wait`` returns at once and only orders the streams, so the blocked time is
 measured with CUDA events around the wait on the current stream instead, read when
 the step's records are summarised.
+
+Under an emulated link (:mod:`.link`, ``train(..., link=...)``) each call still runs on
+the backend; its completion is then held until the link's modelled time has passed: a
+synchronous call sleeps right after the backend returns, an asynchronous one in ``wait``
+for what is left of it. Without a link nothing is booked and nothing sleeps.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import torch.distributed as dist
 
 from .. import theory
 from .comm_ledger import TRAFFIC, CommLedger, CommRecord, backend_note  # noqa: F401 - part of comm's API
-from . import context
+from . import context, link as _link
 from .hang import check_signature
 
 PHASES = ("setup", "forward", "backward", "step")
@@ -74,6 +79,11 @@ def set_step(step: int) -> None:
     _ledger.step = step
 
 
+def set_link(link) -> None:
+    """Put this process's collectives behind an emulated link (:mod:`.link`; None: none)."""
+    _link.set_link(link)
+
+
 class Work:
     """An async collective in flight; ``wait`` records completion and blocked time."""
 
@@ -94,17 +104,27 @@ class Work:
             before.record()
         t0 = time.perf_counter()
         self._work.wait()
+        clock = _link.clock()
+        if clock is not None:  # an emulated link: sleep for what is left of its time
+            if self.record.op == "recv":  # the data just came: its bytes cross the link from now
+                clock.book(self.record, start=time.perf_counter())
+            held = clock.hold(self.record)
         t1 = time.perf_counter()
         self.record.t_end = t1
         if cuda:  # NCCL's wait only makes the current stream wait: time the stream, not the CPU
             after.record()
             self.record._cuda_events = (before, after)
+            if clock is not None:
+                self.record.blocked_s += held
         else:
             self.record.blocked_s += t1 - t0
         if call is not None:
             context.leave_collective(*call)
 
     def is_completed(self) -> bool:
+        due = self.record.emulated_end
+        if due is not None and time.perf_counter() < due:
+            return False
         return self._work.is_completed()
 
 
@@ -150,8 +170,16 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
 
 
 def _finish(work, record: CommRecord, async_op: bool):
+    clock = _link.clock()
+    if clock is not None:  # book the transfer on the emulated link (a receive books when its data comes)
+        if record.op != "recv":
+            clock.book(record)
+        elif not async_op:
+            clock.book(record, start=time.perf_counter())
     if async_op:
         return Work(work, record)
+    if clock is not None:
+        clock.hold(record)
     record.t_end = time.perf_counter()
     record.blocked_s = record.t_end - record.t_launch
     context.leave_collective(*record._call)
@@ -215,9 +243,9 @@ def recv(tensor: torch.Tensor, src: int, group=None, tag: str = ""):
 
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: str = "") -> Work:
     record = new_record("send", tensor, _bytes(tensor), group, True, tag)
-    return Work(dist.isend(tensor, dst=dst, group=group), record)
+    return _finish(dist.isend(tensor, dst=dst, group=group), record, True)
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, tag: str = "") -> Work:
     record = new_record("recv", tensor, _bytes(tensor), group, True, tag)
-    return Work(dist.irecv(tensor, src=src, group=group), record)
+    return _finish(dist.irecv(tensor, src=src, group=group), record, True)

@@ -38,6 +38,14 @@ class CommRecord:
     axis: str = "world"
     #: the backend that ran it (gloo's reduce-scatter is an all-reduce underneath)
     backend: str = ""
+    #: emulated (a formula, :mod:`.link`): the link's rounds·α + bytes·β for this transfer; 0 without a link
+    emulated_s: float = 0.0
+    #: measured: seconds this rank slept for the emulated completion (part of ``blocked_s``); 0 without a link
+    held_s: float = 0.0
+    #: the emulated link's name; "" when the backend ran at its own speed
+    link: str = ""
+    #: emulated: when (perf_counter) the link finished carrying this transfer; None without a link
+    emulated_end: Optional[float] = None
     #: CUDA events (before, after) around a wait on the current stream; resolved into blocked_s
     _cuda_events: Optional[tuple] = field(default=None, repr=False)
 

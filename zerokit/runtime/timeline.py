@@ -9,6 +9,14 @@ collective, the ``wait`` for an asynchronous one). Communication that overlaps c
 costs nothing; the blocked time is the *exposed* communication, the part that adds to
 the step time.
 
+The loop's "backward" span runs until ``engine.backward`` returns, which for a strategy
+that reduces after backward includes its all-reduces: :func:`rank_timeline` ends
+"backward" where the last module's backward ended and calls the rest "grad sync".
+Under an emulated link (:mod:`.link`) each collective also carries the link's span
+(``emulated_start`` to ``emulated_end``, kind "emulated") and ``held_s``, the part of its
+blocked time the rank slept for it; :func:`straggler_waits` finds the blocked time spent
+waiting for a peer that had not yet launched the same collective.
+
 ``time.perf_counter`` is per process, so each tracer records one ``(perf_counter,
 time.time)`` pair when it starts; :func:`rank_timeline` puts every rank's spans and
 collectives on the wall-clock axis with it, and :func:`zerokit.plot.timeline` draws
@@ -108,6 +116,13 @@ def exposed_comm_s(rank_result, steps: Optional[range] = None) -> float:
                if r["phase"] != "setup" and (steps is None or r["step"] in steps))
 
 
+def held_comm_s(rank_result, steps: Optional[range] = None) -> float:
+    """Seconds this rank slept for an emulated link's completions in training: the emulated part of
+    :func:`exposed_comm_s` (0 without a link)."""
+    return sum(r.get("held_s", 0.0) for r in _records(rank_result)
+               if r["phase"] != "setup" and (steps is None or r["step"] in steps))
+
+
 def comm_in_flight_s(rank_result, steps: Optional[range] = None) -> float:
     """Seconds from launch to known completion, summed over the training collectives."""
     return sum((r["t_end"] or r["t_launch"]) - r["t_launch"] for r in _records(rank_result)
@@ -140,10 +155,15 @@ def rank_timeline(rank_result) -> dict:
             start = e["start"] + offset
             modules.append({**e, "start": start, "end": e["end"] + offset,
                             "step": next((k for k, end in enumerate(ends) if start <= end), len(ends))})
+    compute = _split_backward(compute, modules)
     comm = []
     for r in _records(rank_result):
         end = r["t_end"] if r["t_end"] is not None else r["t_launch"]
-        comm.append({"op": r["op"], "tag": r["tag"], "phase": r["phase"], "step": r["step"],
+        emulated_end = r.get("emulated_end")
+        emulated = {} if emulated_end is None else {
+            "kind": "emulated", "link": r["link"], "emulated_s": r["emulated_s"], "held_s": r["held_s"],
+            "emulated_start": emulated_end - r["emulated_s"] + offset, "emulated_end": emulated_end + offset}
+        comm.append({**emulated, "op": r["op"], "tag": r["tag"], "phase": r["phase"], "step": r["step"],
                      "algorithm": r.get("algorithm", "torch"), "axis": r.get("axis", "world"),
                      "payload_bytes": r["payload_bytes"], "ring_cost_bytes": r["ring_cost_bytes"],
                      "sent_bytes": r.get("sent_bytes"),
@@ -151,6 +171,50 @@ def rank_timeline(rank_result) -> dict:
                      "blocked_start": end - r["blocked_s"] + offset, "blocked_s": r["blocked_s"]})
     return {"rank": rank_result.rank, "compute": compute, "modules": modules, "comm": comm,
             "exposed_s": exposed_comm_s(rank_result)}
+
+
+def _split_backward(compute: list, modules: list) -> list:
+    """End each "backward" span where its last module backward ended; the rest becomes "grad sync"."""
+    out = []
+    for c in compute:
+        ends = [m["end"] for m in modules
+                if m["kind"] == "backward" and c["name"] == "backward" and c["start"] <= m["start"] <= c["end"]]
+        if not ends or max(ends) >= c["end"]:
+            out.append(c)
+            continue
+        out.append({**c, "end": max(ends)})
+        out.append({**c, "name": "grad sync", "start": max(ends)})
+    return out
+
+
+def straggler_waits(lines: list) -> list:
+    """The blocked time each rank spent waiting for a peer that launched the same collective later.
+
+    ``lines``: every rank's :func:`rank_timeline` (one wall clock: the ranks share a
+    machine). The k-th training collective of a step on one rank is matched with the k-th
+    on the others (every rank issues the same sequence). Returns one entry per wait:
+    ``rank``, ``step``, ``op``, ``start``, ``end`` (the blocked part before the last peer
+    launched) and ``peer``, the rank that launched last.
+    """
+    by_rank = {line["rank"]: {} for line in lines}
+    for line in lines:
+        for c in line["comm"]:
+            if c["phase"] != "setup":
+                by_rank[line["rank"]].setdefault(c["step"], []).append(c)
+    waits = []
+    for rank, steps in by_rank.items():
+        for step, calls in steps.items():
+            for k, c in enumerate(calls):
+                peers = {other: s[step][k] for other, s in by_rank.items()
+                         if other != rank and step in s and k < len(s[step]) and s[step][k]["op"] == c["op"]}
+                if not peers or c["blocked_s"] <= 0:
+                    continue
+                peer, late = max(((p, pc["start"]) for p, pc in peers.items()), key=lambda x: x[1])
+                end = min(late, c["end"])
+                if end > c["blocked_start"]:
+                    waits.append({"rank": rank, "step": step, "op": c["op"], "peer": peer,
+                                  "start": c["blocked_start"], "end": end})
+    return waits
 
 
 def ranks_of(source) -> List:

@@ -1,0 +1,133 @@
+"""The emulated link: collectives run on gloo and complete when an α-β link has carried their bytes."""
+import statistics
+import time
+
+import pytest
+import zerokit
+from zerokit import theory
+from zerokit.runtime import comm
+from zerokit.runtime.link import LINKS, Link, resolve
+from zerokit.runtime.timeline import exposed_comm_s, held_comm_s, rank_timeline
+
+#: a slow link, so its time stands far above this machine's noise: 1 ms per round, 50 MB/s
+SLOW = Link("slow", 1e-3, 50e6)
+
+
+def _time_all_reduce(ctx, link, sizes, repeats):
+    import torch
+    import torch.distributed as dist
+
+    comm.set_link(link)
+    out = {}
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            comm.all_reduce(x)
+            times.append(time.perf_counter() - start)
+        out[nbytes] = statistics.median(times)
+    # two async all-reduces launched together share the link: the second completes after both transfers
+    y, z = torch.ones(sizes[-1] // 4), torch.ones(sizes[-1] // 4)
+    dist.barrier()
+    start = time.perf_counter()
+    works = [comm.all_reduce(y, async_op=True), comm.all_reduce(z, async_op=True)]
+    for w in works:
+        w.wait()
+    out["two async"] = time.perf_counter() - start
+    records = [r for r in comm.ledger().to_list()]
+    comm.set_link(None)
+    return out, records
+
+
+def test_a_sync_all_reduce_takes_rounds_alpha_plus_bytes_beta():
+    sizes = [100_000, 400_000]
+    per_rank = zerokit.launch(_time_all_reduce, 2, SLOW, sizes, 3)
+    for out, records in per_rank:
+        for nbytes in sizes:
+            model = theory.link_seconds(theory.ring_bytes_sent("all_reduce", nbytes, 2), theory.ring_steps("all_reduce", 2),
+                                        SLOW.bandwidth_Bps, SLOW.alpha_s)
+            # never faster than the link; at most 20 % + 3 ms slower (sleep granularity, gloo, a busy machine)
+            assert model <= out[nbytes] <= 1.2 * model + 3e-3, (nbytes, out[nbytes], model)
+        one = SLOW.seconds("all_reduce", theory.ring_bytes_sent("all_reduce", sizes[-1], 2), 2)
+        assert 2 * one <= out["two async"] <= 2.4 * one + 3e-3  # serialised on the rank's link
+        for r in records:
+            assert r["link"] == "slow" and r["emulated_s"] > 0 and r["held_s"] <= r["blocked_s"] + 1e-9
+
+
+def test_overlap_hides_emulated_communication_behind_backward():
+    """Bucketed-after-backward waits for all of it; overlapped DDP only for what backward did not cover."""
+    work = zerokit.mlp((64, 256, 256, 256, 256, 256, 10), batch_size=4096)
+    exposed, held = {}, {}
+    for name in ("ddp-bucketed", "ddp"):
+        report = zerokit.train(work, name, world_size=2, steps=5, bucket_mb=0.25, keep_records=True,
+                               reference=False, track_peak=False, link=SLOW)
+        ranks = report.result.ranks
+        # median over steps 1-4 (step 0 warms up) of the ranks' mean exposed time
+        exposed[name] = statistics.median(statistics.mean(exposed_comm_s(r, range(s, s + 1)) for r in ranks)
+                                          for s in range(1, 5))
+        held[name] = statistics.median(statistics.mean(held_comm_s(r, range(s, s + 1)) for r in ranks)
+                                       for s in range(1, 5))
+        emulated = sum(r["emulated_s"] for r in ranks[0].comm_records if r["step"] == 2)
+        assert emulated > 0.02  # the link's time is tens of ms per step, far above gloo's own
+    assert exposed["ddp"] < 0.5 * exposed["ddp-bucketed"], exposed
+    assert held["ddp"] < held["ddp-bucketed"], held
+    # bucketed waits at least for the whole emulated transfer, less what gloo itself took meanwhile
+    assert exposed["ddp-bucketed"] >= 0.8 * emulated
+
+
+def test_no_link_books_nothing_and_the_ledger_matches_a_linked_run():
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
+    runs = {link: zerokit.train(work, "ddp", world_size=2, steps=2, bucket_mb=0.02, keep_records=True,
+                                reference=False, link=link)
+            for link in (None, "this machine", "10gbe")}
+    keys = ("op", "phase", "step", "numel", "payload_bytes", "ring_cost_bytes", "async_op", "tag")
+    for link, report in runs.items():
+        for rank in report.result.ranks:
+            records = rank.comm_records
+            assert [tuple(r[k] for k in keys) for r in records] == \
+                [tuple(r[k] for k in keys) for r in runs[None].result.ranks[rank.rank].comm_records]
+            if link == "10gbe":
+                train = [r for r in records if r["phase"] != "setup"]
+                assert all(r["link"] == "10gbe" and r["emulated_s"] > 0 for r in train)
+                assert all(c.get("kind") == "emulated" for c in rank_timeline(rank)["comm"] if c["phase"] != "setup")
+            else:
+                assert all(r["link"] == "" and r["emulated_s"] == 0 and r["held_s"] == 0 and r["emulated_end"] is None
+                           for r in records)
+                assert held_comm_s(rank) == 0
+
+
+def _sleeps_without_link(ctx):
+    import torch
+
+    calls = []
+    real = time.sleep
+    time.sleep = lambda s: calls.append(s) or real(s)
+    try:
+        x = torch.ones(1000)
+        comm.all_reduce(x)
+        comm.all_reduce(x, async_op=True).wait()
+    finally:
+        time.sleep = real
+    return calls
+
+
+def test_without_a_link_nothing_sleeps():
+    assert zerokit.launch(_sleeps_without_link, 2) == [[], []]
+
+
+def test_presets_and_bad_input():
+    assert set(LINKS) == {"nvlink", "pcie", "ib-100g", "10gbe"}
+    assert resolve("this machine") is None and resolve(None) is None
+    assert LINKS["ib-100g"].bandwidth_Bps == 12.5e9 and LINKS["10gbe"].bandwidth_Bps == 1.25e9
+    assert LINKS["nvlink"].bandwidth_Bps > LINKS["pcie"].bandwidth_Bps > LINKS["ib-100g"].bandwidth_Bps
+    work = zerokit.mlp()
+    with pytest.raises(ValueError, match=r"link='infiniband'.*nvlink.*10gbe.*this machine"):
+        zerokit.train(work, "ddp", link="infiniband", reference=False)
+    with pytest.raises(ValueError, match=r"link.*alpha_s=-0.001.*>= 0"):
+        zerokit.Link("bad", -1e-3, 1e9)
+    with pytest.raises(ValueError, match=r"link.*bandwidth_Bps=0"):
+        zerokit.Link("bad", 1e-6, 0)
+    with pytest.raises(ValueError, match=r"link=3"):
+        zerokit.train(work, "ddp", link=3, reference=False)

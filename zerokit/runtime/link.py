@@ -1,0 +1,161 @@
+"""An emulated link: collectives run for real on the backend, and complete when an α-β link says so.
+
+On this machine the ranks talk through shared memory, so communication is nearly free
+next to compute and overlap has nothing to hide. ``zerokit.train(..., link="10gbe")``
+puts each rank behind a modelled link instead:
+
+- a :class:`Link` is a latency ``alpha_s`` (seconds per message round) and a
+  ``bandwidth_Bps`` (bytes per second, one direction; β = 1/bandwidth seconds per byte);
+- each collective **still runs on the backend** (gloo), with real data; when it is
+  launched, :class:`LinkClock` books it on this rank's link: it starts at
+  max(launch time, the moment the link is free) — transfers on one link are serialised —
+  and takes rounds·α + bytes·β, where bytes are the ring cost this rank sends
+  (:func:`zerokit.theory.ring_bytes_sent`) and rounds the ring's send/recv rounds
+  (:func:`zerokit.theory.ring_steps`; one message for a send, a receive or a broadcast);
+  the time is :func:`zerokit.theory.link_seconds`;
+- its completion is held until then with ``time.sleep`` (the compute thread keeps the
+  CPU while it sleeps): a synchronous call sleeps right after the backend returns, an
+  asynchronous one at ``wait`` for whatever of the emulated time has not yet passed — so
+  an overlapped all-reduce really hides its emulated time behind the backward compute;
+- a receive cannot know when its sender sent; it books its transfer from the moment the
+  backend delivered the data (≈ when the sender sent, on shared memory), for the bytes
+  received.
+
+The ledger keeps what was emulated apart from what was measured: every record carries
+``emulated_s`` (the link's time for it, a formula) and ``held_s`` (seconds the rank slept
+waiting for the emulated completion, part of the measured ``blocked_s``) and ``link``
+(the link's name). Without a link nothing is booked and nothing sleeps.
+
+Presets (one direction, per rank; public figures, rounded):
+
+- ``"nvlink"``: 450 GB/s, 3 µs — NVLink 4 on H100 SXM, 900 GB/s bidirectional total
+  (NVIDIA H100 datasheet); NCCL's small-message latency over NVLink is a few µs
+  (NCCL tests);
+- ``"pcie"``: 25 GB/s, 5 µs — PCIe 4.0 x16, 31.5 GB/s raw per direction, ~25 GB/s
+  achieved (PCI-SIG 4.0 spec; typical ``bandwidthTest`` results);
+- ``"ib-100g"``: 12.5 GB/s, 3 µs — 100 Gb/s InfiniBand EDR = 12.5 GB/s line rate
+  (InfiniBand Trade Association roadmap); 2-5 µs MPI latency (``osu_latency``);
+- ``"10gbe"``: 1.25 GB/s, 30 µs — 10 Gb Ethernet line rate (IEEE 802.3ae); 20-50 µs
+  TCP round trips through the kernel stack;
+- ``"this machine"`` (or None, "none"): no link — the backend's own speed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from .. import theory
+
+
+@dataclass(frozen=True)
+class Link:
+    """A modelled link: ``alpha_s`` seconds per message round, ``bandwidth_Bps`` bytes per second."""
+
+    name: str
+    alpha_s: float
+    bandwidth_Bps: float
+
+    def __post_init__(self):
+        for field, value in (("alpha_s", self.alpha_s), ("bandwidth_Bps", self.bandwidth_Bps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"link: {field}={value!r} must be a finite number")
+        if self.alpha_s < 0:
+            raise ValueError(f"link: alpha_s={self.alpha_s!r} must be >= 0 seconds")
+        if self.bandwidth_Bps <= 0:
+            raise ValueError(f"link: bandwidth_Bps={self.bandwidth_Bps!r} must be > 0 bytes per second")
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        return 1.0 / self.bandwidth_Bps
+
+    def rounds(self, op: str, n: int) -> int:
+        """Message rounds of ``op`` on ``n`` ranks: the ring's for the reductions and gathers, else one."""
+        if n <= 1 and op not in ("send", "recv"):
+            return 0
+        if op in ("all_reduce", "reduce_scatter", "all_gather"):
+            return theory.ring_steps(op, n)
+        return 1
+
+    def seconds(self, op: str, nbytes: float, n: int) -> float:
+        """The link's time for ``op`` moving ``nbytes`` from this rank: rounds·α + bytes·β (a formula)."""
+        return theory.link_seconds(nbytes, self.rounds(op, n), self.bandwidth_Bps, self.alpha_s)
+
+
+#: the named links (one direction, per rank); sources in the module docstring
+LINKS = {
+    "nvlink": Link("nvlink", 3e-6, 450e9),
+    "pcie": Link("pcie", 5e-6, 25e9),
+    "ib-100g": Link("ib-100g", 3e-6, 12.5e9),
+    "10gbe": Link("10gbe", 30e-6, 1.25e9),
+}
+#: names meaning "no emulated link": the backend's own speed
+NO_LINK = ("this machine", "none")
+#: what ``link=`` accepts by name
+PRESETS = (*LINKS, "this machine")
+
+
+def resolve(link: Union[str, Link, None]) -> Optional[Link]:
+    """``link=`` as given → a :class:`Link` (None for none), or a ValueError naming the allowed presets."""
+    if link is None or isinstance(link, Link):
+        return link
+    if isinstance(link, str):
+        if link in LINKS:
+            return LINKS[link]
+        if link in NO_LINK:
+            return None
+    raise ValueError(f"link={link!r}; allowed: one of {', '.join(repr(p) for p in PRESETS)}, None, or "
+                     f"zerokit.Link(name, alpha_s, bandwidth_Bps) with alpha_s >= 0 and bandwidth_Bps > 0")
+
+
+def custom(alpha_s: float, bandwidth_Bps: float, name: str = "custom") -> Link:
+    """A link of your own figures (``link=zerokit.links.custom(1e-3, 50e6)``), checked."""
+    return Link(name, alpha_s, bandwidth_Bps)
+
+
+class LinkClock:
+    """This rank's link: books each transfer after the previous one, and holds completions until due."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        #: perf_counter time at which the link finishes what is booked
+        self.free_at = 0.0
+
+    def book(self, record, start: Optional[float] = None) -> None:
+        """Book ``record``'s transfer from ``start`` (default: its launch) or when the link frees up."""
+        nbytes = record.payload_bytes if record.op == "recv" else record.ring_cost_bytes
+        record.emulated_s = self.link.seconds(record.op, nbytes, record.group_size)
+        begin = max(record.t_launch if start is None else start, self.free_at)
+        self.free_at = record.emulated_end = begin + record.emulated_s
+        record.link = self.link.name
+
+    @staticmethod
+    def hold(record) -> float:
+        """Sleep until ``record``'s emulated completion; returns the seconds slept (also added to ``held_s``)."""
+        due = record.emulated_end
+        if due is None:
+            return 0.0
+        start = time.perf_counter()
+        if due <= start:
+            return 0.0
+        time.sleep(due - start)
+        slept = time.perf_counter() - start
+        record.held_s += slept
+        return slept
+
+
+_clock: Optional[LinkClock] = None
+
+
+def set_link(link: Union[str, Link, None]) -> Optional[Link]:
+    """Put this process's collectives behind ``link`` (None: the backend's own speed); a fresh clock."""
+    global _clock
+    resolved = resolve(link)
+    _clock = LinkClock(resolved) if resolved is not None else None
+    return resolved
+
+
+def clock() -> Optional[LinkClock]:
+    """This process's link clock, or None when no link is emulated."""
+    return _clock
