@@ -119,9 +119,9 @@ def test_a_failing_rank_is_one_clean_message(capsys):
 
 def test_bench_needs_a_suite_or_quick(capsys):
     assert cli.main(["bench"]) == 2
-    assert "name a suite (ddp, zero, offload, pipeline, scaling) or give --quick" in capsys.readouterr().err
+    assert "name a suite (ddp, zero, offload, pipeline, scaling, sizes" in capsys.readouterr().err
     assert cli.main(["bench", "--quick", "ddp"]) == 2
     assert "give no suite with it" in capsys.readouterr().err
     assert cli.main(["bench", "tp"]) == 2
-    assert "allowed: ddp, zero, offload, pipeline, scaling" in capsys.readouterr().err
+    assert "allowed: ddp, zero, offload, pipeline, scaling, sizes" in capsys.readouterr().err
 

@@ -23,14 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 
 import torch
 
 from . import median, ratio
+from .rounds import run_rounds
+from .table import conditions, load_average, machine, ms, noise, table
+
+ADAMW_COLUMNS = [("elements", "numel", ","), ("fused ms", "fused_s", lambda v: f"{1000 * v:.2f}"),
+                 ("foreach ms", "foreach_s", lambda v: f"{1000 * v:.2f}"),
+                 ("for-loop ms", "for-loop_s", lambda v: f"{1000 * v:.2f}"), ("for-loop/fused", "for-loop/fused", ".2f"),
+                 ("foreach/fused", "foreach/fused", ".2f"), ("IQR/median (worst)", "noise", ".2f")]
+TRAINING_COLUMNS = [("N", "world_size", "d"), ("configuration", "label", "s"), ("step ms", "step_s", ms),
+                    ("IQR/median", "noise", ".2f")]
 
 #: the training part's configurations: (label, strategy, offload)
 TRAINING = [("zero1", "zero1", "none"), ("zero1 offload", "zero1", "optimizer"),
@@ -64,14 +71,15 @@ def adamw_step_times(numel: int, tensors: int = 16, repeats: int = 10, rounds: i
                 t0 = time.perf_counter()
                 setups[impl].step()
                 samples[impl].append(time.perf_counter() - t0)
-    return {impl: median(s) for impl, s in samples.items()}
+    return {impl: median(s) for impl, s in samples.items()}, {impl: noise(s) for impl, s in samples.items()}
 
 
 def adamw_rows(sizes, tensors: int, repeats: int, rounds: int, log) -> list:
     rows = []
     for numel in sizes:
-        times = adamw_step_times(numel, tensors, repeats, rounds)
+        times, spread = adamw_step_times(numel, tensors, repeats, rounds)
         row = {"numel": numel, "tensors": tensors, **{f"{k}_s": v for k, v in times.items()},
+               "noise": max(spread.values()),
                "for-loop/fused": ratio(times["for-loop"], times["fused"]),
                "foreach/fused": ratio(times["foreach"], times["fused"])}
         log(f"AdamW {numel:,} elements: " + ", ".join(f"{k} {1000 * v:.2f} ms" for k, v in times.items()))
@@ -115,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from ..workloads import tiny_gpt
-    from .ddp import run_rounds
 
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.repeats < 1 or args.tensors < 1 or args.threads < 1:
@@ -124,7 +131,7 @@ def main(argv=None) -> int:
     if any(s < args.tensors for s in sizes):
         raise ValueError(f"--sizes must each be at least --tensors ({args.tensors}) elements")
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    start = time.perf_counter()
+    start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -135,27 +142,21 @@ def main(argv=None) -> int:
     if not args.no_train:
         rows = run_rounds(work, args.world_sizes, training_configs, args.steps, args.rounds, args.timeout, log)
         ratios = training_ratios(rows)
-    load = "load average %.2f %.2f %.2f" % os.getloadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {load}"
-    print(f"zerokit bench offload — {machine}")
-    print(f"\nhost AdamW step, fp32, {args.tensors} tensors, {args.threads} thread(s), median of {args.rounds} × "
-          f"{args.repeats} steps")
-    print(f"{'elements':>12} {'fused ms':>9} {'foreach ms':>10} {'for-loop ms':>11} {'for-loop/fused':>14} "
-          f"{'foreach/fused':>13}")
-    for row in adam:
-        print(f"{row['numel']:>12,} {1000 * row['fused_s']:>9.2f} {1000 * row['foreach_s']:>10.2f} "
-              f"{1000 * row['for-loop_s']:>11.2f} {row['for-loop/fused']:>14.2f} {row['foreach/fused']:>13.2f}")
+    print(f"zerokit bench offload — {start_machine}")
+    print(table(f"\nhost AdamW step, fp32, {args.tensors} tensors, {args.threads} thread(s), median of {args.rounds} × "
+                f"{args.repeats} steps", ADAMW_COLUMNS, adam))
     if rows:
-        print(f"\n{work.description}; Ψ = {work.param_count():,}; fp32 AdamW, {args.steps} steps × {args.rounds} "
-              f"interleaved rounds")
-        for row in rows:
-            print(f"{row['world_size']:>2}  {row['label']:<22} {1000 * row['step_s']:>8.1f} ms")
+        print(table(f"\n{work.description}; Ψ = {work.param_count():,}; fp32 AdamW, {args.steps} steps × "
+                    f"{args.rounds} interleaved rounds", TRAINING_COLUMNS, rows))
         print("ratios (offload / none; on one RAM: the copies' and the host step's cost, not PCIe time):",
               json.dumps(ratios, indent=2))
+    print(conditions(adam + rows, start_load,
+                     lambda r: f"AdamW {r['numel']:,}" if "numel" in r else f"N={r['world_size']} {r['label']}"))
     print(f"bench finished in {time.perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"argv": list(argv or []), "machine": machine, "adamw": adam, "training_workload": TRAINING_GPT,
+            json.dump({"argv": list(argv or []), "machine": start_machine, "adamw": adam,
+                       "training_workload": TRAINING_GPT,
                        "rows": [{k: v for k, v in r.items() if k != "runs"} for r in rows], "ratios": ratios},
                       f, indent=2)
     return 0

@@ -11,17 +11,17 @@ a rank waits for a core.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 
-import torch
-
 from . import median, ratio
+from .table import conditions, load_average, machine, ms, noise, table
 
 PAIRS = [("gpipe", "torch-pp-gpipe", 1), ("1f1b", "torch-pp-1f1b", 1), ("interleaved", "torch-pp-interleaved", 2)]
 GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=8, n_head=4, batch_size=16)
+COLUMNS = [("schedule", "schedule", "s"), ("pp ms", "pp_s", ms), ("torch ms", "torch_s", ms),
+           ("time ratio", "time", ".2f"), ("peak ratio", "peak", ".3f"), ("bubble measured", "bubble", ".3f"),
+           ("simulated", "simulated", ".3f"), ("IQR/median", "noise", ".2f")]
 
 
 def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: int, timeout_s: float) -> dict:
@@ -37,7 +37,11 @@ def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: 
     bubble = None
     if ranks[0].pipeline_spans is not None:
         bubble = measured(build(schedule, p, m, chunks), [r.pipeline_spans for r in ranks]).bubble_fraction
-    return {"step_s": median(times), "peak": max(r.peak_bytes for r in ranks), "bubble": bubble}
+    return {"step_s": median(times), "times": times, "peak": max(r.peak_bytes for r in ranks), "bubble": bubble}
+
+
+def _noisier(a, b):
+    return None if a is None or b is None else max(a, b)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,26 +66,29 @@ def main(argv=None) -> int:
     work, p, m = tiny_gpt(**GPT), args.stages, args.micro_batches
     plan = [(ours, peer, chunks, name) for ours, peer, chunks in PAIRS for name in ("pp", peer)]
     samples: dict = {i: [] for i in range(len(plan))}
-    start = time.perf_counter()
+    start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     for r in range(args.rounds):
         shift = r % len(plan)
         for i in list(range(len(plan)))[shift:] + list(range(len(plan)))[:shift]:
             sched, _, chunks, name = plan[i]
             samples[i].append(run(work, name, sched, chunks, p, m, args.steps, args.timeout))
             log(f"round {r + 1}/{args.rounds}: {name} {sched}: {1000 * samples[i][-1]['step_s']:.1f} ms")
-    print(f"zerokit bench pipeline — {work.description}; p = {p}, m = {m}, fp32 AdamW, {args.steps} steps × "
-          f"{args.rounds} rounds; {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          + "load average %.2f %.2f %.2f" % os.getloadavg())
-    print(f"{'schedule':<12}{'pp ms':>9}{'torch ms':>10}{'time ratio':>12}{'peak ratio':>12}"
-          f"{'bubble measured':>17}{'simulated':>11}")
+    rows = []
     for k, (sched, peer, chunks) in enumerate(PAIRS):
         ours, theirs = samples[2 * k], samples[2 * k + 1]
-        per_round = median([ratio(a["step_s"], b["step_s"]) for a, b in zip(ours, theirs)])
-        peak = ratio(median([a["peak"] for a in ours]), median([b["peak"] for b in theirs]))
-        bubble = median([a["bubble"] for a in ours])
-        simulated = simulate(build(sched, p, m, chunks)).bubble_fraction
-        print(f"{sched:<12}{1000 * median([a['step_s'] for a in ours]):>9.1f}"
-              f"{1000 * median([b['step_s'] for b in theirs]):>10.1f}{per_round:>12.2f}{peak:>12.2f}"
-              f"{bubble:>17.3f}{simulated:>11.3f}")
-    print(f"({time.perf_counter() - start:.0f} s; ratios are zerokit / torch, the time ratio paired round by round)")
+        rows.append({"schedule": sched, "pp_s": median([a["step_s"] for a in ours]),
+                     "torch_s": median([b["step_s"] for b in theirs]),
+                     "time": median([ratio(a["step_s"], b["step_s"]) for a, b in zip(ours, theirs)]),
+                     "peak": ratio(median([a["peak"] for a in ours]), median([b["peak"] for b in theirs])),
+                     "bubble": median([a["bubble"] for a in ours]),
+                     "simulated": simulate(build(sched, p, m, chunks)).bubble_fraction,
+                     "noise": _noisier(noise([t for a in ours for t in a["times"]]),
+                                       noise([t for b in theirs for t in b["times"]]))})
+    print(f"zerokit bench pipeline — {work.description}; p = {p}, m = {m}, fp32 AdamW, {args.steps} steps × "
+          f"{args.rounds} rounds; {start_machine}")
+    print(table("", COLUMNS, rows).lstrip("\n"))
+    print(f"(ratios are zerokit / torch, the time ratio paired round by round; peak: the busiest rank's, measured "
+          f"by the ledger in the timed runs; IQR/median: the noisier of the two)")
+    print(conditions(rows, start_load, lambda r: r["schedule"]))
+    print(f"bench finished in {time.perf_counter() - start:.0f} s")
     return 0

@@ -13,22 +13,22 @@ GPT at each world size:
   compute thread was blocked on collectives, from the ledger) with and without prefetch.
 
 DeepSpeed runs only if it is installed. Timing runs use ``track_peak=False`` and no
-reference. Reported: the median over rounds of each run's median step time, and the
-ratios zerokit / peer (below 1.0 is faster). Absolute times depend on the machine.
+reference (:mod:`zerokit.bench.rounds`). Reported: the median over rounds of each run's
+median step time, and the ratios zerokit / peer (below 1.0 is faster, paired round by
+round), of step time and of peak bytes per rank (one extra run per configuration with the
+memory ledger's hooks). Absolute times depend on the machine; the output ends with the
+load average and the noise (IQR / median of the step times).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 
-import torch
-
-from . import ratio
-from .ddp import SWEEP_GPT, run_rounds
+from .ddp import SWEEP_GPT
+from .rounds import paired_ratio, peak_ratio, run_rounds
+from .table import conditions, load_average, machine, mib, ms, table
 
 #: (zerokit's strategy, its peers)
 PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
@@ -49,13 +49,17 @@ def configs(with_deepspeed: bool, unit_size="block", only=None):
 
 
 def add_ratios(rows) -> dict:
+    """Per world size and pair: step time zerokit / peer (paired round by round) and peak bytes per rank
+    zerokit / peer, set on the peer's row too (``vs_ours``, ``peak_vs_ours``: the ratio of that pair)."""
     ratios = {}
     for n in sorted({r["world_size"] for r in rows}):
         at = {r["label"]: r for r in rows if r["world_size"] == n}
         for ours, peers in PAIRS:
             for peer in peers:
                 if ours in at and peer in at:
-                    ratios[f"N={n} {ours}/{peer}"] = round(ratio(at[ours]["step_s"], at[peer]["step_s"]), 3)
+                    a, b = at[ours], at[peer]
+                    b["vs_ours"], b["peak_vs_ours"] = paired_ratio(a, [b]), peak_ratio(a, b)
+                    ratios[f"N={n} {ours}/{peer}"] = {"time": _round(b["vs_ours"]), "peak": _round(b["peak_vs_ours"])}
         if "zero3" in at and "zero3 prefetch=off" in at:
             on, off = at["zero3"], at["zero3 prefetch=off"]
             ratios[f"N={n} zero3 exposed ms/step prefetch on/off"] = [round(1000 * on["exposed_s"], 2),
@@ -63,14 +67,14 @@ def add_ratios(rows) -> dict:
     return ratios
 
 
-def table(rows, title: str) -> str:
-    lines = [title, f"{'N':>2}  {'strategy':<20} {'step ms':>8} {'exposed ms/step':>15} {'calls/step':>10} "
-                    f"{'ring cost MiB/step':>18}"]
-    for row in rows:
-        exposed = "—" if row["strategy"] not in ("zero1", "zero2", "zero3") else f"{1000 * row['exposed_s']:.1f}"
-        lines.append(f"{row['world_size']:>2}  {row['label']:<20} {1000 * row['step_s']:>8.1f} {exposed:>15} "
-                     f"{row['calls']:>10.1f} {row['ring_cost_bytes'] / 2 ** 20:>18.3f}")
-    return "\n".join(lines)
+def _round(x):
+    return None if x is None else round(x, 3)
+
+
+COLUMNS = [("N", "world_size", "d"), ("strategy", "label", "s"), ("step ms", "step_s", ms),
+           ("zerokit/this time", "vs_ours", ".2f"), ("zerokit/this peak", "peak_vs_ours", ".3f"),
+           ("exposed ms/step", "exposed_s", ms), ("IQR/median", "noise", ".2f"), ("calls/step", "calls", ".1f"),
+           ("ring cost MiB/step", "ring_cost_bytes", mib), ("peak MiB", "peak", mib)]
 
 
 def unit_size_arg(text: str):
@@ -110,23 +114,23 @@ def main(argv=None) -> int:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
     with_deepspeed = deepspeed_available() and not args.no_deepspeed
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    start = time.perf_counter()
+    start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     work = tiny_gpt(**SWEEP_GPT)
-    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps, args.rounds,
-                      args.timeout, log)
+    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps,
+                      args.rounds, args.timeout, log, peak=lambda e: e.label != "zero3 prefetch=off")
     ratios = add_ratios(rows)
-    load = "load average %.2f %.2f %.2f" % os.getloadavg()
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {load}"
     print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds, "
-          f"unit_size {args.unit_size}; {machine}"
-          + ("" if with_deepspeed else "; DeepSpeed not installed"))
-    print(table(rows, f"\n{work.description}; Ψ = {work.param_count():,}"))
-    print("\nratios (zerokit / peer; exposed communication with prefetch on / off):",
-          json.dumps(ratios, indent=2))
+          f"unit_size {args.unit_size}; {start_machine}" + ("" if with_deepspeed else "; DeepSpeed not installed"))
+    print(table(f"\n{work.description}; Ψ = {work.param_count():,}", COLUMNS, rows))
+    print("(zerokit/this: zerokit's stage over this peer, step time paired round by round and peak bytes per rank; "
+          "exposed: seconds per step blocked on collectives, from the ledger, — where the library waits on its "
+          "asynchronous collectives inside itself; peak: busiest rank, one run with the memory ledger's hooks)")
+    print("\nratios (zerokit / peer; exposed communication with prefetch on / off):", json.dumps(ratios, indent=2))
+    print(conditions(rows, start_load, lambda r: f"N={r['world_size']} {r['label']}"))
     print(f"bench finished in {time.perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"argv": list(argv or []), "machine": machine, "workload": SWEEP_GPT, "rows": rows,
+            json.dump({"argv": list(argv or []), "machine": start_machine, "workload": SWEEP_GPT, "rows": rows,
                        "ratios": ratios}, f, indent=2)
     return 0
 

@@ -27,7 +27,8 @@ host/device split of the ledger, not transfers (it has no transfer formula: None
 
 Note what FSDP2 calls ZeRO-2: parameters are still sharded between steps; only between
 forward and backward do they stay gathered (2Ψ traffic, not 3Ψ). The traffic is counted
-by :mod:`.recording`; memory is read from the DTensors' local shards, ``p.grad`` and the
+by :mod:`.recording`; memory is read from the DTensors' local shards, the unsharded
+parameters a gathered group has registered in its modules, their gradients and the
 optimizer's states.
 """
 from __future__ import annotations
@@ -110,8 +111,17 @@ class FSDP2(Peer):
 
     def track_memory(self, ledger):
         where = "host_" if self.cpu_offload else ""  # with CPUOffloadPolicy the shards rest on the host
-        ledger.track(f"{where}params", lambda: [_local(p) for p in self.model.parameters()])
-        ledger.track(f"{where}grads", lambda: [_local(p.grad) for p in self.model.parameters() if p.grad is not None])
+        # the shards (self.params, the sharded DTensors) always; and what the modules hold now: while a group is
+        # gathered, FSDP2 registers its unsharded parameters in the modules in place of the shards
+        shards = {id(p) for p in self.params}
+
+        def unsharded():
+            return [p for p in self.model.parameters() if id(p) not in shards]
+
+        ledger.track(f"{where}params", lambda: [_local(p) for p in self.params])
+        ledger.track("params", lambda: [_local(p) for p in unsharded()])
+        ledger.track(f"{where}grads", lambda: [_local(p.grad) for p in self.params if p.grad is not None])
+        ledger.track("grads", lambda: [_local(p.grad) for p in unsharded() if p.grad is not None])
         ledger.track("buffers", lambda: list(self.model.buffers()))
 
         def states():

@@ -2,11 +2,13 @@
 
 ``torch-ddp`` is torch's DistributedDataParallel with a communication hook that sends
 each bucket through :mod:`zerokit.comm`, so the ledger counts what DDP really
-reduces (its buckets), by the same rules as zerokit's own strategies.
+reduces (its buckets), by the same rules as zerokit's own strategies; the same hook shows
+the memory ledger the buckets themselves (:class:`BucketBuffers`).
 """
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch.distributed as dist
@@ -16,12 +18,35 @@ from ..runtime import comm
 from ..strategies.base import Option, Replicated, boolean, positive_number, register
 
 
-def _ledgered_allreduce_hook(process_group, bucket):
-    """DDP's default hook (divide by N, all-reduce), routed through zerokit.comm."""
-    group = process_group if process_group is not None else dist.group.WORLD
+class BucketBuffers:
+    """The flat bucket tensors torch DDP's reducer holds, as its comm hook sees them (weakly, by bucket index).
+
+    With ``gradient_as_bucket_view`` every ``p.grad`` is a view into a bucket, but after
+    ``zero_grad(set_to_none=True)`` the gradients are None while the reducer keeps the
+    buckets allocated: the ledger would not see that memory through ``p.grad``. The hook
+    files each bucket here (the hook state), and :meth:`track` counts them under grads.
+    Weak references: buckets the reducer rebuilt after the first step are not kept alive.
+    """
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def file(self, bucket) -> None:
+        self.buffers[bucket.index()] = weakref.ref(bucket.buffer())
+
+    def track(self, ledger) -> None:
+        ledger.track("grads", lambda: [t for t in (ref() for ref in self.buffers.values()) if t is not None])
+
+
+def _ledgered_allreduce_hook(state, bucket):
+    """DDP's default hook (divide by N, all-reduce), routed through zerokit.comm; ``state`` is a
+    :class:`BucketBuffers` (or None), told about each bucket."""
+    if state is not None:
+        state.file(bucket)
+    group = dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size(group))
-    work = comm.all_reduce(tensor, group=process_group, async_op=True, tag="torch-ddp bucket")
+    work = comm.all_reduce(tensor, group=None, async_op=True, tag="torch-ddp bucket")
     record = work.record
 
     def done(fut):
@@ -48,10 +73,15 @@ class TorchDDP(Replicated):
         self.ddp = DistributedDataParallel(
             model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             bucket_cap_mb=self.opts["bucket_mb"], gradient_as_bucket_view=self.opts["gradient_as_bucket_view"])
-        self.ddp.register_comm_hook(None, _ledgered_allreduce_hook)
+        self.buckets = BucketBuffers()
+        self.ddp.register_comm_hook(self.buckets, _ledgered_allreduce_hook)
 
     def forward(self, inputs):
         return self.ddp(inputs)
+
+    def track_memory(self, ledger):
+        super().track_memory(ledger)
+        self.buckets.track(ledger)
 
     @contextmanager
     def no_sync(self):

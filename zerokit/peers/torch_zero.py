@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import theory
 from ..strategies.base import Option, positive_number, register
 from .recording import Peer, fp32_only
-from .torch_ddp import _ledgered_allreduce_hook
+from .torch_ddp import BucketBuffers, _ledgered_allreduce_hook
 
 
 @register
@@ -41,7 +41,8 @@ class TorchZero1(Peer):
         fp32_only(self.name, config)
         self.ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                            bucket_cap_mb=self.opts["bucket_mb"], gradient_as_bucket_view=True)
-        self.ddp.register_comm_hook(None, _ledgered_allreduce_hook)
+        self.buckets = BucketBuffers()
+        self.ddp.register_comm_hook(self.buckets, _ledgered_allreduce_hook)
         spec = config.optimizer
         if spec.name == "adamw":
             kwargs = dict(optimizer_class=torch.optim.AdamW, lr=spec.lr, betas=spec.betas, eps=spec.eps,
@@ -64,6 +65,7 @@ class TorchZero1(Peer):
 
     def track_memory(self, ledger):
         super().track_memory(ledger)
+        self.buckets.track(ledger)
         ledger.track_optimizer(self.optimizer.optim)
 
     def optimizer_tensors(self):
