@@ -61,15 +61,16 @@ def _tensor_parallel(job: Job, ctx: RankContext, model):
     return plan, (loss if loss is not None else job.workload.loss)
 
 
-def _theory_tp_bytes(job: Job, ctx: RankContext, model, plan, dtype) -> float:
-    """The ring formula for the plan's collectives on ``tp`` (:func:`zerokit.theory.tp_comm_bytes_per_step`)."""
+def _theory_tp_bytes(job: Job, ctx: RankContext, model, plan, dtype, computes_loss: bool = True) -> float:
+    """The ring formula for the plan's collectives on ``tp`` (:func:`zerokit.theory.tp_comm_bytes_per_step`);
+    the vocabulary-parallel loss's reductions only where the loss is computed (a pipeline's last stage)."""
     from .tensor_parallel import communicated_widths
 
     widths = communicated_widths(model)
     tokens = _local_batch(job, ctx, 0, True)[0][1].numel()  # a micro-batch's targets: b·s tokens
     return theory.tp_comm_bytes_per_step(
         tokens, widths["reduced"], ctx.mesh.size("tp"), torch.empty((), dtype=dtype).element_size(),
-        job.config.micro_batches, widths["gathered"], 3 if plan.loss == "vocab_parallel" else 0,
+        job.config.micro_batches, widths["gathered"], 3 if plan.loss == "vocab_parallel" and computes_loss else 0,
         widths["sequence_parallel_numel"])
 
 
@@ -184,7 +185,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     ledger.resolve()
     theory_by_axis = {"dp": strategy.theory_comm_bytes(psi_rank)}
     if tensor_parallel:
-        theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype)
+        last_stage = pipeline is None or ctx.mesh.coord("pp") == ctx.mesh.size("pp") - 1
+        theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype, computes_loss=last_stage)
     if pipeline is not None:
         theory_by_axis["pp"] = pipeline.theory_pp_bytes(torch.empty((), dtype=dtype).element_size())
     payload = ledger.per_step("payload_bytes")

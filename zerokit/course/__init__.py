@@ -16,6 +16,8 @@ per thing a lesson shows:
   exposed communication shaded) and the readers of its records;
 - :mod:`.pipeline_panel`: :class:`PipelinePanel` (stages, micro-batches, schedule,
   chunks → the simulated schedule drawn, its bubble next to (p − 1)/(v·m + p − 1));
+- :mod:`.grid_panel`: :class:`GridPanel` (dp, tp, pp degrees and the ZeRO stage on dp →
+  per-rank memory bars and per-axis traffic, ledger vs theory) and :func:`grid_rows`;
 - :mod:`.ring_panel`: :class:`CollectivePanel` (collective, world size, payload → the
   ring's rounds and the bytes each rank sent) and :func:`ring_schedule_figure`;
 - :mod:`.latency_bandwidth`: timing the ring all-reduce and fitting the α-β model;
@@ -28,6 +30,7 @@ The helpers read reports and ledgers; none of them trains or re-types a formula.
 from .figures import DPI, new_figure, png, volume_figure
 from .latency_bandwidth import fit_latency_bandwidth, latency_bandwidth_figure, modelled_seconds, time_ring_all_reduce
 from .machine import machine_summary
+from .grid_panel import GridPanel, grid_rows
 from .memory_panel import MemoryPanel, peak_bars
 from .panel import Panel
 from .pipeline_panel import PipelinePanel
@@ -40,4 +43,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
            "ring_schedule_figure", "volume_figure", "time_ring_all_reduce", "fit_latency_bandwidth",
            "modelled_seconds", "latency_bandwidth_figure", "machine_summary", "DPI", "new_figure", "png",
-           "PlanPanel", "plan_bars", "PipelinePanel"]
+           "PlanPanel", "plan_bars", "PipelinePanel", "GridPanel", "grid_rows"]
