@@ -67,10 +67,14 @@ def test_the_manifest_records_the_layout(runs):
 def test_resume_continues_the_uninterrupted_run(runs, source, target):
     """Same layout: the losses bit for bit; another layout (tp=2 -> dp only, pp=2 -> zero3, dp -> tp/pp): ≤ 1e-6."""
     reference = runs[source][0].losses
-    resumed = run(target, resume_from=str(runs[source][1] / "step-000002")).losses
+    result = run(target, resume_from=str(runs[source][1] / "step-000002"))
+    resumed = result.losses
     assert resumed[:SAVED] == reference[:SAVED]  # the steps before the checkpoint: its saved losses
     if source == target:
         assert resumed == reference
+        # the ledgers hold the steps this call ran, per step as in the uninterrupted run (the saves: setup)
+        assert [r.comm_payload_bytes_per_step for r in result.ranks] == \
+            [r.comm_payload_bytes_per_step for r in runs[source][0].ranks]
     assert _max_diff(resumed, reference) <= 1e-6, (resumed, reference)
     assert _max_diff(resumed, runs["dp" if target.startswith("dp") else target][0].losses) <= 1e-6
 

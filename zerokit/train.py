@@ -175,6 +175,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     comm.set_link(None)  # the gathers below are not training: the backend's own speed
     now = memory.current()
     comm.set_step(job.steps)
+    ran = job.steps - start  # the steps this call ran: fewer after resume_from, and the ledgers hold only those
     with comm.phase("setup"):
         params = _full_parameters(strategy, model, ctx, tensor_parallel)
         if pipeline is not None:
@@ -193,23 +194,23 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     ring_cost = ledger.per_step("ring_cost_bytes")
     sent = ledger.per_step("sent_bytes")
     calls = ledger.calls_per_step()
-    by_axis = {axis: {k: (None if v is None else v / job.steps) for k, v in row.items()}
+    by_axis = {axis: {k: (None if v is None else v / ran) for k, v in row.items()}
                for axis, row in ledger.by_axis().items()}
     return RankResult(
         rank=ctx.rank, losses=losses, step_times_s=times,
         model_state_bytes={k: now[k] for k in ("params", "grads", "optimizer")},
         host_model_state_bytes={k: now[f"host_{k}"] for k in ("params", "grads", "optimizer")},
-        transfer_bytes_per_step=transfers.bytes_per_step(job.steps),
-        transfer_copies_per_step=transfers.copies_per_step(job.steps),
+        transfer_bytes_per_step=transfers.bytes_per_step(ran),
+        transfer_copies_per_step=transfers.copies_per_step(ran),
         theory_transfer_bytes_per_step=strategy.theory_transfer_bytes(),
         memory_bytes=now, peak_bytes=memory.peak_total, peak_breakdown=memory.peak_breakdown,
         peak_where=memory.peak_where, peak_by_category=dict(memory.peak_by_category),
         cuda_peak_bytes=cuda_peak_bytes(ctx.device),
-        comm_payload_bytes_per_step=sum(payload.values()) / job.steps,
-        comm_ring_cost_bytes_per_step=sum(ring_cost.values()) / job.steps,
-        comm_sent_bytes_per_step=None if None in sent.values() else sum(sent.values()) / job.steps,
+        comm_payload_bytes_per_step=sum(payload.values()) / ran,
+        comm_ring_cost_bytes_per_step=sum(ring_cost.values()) / ran,
+        comm_sent_bytes_per_step=None if None in sent.values() else sum(sent.values()) / ran,
         comm_bytes_by_axis=by_axis, coords=ctx.mesh.coords,
-        comm_calls_per_step=sum(calls.values()) / job.steps,
+        comm_calls_per_step=sum(calls.values()) / ran,
         comm_summary=ledger.summary(),
         comm_records=ledger.to_list() if job.keep_records else None,
         trace=tracer.events() if tracer is not None else None,
