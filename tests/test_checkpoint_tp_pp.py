@@ -80,7 +80,8 @@ def test_resume_continues_the_uninterrupted_run(runs, source, target):
 
 
 def test_export_is_the_trained_model_and_the_tied_weight_is_one_tensor(runs):
-    final = {name: checkpoint.export_full_state_dict(directory / "step-000004") for name, (_, directory) in runs.items()}
+    final = {name: checkpoint.export_full_state_dict(directory / "step-000004")
+             for name, (_, directory) in runs.items()}
     for name, (result, _) in runs.items():  # train's own gathered parameters at the end of the run
         for key, value in result.ranks[0].params.items():
             assert torch.equal(final[name][key], value), (name, key)
@@ -113,6 +114,8 @@ def test_bad_input_names_the_argument(runs, tmp_path):
         (dict(resume_from=str(tmp_path / "nowhere")), CheckpointError, r"resume_from=.*nowhere.*does not exist"),
         (dict(resume_from=str(tmp_path)), CheckpointError, r"resume_from=.*neither manifest.json nor any step-"),
         (dict(resume_from=saved), ValueError, r"resume_from=.*is at step 4; steps=4 must be larger"),  # the latest
+        (dict(resume_from=saved + "/step-000002", optimizer="sgd"), CheckpointError,
+         r"resume_from=.*holds AdamW states; optimizer='sgd' here"),
         (dict(save_every=2), ValueError, r"save_every=2 needs save_dir"),
         (dict(save_dir=str(tmp_path), save_every=0), ValueError, r"save_every=0 must be a positive integer"),
         (dict(save_dir=3), ValueError, r"save_dir=3 must be a directory path"),

@@ -68,7 +68,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
         raise ValueError(f"steps={steps!r} must be a positive integer")
     from .checkpoint.training import check_options as check_saving
 
-    options, saving = check_saving(workload, options, steps, save_dir, save_every, resume_from)
+    options, saving = check_saving(workload, options, steps, save_dir, save_every, resume_from, optimizer)
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer")
     if not isinstance(world_size, int) or world_size < 1:

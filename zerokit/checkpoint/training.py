@@ -1,4 +1,4 @@
-"""``zerokit.train(save_dir=…, save_every=…, resume_from=…)``: sharded checkpoints of a run, and a run that continues one.
+"""``zerokit.train(save_dir=…, save_every=…, resume_from=…)``: checkpoints of a run, and a run that continues one.
 
 Lifecycle:
 
@@ -7,8 +7,9 @@ Lifecycle:
    them, each error naming its argument: ``save_every`` is a positive number of steps and
    needs ``save_dir``; ``resume_from`` is a checkpoint directory, or a ``save_dir`` whose
    latest ``step-NNNNNN`` checkpoint is taken; its model (names, full shapes, trainable
-   or frozen) is the workload's, and its step is below ``steps`` (``steps`` counts from
-   the beginning of the run, so a resumed run ends where the uninterrupted one would);
+   or frozen) is the workload's, its optimizer this run's, and its step is below
+   ``steps`` (``steps`` counts from the beginning of the run, so a resumed run ends where
+   the uninterrupted one would);
 2. on each rank, :class:`Resumable` names the whole model's tensors (:class:`~.naming.Naming`)
    after the tensor-parallel plan and before a pipeline splits it;
 3. :meth:`Resumable.resume`, once the strategy exists, loads ``resume_from`` into it in
@@ -59,7 +60,8 @@ def _path(value, argument: str):
     return str(value)
 
 
-def check_options(workload, options: dict, steps, save_dir=None, save_every=None, resume_from=None):
+def check_options(workload, options: dict, steps, save_dir=None, save_every=None, resume_from=None,
+                  optimizer=None):
     """Step 1 of the module docstring; returns (the other options, {"save_dir", "save_every", "resume_from"})."""
     options = dict(options)
     save_dir = _path(options.pop("save_dir", save_dir), "save_dir")
@@ -80,6 +82,10 @@ def check_options(workload, options: dict, steps, save_dir=None, save_every=None
             check_model(manifest, Naming(workload.build_model()).params, "the checkpoint")
         except CheckpointError as e:
             raise CheckpointError(f"resume_from={resume_from!r}: {e}") from None
+        saved = str(manifest.get("optimizer", ""))
+        if isinstance(optimizer, str) and saved.lower() != optimizer.lower():
+            raise CheckpointError(f"resume_from={resume_from!r} holds {saved} states; optimizer={optimizer!r} here "
+                                  f"(resume with the optimizer it was saved with)")
         step = manifest["step"]
         if not isinstance(step, int) or isinstance(step, bool):
             raise CheckpointError(f"resume_from={resume_from!r}: the checkpoint's step is {step!r}, not a step count")
