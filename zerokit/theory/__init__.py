@@ -34,7 +34,8 @@ from .activations import (  # noqa: F401
     activation_bytes_per_layer_sequence_parallel, transformer_layer_activation_bytes,
     embedding_activation_bytes, output_activation_bytes, CHECKPOINTING, checkpointed_activation_bytes)
 from .transformer import (  # noqa: F401
-    ParamTensor, MLPS, NORMS, POSITIONS, transformer_parameters, transformer_param_count)
+    ParamTensor, MLPS, NORMS, POSITIONS, transformer_parameters, transformer_param_count, training_flops_per_token,
+    model_flops_utilization)
 from .offload import (  # noqa: F401
     offload_traffic_bytes, offload_model_state_bytes, offload_traffic_bytes_accumulated,
     param_offload_traffic_bytes, SplitStates, offload_states, offload_transfer_bytes)

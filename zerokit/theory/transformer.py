@@ -101,3 +101,19 @@ def transformer_parameters(layers: int, hidden: int, heads: int, ffn: int, vocab
 def transformer_param_count(*args, **kwargs) -> int:
     """Ψ of :func:`transformer_parameters` (same arguments): the sum of its tensors."""
     return sum(p.numel for p in transformer_parameters(*args, **kwargs))
+
+
+def training_flops_per_token(psi: float) -> float:
+    """Model FLOPs to train on one token, 6Ψ: 2Ψ forward, 4Ψ backward (Kaplan et al. 2001.08361 §2.1;
+    the PaLM paper's MFU, 2204.02311 App. B, without its attention term, which is small at s ≪ 6h)."""
+    if psi <= 0:
+        raise ValueError(f"psi={psi!r}: the parameter count must be positive")
+    return 6.0 * psi
+
+
+def model_flops_utilization(psi: float, tokens_per_second_per_gpu: float, peak_flops: float) -> float:
+    """MFU: the model FLOPs a GPU did per second (6Ψ per token) over its peak (dense bf16: 312e12 for an A100)."""
+    if tokens_per_second_per_gpu < 0 or peak_flops <= 0:
+        raise ValueError(f"tokens_per_second_per_gpu={tokens_per_second_per_gpu!r} must be >= 0 and "
+                         f"peak_flops={peak_flops!r} > 0")
+    return training_flops_per_token(psi) * tokens_per_second_per_gpu / peak_flops
