@@ -87,3 +87,16 @@ def test_sizes_suite_prints_ratios_and_draws(tmp_path, capsys):
     line = next(l for l in text.splitlines() if l.startswith("0.5M") and " ddp " in l)
     assert float(line.split()[4]) > 0  # ddp / torch-ddp, a measured ratio
     assert os.path.getsize(out) > 10_000
+
+
+def test_link_suite_slows_with_the_bandwidth(tmp_path, capsys):
+    out = tmp_path / "link.png"
+    assert bench.main("link", ["--bandwidths", "1e7", "--strategies", "ddp", "--steps", "3", "--rounds", "1",
+                               "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    rows = {l.split()[1]: l.split() for l in text.splitlines() if l.startswith("ddp ")}
+    # 2(N−1)/N·4Ψ ≈ 3.7 MB per step through 10 MB/s: about 0.37 s of link time, and it shows in the step
+    assert 300 < float(rows["0.01"][5]) < 450
+    assert float(rows["0.01"][3]) > float(rows["no"][3]) + 200  # step ms, with and without the link
+    assert "conditions: load average" in text
+    assert os.path.getsize(out) > 10_000

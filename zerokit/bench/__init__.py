@@ -3,7 +3,7 @@
 Wall-clock times on a shared machine are noisy, so every suite runs zerokit and the
 peer in the same invocation, interleaved, and reports medians and their ratio.
 Suites live in this package, one module each (``ddp``, ``zero``, ``offload``, ``pipeline``,
-``scaling``, ``sizes``), with a ``main(argv) -> int``; they share the interleaved runner
+``scaling``, ``sizes``, ``link``), with a ``main(argv) -> int``; they share the interleaved runner
 (:mod:`.rounds`) and the printing (:mod:`.table`: tables, load average, noise). ``zerokit bench --quick`` runs every suite with one round of
 few steps at 2 ranks (:data:`QUICK`): a smoke run of the whole benchmark, minutes on 2 cores,
 too short for the ratios to mean much.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import statistics
 
-SUITES = ("ddp", "zero", "offload", "pipeline", "scaling", "sizes")
+SUITES = ("ddp", "zero", "offload", "pipeline", "scaling", "sizes", "link")
 #: every suite's arguments for ``--quick``
 QUICK = {
     "ddp": ["--world-sizes", "2", "--bucket-mb", "1", "--steps", "3", "--rounds", "1", "--no-heavy", "--quiet"],
@@ -23,6 +23,8 @@ QUICK = {
     "scaling": ["--world-sizes", "2", "3", "--out", "benchmarks/scaling-quick.png", "--quiet"],
     "sizes": ["--sizes", "0.5M", "5M", "--strategies", "ddp", "zero3", "torch-ddp", "--steps", "3", "--rounds", "1",
               "--out", "out/bench-quick/model-size.png", "--quiet"],
+    "link": ["--bandwidths", "1e8", "--steps", "3", "--rounds", "1", "--out", "out/bench-quick/link-bandwidth.png",
+             "--quiet"],
 }
 
 

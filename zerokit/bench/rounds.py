@@ -7,7 +7,8 @@ Drift on a shared machine then hits every configuration alike. The lifecycle of 
    reference), starting one place further along the plan each round; a run reports the
    step time of the slowest rank at every step (the first, warm-up, step left out), and the
    seconds per step each rank's compute thread was blocked on collectives (the ledger's
-   ``blocked_s``: the exposed communication);
+   ``blocked_s``: the exposed communication) and, behind an emulated link, the link's
+   seconds per step for the busiest rank (``emulated_s``, a formula: 0 without a link);
 3. **peaks**: once per entry (when asked), a short run with the memory ledger's module and
    gradient hooks (``track_peak=True``, not timed: the hooks cost time) gives the peak bytes
    of the busiest rank (:func:`measure_peak`);
@@ -49,12 +50,13 @@ def _rank_with_exposure(ctx, job):
     from ..train import run_rank
 
     result = run_rank(ctx, job)
-    blocked = [0.0] * job.steps
+    blocked, emulated = [0.0] * job.steps, [0.0] * job.steps
     unseen = False
     for record in comm.ledger().select():  # setup excluded
         blocked[record.step] += record.blocked_s
+        emulated[record.step] += getattr(record, "emulated_s", 0.0)
         unseen = unseen or (record.async_op and record.blocked_s == 0.0 and record.op not in ("send",))
-    return result, blocked, unseen
+    return result, (blocked, emulated), unseen
 
 
 def _job(entry: Entry, steps: int, track_peak: bool):
@@ -78,10 +80,12 @@ def measure(entry: Entry, steps: int, timeout_s: float) -> dict:
     result = StrategyResult.from_ranks(job, [rank for rank, _, _ in out], None)
     ranks = result.ranks
     times = [max(r.step_times_s[s] for r in ranks) for s in range(1, steps)]
-    exposed = [sum(blocked[s] for _, blocked, _ in out) / len(out) for s in range(1, steps)]
+    exposed = [sum(blocked[s] for _, (blocked, _), _ in out) / len(out) for s in range(1, steps)]
+    link = [max(emulated[s] for _, (_, emulated), _ in out) for s in range(1, steps)]
     seen = not (getattr(get(entry.strategy), "peer", False) and any(unseen for _, _, unseen in out))
     return {"step_s": median(times), "times": times, "exposed_s": median(exposed) if seen else None,
-            "calls": ranks[0].comm_calls_per_step, "ring_cost_bytes": ranks[0].comm_ring_cost_bytes_per_step}
+            "link_s": median(link), "calls": ranks[0].comm_calls_per_step,
+            "ring_cost_bytes": ranks[0].comm_ring_cost_bytes_per_step}
 
 
 def measure_peak(entry: Entry, timeout_s: float) -> dict:
@@ -116,6 +120,7 @@ def run_plan(plan: List[Entry], steps: int, rounds: int, timeout_s: float, log: 
                "key": e.key, "param_count": sizes[id(e.workload)],
                "step_s": median([s["step_s"] for s in runs]),
                "exposed_s": None if None in exposed else median(exposed),
+               "link_s": median([s["link_s"] for s in runs]),
                "noise": noise([t for s in runs for t in s["times"]]), "calls": runs[0]["calls"],
                "ring_cost_bytes": runs[0]["ring_cost_bytes"], "peak": None, "runs": runs}
         if peak is not None and peak(e):

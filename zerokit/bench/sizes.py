@@ -60,22 +60,29 @@ def add_ratios(rows) -> None:
 
 def plot(rows, strategies, out: str) -> None:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(11, 4), dpi=110)
     times, ratios = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    for strategy in strategies:
+    colors = {}
+    for i, strategy in enumerate(s for s in PAIRS if s in strategies):
+        colors[strategy] = colors[PAIRS[strategy]] = f"C{i}"
+    for strategy in strategies:  # a peer: dashed, in the colour of the zerokit strategy it is paired with
         mine = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["param_count"])
         x = [r["param_count"] / 1e6 for r in mine]
         style = "--" if strategy not in PAIRS else "-"
-        times.plot(x, [1000 * r["step_s"] for r in mine], style, marker="o", label=strategy)
+        times.plot(x, [1000 * r["step_s"] for r in mine], style, marker="o", label=strategy,
+                   color=colors.get(strategy, f"C{len(colors) + strategies.index(strategy)}"))
         if strategy in PAIRS and any(r["vs_peer"] is not None for r in mine):
             ratios.plot([xi for xi, r in zip(x, mine) if r["vs_peer"] is not None],
                         [r["vs_peer"] for r in mine if r["vs_peer"] is not None], marker="o",
-                        label=f"{strategy} / {PAIRS[strategy]}")
+                        label=f"{strategy} / {PAIRS[strategy]}", color=colors[strategy])
+    times.set_yscale("log")
     for ax in (times, ratios):
         ax.set_xscale("log")
         ax.set_xlabel("parameters Ψ (millions)")
-    times.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     times.set_ylabel("median step time (ms, measured)")
     times.legend(fontsize=8, frameon=False)
     ratios.axhline(1.0, color="grey", lw=0.8)
