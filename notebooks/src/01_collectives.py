@@ -165,6 +165,59 @@ assert shares == sorted(shares, reverse=True)  # the larger the payload, the sma
 # is what the rest of the course counts. Latency matters for many small calls — which is
 # why DDP packs gradients into buckets (lesson 03).
 #
+# ## The latency term grows with N: why NCCL also has trees
+#
+# The ring's bytes per rank are nearly flat in N; its rounds are not. `2(N−1)` rounds, each
+# paying α: 14α on 8 ranks, 2,046α on 1,024 — for a small message, the whole cost. The
+# rounds measured above already show it: the smallest payload takes longer on 4 ranks (6
+# rounds) than on 2 (2 rounds). NCCL therefore also runs all-reduce on a **tree** (a
+# pipelined double binary tree): reduce up the tree, broadcast down, `2⌈log₂N⌉` hops — 20
+# on 1,024 ranks — for about `2S/β` of bandwidth, a little more than the ring's
+# `2(N−1)/N·S/β`. Small messages or many ranks: the tree; large messages on few ranks: the
+# ring (NCCL chooses per call). `theory.communication.all_reduce_seconds` prices both —
+# first with the α and β fitted on this machine, for one 25 MiB bucket:
+
+# %%
+from zerokit.theory.communication import all_reduce_rounds, all_reduce_seconds
+
+bucket_bytes = cases["one 25 MiB DDP bucket"]
+rows = []
+for n in (2, 8, 64, 1024):
+    ring_t, tree_t = (all_reduce_seconds(bucket_bytes, n, fit["alpha_s"], fit["beta_Bps"], a) for a in ("ring", "tree"))
+    rows.append({"N": n, "ring hops 2(N−1)": all_reduce_rounds(n, "ring"), "tree hops 2⌈log₂N⌉": all_reduce_rounds(n, "tree"),
+                 "ring latency ms": round(1e3 * ring_t["latency_s"], 2), "tree latency ms": round(1e3 * tree_t["latency_s"], 2),
+                 "ring total ms": round(1e3 * ring_t["total_s"], 1), "tree total ms": round(1e3 * tree_t["total_s"], 1)})
+course.table(rows, title="α-β model with this machine's fitted α and β (a formula, extrapolated)")
+
+# %%
+assert smallest_points[4] > smallest_points[2]  # measured: 6 rounds of α take longer than 2
+for n in (2, 3, 4):  # the fitted model's latency term is the ring's 2(N−1) rounds of α
+    assert course.modelled_seconds(fit, "all_reduce", min(payloads), n)["latency_s"] == \
+        all_reduce_seconds(min(payloads), n, fit["alpha_s"], fit["beta_Bps"], "ring")["latency_s"]
+big = [row for row in rows if row["N"] == 1024][0]
+assert big["tree latency ms"] < big["ring latency ms"] / 50  # log N against N
+
+# %% [markdown]
+# ### Your link
+#
+# This machine's α is a Python process's, not a GPU's. Type the α and β of the link you care
+# about — a datasheet's or your own measurement (e.g. `nccl-tests`' `all_reduce_perf` on
+# small and large sizes); the defaults below are **assumed** round numbers, not measured —
+# and the model extrapolates both algorithms from 2 to 4,096 ranks for a few payloads:
+
+# %%
+my_link = {"alpha_s": 5e-6, "beta_Bps": 50e9}  # ← yours: seconds per hop, bytes per second (assumed here)
+course.latency_bandwidth.all_reduce_scaling_figure(my_link, payload_bytes=[64 * 2**10, 25 * 2**20, 2**30],
+                                 world_sizes=[2 ** k for k in range(1, 13)])
+
+# %% [markdown]
+# Solid lines, the ring: flat for large payloads (bandwidth-bound, bytes per rank barely
+# grow), then rising linearly once `2(N−1)·α` dominates — the smaller the payload, the
+# sooner. Dashed, the tree: its latency grows with log N, so at scale it wins for all but
+# the largest payloads, which it sends at a little less than the ring's bandwidth. The
+# crossover is where `2S/(Nβ)` — the tree's extra bandwidth cost — equals
+# `2(N − 1 − ⌈log₂N⌉)·α`, the latency it saves.
+#
 # ## Try it
 #
 # Pick a collective, a world size and a payload; the panel runs the ring on that many ranks
@@ -185,6 +238,8 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 #   to the payloads it measures: the **ring cost**, not a count of the wire.
 # - Time = rounds·α + bytes/β. Real gradients are bandwidth-bound; latency is fought with
 #   fewer, larger calls (buckets).
+# - The ring's latency term, `2(N−1)·α`, grows with N; a tree's, `2⌈log₂N⌉·α`, with log N —
+#   which is why NCCL runs small messages and large worlds on trees.
 #
 # ## Interview questions
 #
