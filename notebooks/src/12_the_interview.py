@@ -94,14 +94,14 @@ panel = course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), 
                            precision="bf16-mixed", steps=1)
 stages = panel.last_report
 N = 4
+panel
+
+# %%
 course.table([{"strategy": r.strategy, "states B/rank (measured)": sum(r.ranks[0].model_state_bytes.values()),
                "states B/rank (theory)": r.ranks[0].theory_model_states["total"],
                "ring cost B/step (ledger)": r.ranks[0].comm_ring_cost_bytes_per_step,
                "B/step (theory)": r.ranks[0].theory_comm_bytes_per_step,
                "ops": ", ".join(ops(r.ranks[0]))} for r in stages.results])
-
-# %%
-panel
 
 # %% [markdown]
 # ### "ZeRO-1 saves 33 % of the memory"
