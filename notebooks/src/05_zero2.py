@@ -136,6 +136,63 @@ for ax, name in zip(axes, ["zero2-naive", "zero2"]):
 fig.tight_layout()
 
 # %% [markdown]
+# ## Why is correct ZeRO-2 slower here? Lesson 01's α
+#
+# Time the three a few steps each on 4 ranks: the naive version, ZeRO-2 with the 4,096-element
+# buckets used above, and ZeRO-2 with one bucket larger than Ψ. The bytes are the same; the
+# number of calls is not. A call of 4,096 bf16 elements (8 KiB) sits on the flat,
+# latency-bound part of lesson 01's curve: it costs its rounds × α, whatever its size.
+# Measure α as lesson 01 did — ring all-reduces on 4 ranks from 96 B to 384 KiB, fitted —
+# and price each variant's calls: calls × ring rounds × α (gloo runs a reduce-scatter as an
+# all-reduce, so its calls count `2(N−1)` rounds, an all-gather `N−1`).
+
+# %%
+fit = course.fit_latency_bandwidth(course.time_ring_all_reduce([4], [96, 96 * 4**3, 96 * 4**6], repeats=3))
+variants = {"zero2-naive": {}, "zero2, 4,096-element buckets": {"reduce_bucket_size": bucket},
+            "zero2, one bucket > Ψ": {"reduce_bucket_size": 1_000_000}}
+timed = {label: zerokit.train(work, label.split(",")[0], world_size=4, steps=4, precision="bf16-mixed",
+                              keep_records=True, reference=False, **options).result
+         for label, options in variants.items()}
+rounds = {"all_reduce": theory.ring_steps("all_reduce", 4), "all_gather": theory.ring_steps("all_gather", 4),
+          "reduce_scatter": theory.ring_steps("all_reduce", 4)}  # gloo: an all-reduce underneath
+rows = []
+for label, result in timed.items():
+    rank0 = result.ranks[0]
+    steps = len(rank0.step_times_s)
+    latency = sum(row["calls"] / steps * rounds[row["op"]] for row in rank0.comm_summary) * fit["alpha_s"]
+    rows.append({"variant": label, "calls/step (measured)": rank0.comm_calls_per_step,
+                 "calls × rounds × α ms/step (model)": round(1e3 * latency, 1),
+                 "blocked on comm ms/step (measured)": round(1e3 * sum(r["blocked_s"] for r in rank0.comm_records
+                                                                        if r["step"] >= 1) / (steps - 1), 1),
+                 "median step ms (measured)": round(1e3 * result.step_time_s_median, 1),
+                 "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step})
+course.table(rows, title=f"α = {1e3 * fit['alpha_s']:.2f} ms per round (lesson 01's fit, this machine, 4 ranks)")
+
+# %%
+naive_t, small_t, large_t = timed.values()
+assert small_t.ranks[0].comm_calls_per_step > 10 * large_t.ranks[0].comm_calls_per_step  # many small calls
+assert large_t.ranks[0].comm_calls_per_step == naive_t.ranks[0].comm_calls_per_step == 2  # one of each op
+for result in (small_t, large_t):
+    for rank in result.ranks:  # the bucket size changes the calls, never the bytes
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
+blocked = {label: rows[i]["blocked on comm ms/step (measured)"] for i, label in enumerate(timed)}
+assert blocked["zero2, 4,096-element buckets"] > 2 * blocked["zero2, one bucket > Ψ"]  # latency, paid per call
+assert small_t.step_time_s_median > large_t.step_time_s_median
+
+# %% [markdown]
+# With 4,096-element buckets ZeRO-2 issues a reduce-scatter and an all-gather per bucket, a
+# dozen of each per step, and each pays its rounds of α: compare the modelled latency with the
+# measured step times — the gap between the 4,096-element row and the one-bucket row is of
+# the size of the difference in calls × rounds × α (the calls partly overlap backward and
+# each other, and the step times are this shared 2-core CPU's, noisy; the calls are exact).
+# One bucket larger than Ψ issues two calls, like the naive version, and the gap closes —
+# with ZeRO-2's bytes and memory. α here is about a millisecond per round — Python processes
+# on one CPU; on NVLink it is microseconds, but the rule is the same: size buckets so each
+# call is bandwidth-bound (DeepSpeed's default `reduce_bucket_size` is 5e8 elements). Small
+# buckets exist to start reducing early in backward and to bound the memory in flight, which
+# a model of real size needs and this one doesn't.
+
+# %% [markdown]
 # ## On zerokit's ring: the bytes on the wire
 #
 # Does a reduce-scatter really send only `(N−1)/N` of the buffer? The ring cost says so by
@@ -241,6 +298,9 @@ course.MemoryPanel(work, strategies=("zero1", "zero2-naive", "zero2"), world_siz
 # - "All-reduce, then drop" ends with the same model states but peaks at the full
 #   gradients and costs `3(N−1)/N·Ψb` — ZeRO-3's traffic for ZeRO-2's memory.
 # - With accumulation, ZeRO-2 reduce-scatters every micro-batch: `(A + 1)/2` × DDP's bytes.
+# - Small buckets cost calls, not bytes: each latency-bound call pays its rounds × α (lesson
+#   01). That is why ZeRO-2 with 4,096-element buckets is slower here than the naive version;
+#   one bucket larger than Ψ makes two calls per step and closes the gap.
 #
 # ## Interview questions
 #

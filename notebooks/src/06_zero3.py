@@ -179,6 +179,62 @@ fig.tight_layout()
 # (gathers in flight: 1 without prefetch); the milliseconds are this 2-core CPU's, noisy, and
 # the reason the assertions above count gathers rather than time them.
 #
+# ## How far ahead: the prefetch budget
+#
+# The runs above prefetched with a budget (`prefetch_bucket_size`, in elements, as
+# DeepSpeed's `stage3_prefetch_bucket_size`) far above Ψ: every unit may be launched ahead,
+# which is prefetch's extreme. The budget caps the elements of the gathers in flight. This
+# model's units are its two blocks and the root (below); sweep budgets **below Ψ** and watch
+# the gathers in flight, and the gathered parameters a rank holds at its peak, change.
+# Next to them, the term DeepSpeed's ZeRO-3 estimator adds for what is gathered:
+# **4 × the largest layer** (`theory.deepspeed_zero3_estimate`: `4·L` bytes, L the largest
+# module's own parameter count).
+
+# %%
+units = [sum(p.numel() for p in params) for _, _, params in form_units(model, "block", set())]
+largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+deepspeed_gathered = theory.deepspeed_zero3_estimate(psi, largest_layer, gpus_per_node=2)[2]
+budgets = [2_048, 13_000, 26_000, 50_000_000]
+sweep = {budget: zerokit.train(work, "zero3", world_size=2, steps=3, precision="bf16-mixed", keep_records=True,
+                               reference=False, prefetch=True, prefetch_bucket_size=budget)
+         for budget in budgets}
+print(f"units (elements): {units}; Ψ = {psi:,}; largest layer L = {largest_layer:,} parameters")
+rows = []
+for budget, report in sweep.items():
+    rank0 = report.result.ranks[0]
+    rows.append({"prefetch budget (elements)": budget, "budget ÷ Ψ": round(budget / psi, 2),
+                 "gathers in flight (max, measured)": course.max_in_flight(rank0, "all_gather", step=2),
+                 "gathered params at peak B (measured)": rank0.peak_breakdown["params"] - rank0.model_state_bytes["params"],
+                 "DeepSpeed's 4 × largest layer B (formula)": deepspeed_gathered,
+                 "peak B (measured)": max(r.peak_bytes for r in report.result.ranks), "peak at": rank0.peak_where})
+course.table(rows)
+
+# %%
+in_flight = [row["gathers in flight (max, measured)"] for row in rows]
+gathered = [row["gathered params at peak B (measured)"] for row in rows]
+assert in_flight == sorted(in_flight) and len(set(in_flight)) == 3  # the budget sets how many gathers run ahead
+assert gathered == sorted(gathered)                                # and how much a rank holds at its peak
+assert gathered[0] >= b * max(units)                               # at least the unit being computed
+assert gathered[-1] == b * theory.padded_numel(units, 2)            # budget > Ψ: the whole model gathered
+for rank in (r for report in sweep.values() for r in report.result.ranks):
+    assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step  # the budget moves no byte
+assert all(g > deepspeed_gathered for g in gathered)               # whole blocks gathered, not single layers
+
+# %% [markdown]
+# A budget below one block (2,048) launches nothing ahead: one gather in flight, as without
+# prefetch. A budget that fits one block runs one gather ahead (2 in flight), one that fits
+# two blocks runs two ahead — every unit of this small model. The gathered parameters at the
+# peak follow: the root and one block with nothing ahead, the whole model as soon as one
+# gather runs ahead (three units: the root, the block computing, the next one). The bytes
+# per step never change.
+#
+# DeepSpeed's `4 × largest layer` is smaller than every measured row: it assumes parameters
+# are fetched module by module (its largest layer here is the MLP's first linear), while
+# these units are whole blocks, three times that size, and a rank holds the unit it
+# computes plus what its budget lets run ahead. An estimate's "+ buffers" term is only as
+# good as its idea of what is gathered at once: ask what the unit is, and what the prefetch
+# budget allows.
+#
 # ## The seed's numbers
 #
 # The seed's case study puts GPT-2 1.5B under ZeRO-3 at 4.1 GB per GPU on 8 GPUs and T5-3B
@@ -252,6 +308,9 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #   above), **1.5× DDP at every N** — not O(Ψ/N), not 92 % less.
 # - At its peak a rank also holds the gathered units and the activations; prefetch trades
 #   memory for exposed time, `reshard_after_forward=False` trades memory for bytes (3 → 2).
+# - The prefetch budget sets how many gathers run ahead (1, 2, 3 measured as it grows past
+#   one block, two blocks), and so the gathered parameters at the peak; DeepSpeed's
+#   `+ 4 × largest layer` assumes layer-sized fetches and is below what whole-block units hold.
 #
 # ## Interview questions
 #
