@@ -125,3 +125,17 @@ def test_backward_span_stops_where_backward_compute_stops_and_straggler_waits_na
             for r, start in ((0, 0.8), (1, 0.1))]
     assert timeline.straggler_waits(fake) == [{"rank": 1, "step": 0, "op": "all_reduce", "peer": 0,
                                                "start": 0.1, "end": 0.8}]
+
+
+def test_timeline_panel_link_dropdown_reruns_behind_the_link():
+    from zerokit import course
+
+    panel = course.TimelinePanel(small_gpt(), "ddp", controls={"bucket_mb": [0.02]}, steps=2)
+    assert panel.link.value == "this machine" and "1gbe" in panel.link.options
+    assert all(r["link"] == "" for r in panel.last_report.result.ranks[0].comm_records)
+    panel.link.value = "1gbe"
+    assert panel.runs == 2 and panel.last_error is None
+    train = [r for r in panel.last_report.result.ranks[0].comm_records if r["phase"] != "setup"]
+    assert train and all(r["link"] == "1gbe" and r["emulated_s"] > 0 for r in train)
+    assert "emulated held ms/step" in panel.details.value and "straggler wait ms/step" in panel.details.value
+    assert panel.last_report.result.options == {"bucket_mb": 0.02}

@@ -12,12 +12,16 @@
 # backward — and torch's own DDP beside them, all matching single-process training; the
 # gradient bytes each all-reduces per step (the payload, measured) and their ring cost (the
 # ring formula applied to that payload) against the theory's `2(N−1)/N·Ψb`; each rank's **timeline** with the
-# **exposed** communication shaded; and a panel where the bucket size and overlap are yours.
+# **exposed** communication drawn on top and waits for a late peer named; why overlap **cannot win on this
+# machine's two shared cores**, measured; the same strategies behind an **emulated 1 GbE link**, where it does;
+# and a panel where the bucket size, overlap and the link are yours.
 
 # %%
 %matplotlib inline
+import math
+import statistics
+
 import matplotlib
-import matplotlib.pyplot as plt
 
 import zerokit
 from zerokit import course, plot, theory
@@ -50,7 +54,7 @@ print(f"{work.description}\nΨ = {psi:,} parameters in {tensors} tensors")
 # %%
 strategies = ["single", "ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]
 bucketed = ("ddp-bucketed", "ddp", "torch-ddp")
-report = compare(work, 2, strategies, steps=3, keep_records=True,
+report = compare(work, 2, strategies, steps=5, keep_records=True,
                  options_for=lambda name: {"bucket_mb": bucket_mb} if name in bucketed else {})
 course.table(course.summary_rows(report), ["strategy", "N", "payload B/step (measured)",
                                            "ring cost B/step (formula on measured payload)",
@@ -82,30 +86,30 @@ assert report["ddp"].ranks[0].comm_calls_per_step == report["ddp-bucketed"].rank
 #
 # ## The timeline
 #
-# Each rank's step on one time axis: compute on top (forward, backward, the optimizer step),
-# communication below, from launch to known completion. The part of a collective during
-# which the rank's compute thread was **blocked** waiting for it is shaded red: that is the
-# **exposed** communication, the only part that adds to the step time. The last of the three
-# steps, for the bucketed and the overlapped strategy:
+# Each rank's step on one time axis: compute on top (forward; backward, which ends where the
+# last module's backward ends; "grad sync", the rest of `backward()` — the after-backward
+# all-reduces of the non-overlapped strategies — and the optimizer step), communication
+# below, from launch to known completion (in flight). The part of a collective during which
+# the rank's compute thread was **blocked** is drawn in red on top: that is the **exposed**
+# communication, the only part that adds to the step time. Orange is the part of it spent
+# waiting for the other rank, which had not yet launched the same collective: a
+# **straggler** wait, named on the row. Both panels share the x-axis (ms from the start of
+# the step); the titles give the median over steps 1–4 (step 0 warms up):
 
 # %%
-last = range(2, 3)
-fig, axes = plt.subplots(2, 1, figsize=(10, 5.4))
-for ax, name in zip(axes, ["ddp-bucketed", "ddp"]):
-    plot.timeline(report[name], ax=ax, steps=last)
-    ax.set_title(f"{name}: " + ax.get_title(), fontsize=9)
-fig.tight_layout()
+last, steady = range(4, 5), range(1, 5)
+course.timeline_figure({name: report[name] for name in ["ddp-bucketed", "ddp"]}, steps=last)
 
 # %%
-positions = {name: [course.comm_launch_positions(rank, step=2) for rank in report[name].ranks]
+positions = {name: [course.comm_launch_positions(rank, step=4) for rank in report[name].ranks]
              for name in ["ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]}
 rows = []
 for name in positions:
-    for rank, row in zip(report[name].ranks, course.timeline_rows(zerokit.Report([report[name]]), last)):
+    for rank, row in zip(report[name].ranks, course.timeline_rows(zerokit.Report([report[name]]), steady)):
         rows.append({**row, "launched during backward": positions[name][rank.rank]["during backward"],
                      "launched after backward": positions[name][rank.rank]["after backward"]})
 course.table(rows, ["strategy", "rank", "calls/step", "launched during backward", "launched after backward",
-                    "exposed ms/step", "step ms"])
+                    "backward ms", "exposed ms/step", "straggler wait ms/step", "step ms"])
 
 # %%
 from zerokit.runtime.timeline import comm_in_flight_s, exposed_comm_s
@@ -123,11 +127,94 @@ for rank in range(2):
 # With overlap, all buckets but the last leave while backward is still computing; only
 # what is still in flight when backward ends is exposed. The **last** bucket (the first
 # layers, whose gradients come last) can never hide: it is why torch lets you make the
-# first buckets small. (On this CPU the ranks' compute and gloo's threads share 2 cores, so
-# the times are noisy; the launch positions are not.)
+# first buckets small. (Table: medians over steps 1–4; times measured on a shared machine
+# are noisy, the launch positions are not.)
 #
-# torch's DDP waits inside its own reducer, where the ledger can't see it: its exposed time
-# reads 0 — a limit of measuring a peer from outside, not a property of torch.
+# ## Why overlap cannot win on this machine
+#
+# Overlap saves time only if there is communication to hide *and* something else runs it
+# while the cores compute. Here neither holds. The ranks talk through shared memory: all of
+# this model's gradients cross in a few milliseconds (in flight, below). And the machine has **two cores,
+# shared by both ranks**: gloo's threads, which run an all-reduce launched during backward,
+# take a core that backward needed. So overlapped backward gets *slower*, by about as much as
+# — or more than — the little communication it hides: compare the two lines below (medians over steps 1–4).
+
+# %%
+stats = {name: course.timeline_stats(report[name], steady) for name in ["ddp-bucketed", "ddp"]}
+mean = lambda name, key: statistics.mean(row[key] for row in stats[name])  # noqa: E731 - over the ranks
+for name in stats:
+    print(f"{name:13s} backward compute {mean(name, 'backward ms'):5.1f} ms, communication in flight "
+          f"{mean(name, 'in flight ms'):5.1f} ms, exposed {mean(name, 'exposed ms'):5.1f} ms "
+          f"(of which waiting for the other rank {mean(name, 'straggler wait ms'):4.1f} ms), "
+          f"step {mean(name, 'step ms'):5.1f} ms")
+print(f"overlap made backward {mean('ddp', 'backward ms') - mean('ddp-bucketed', 'backward ms'):+.1f} ms longer, "
+      f"and exposed {mean('ddp-bucketed', 'exposed ms') - mean('ddp', 'exposed ms'):+.1f} ms less")
+
+# %% [markdown]
+# Much of what exposed time there is, is one rank waiting for the other — a straggler, not
+# the wire: two ranks on two shared cores rarely finish backward together. On a GPU the
+# all-reduce runs on the network card and a separate stream while the GPU's cores compute,
+# and the link is slow next to the compute: that is the case overlap was built for.
+#
+# ## Behind an emulated link, overlap wins
+#
+# `zerokit.train(..., link=...)` keeps every collective running for real on gloo but holds
+# its completion until an emulated link has carried the ring's bytes — each rank's transfers
+# one after another, `rounds·α + bytes/bandwidth` by `theory.link_seconds`. The hold is a
+# sleep, so the cores stay free for backward, as they are when a network card does the
+# sending. A gradient big enough to matter on a link needs a bigger model: the tiny GPT at
+# width 256 and 4 layers. First, what would a link take for its gradients, against what this
+# machine's gloo took (measured, `ddp-bucketed`, which waits for all of it):
+
+# %%
+wide = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=256, n_layer=4, n_head=4, batch_size=12)
+linked = {f"{name}, {link}": zerokit.train(wide, name, world_size=2, steps=5, bucket_mb=2.0, keep_records=True,
+                                           reference=False, track_peak=False, link=link)
+          for link in ("this machine", "1gbe") for name in ("ddp-bucketed", "ddp")}
+calls = [c for c in linked["ddp-bucketed, this machine"].result.ranks[0].comm_records if c["step"] == 4]
+gloo_ms = 1e3 * sum(c["t_end"] - c["t_launch"] for c in calls)
+rows = [{"link": name, "α µs": 1e6 * link.alpha_s, "GB/s": link.bandwidth_Bps / 1e9,
+         "link ms/step (formula)": round(1e3 * sum(link.seconds(c["op"], c["ring_cost_bytes"], 2) for c in calls), 2)}
+        for name, link in zerokit.links.LINKS.items()]
+course.table(rows + [{"link": "this machine: gloo, measured", "link ms/step (formula)": round(gloo_ms, 1)}])
+
+# %% [markdown]
+# A link only ever *delays* a collective: it completes at the later of gloo's end and the
+# link's. Over shared memory on two busy cores, gloo moves these megabytes more slowly than
+# 10 GbE would (the table) — so behind `10gbe` nothing would be held. 1 Gb Ethernet is
+# slower than this machine, so its holds show. This machine and `1gbe`, the same four
+# columns as before, medians over steps 1–4:
+
+# %%
+course.table([{"run": label, **{k: round(v, 1) for k, v in row.items() if k != "rank"}, "rank": row["rank"]}
+              for label, r in linked.items() for row in course.timeline_stats(r, steady)],
+             ["run", "rank", "step ms", "backward ms", "in flight ms", "exposed ms", "emulated held ms",
+              "straggler wait ms"])
+
+# %%
+course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=last)
+
+# %%
+gbe = zerokit.links.LINKS["1gbe"]
+for label, r in linked.items():
+    for rank in r.result.ranks:
+        train = [c for c in rank.comm_records if c["phase"] != "setup"]
+        if label.endswith("1gbe"):  # every collective booked on the link for its ring bytes and rounds
+            assert all(c["link"] == "1gbe" and math.isclose(c["emulated_s"], theory.link_seconds(
+                c["ring_cost_bytes"], theory.ring_steps(c["op"], 2), gbe.bandwidth_Bps, gbe.alpha_s)) for c in train)
+        else:
+            assert all(c["emulated_s"] == 0 and c["held_s"] == 0 for c in train)
+exposed = {label: statistics.mean(row["exposed ms"] for row in course.timeline_stats(r, steady))
+           for label, r in linked.items()}
+assert exposed["ddp, 1gbe"] < exposed["ddp-bucketed, 1gbe"]  # overlap hides the link behind backward
+
+# %% [markdown]
+# After backward, `ddp-bucketed` waits for every bucket to cross the link: its exposed time
+# is about the link's time per step (grey: the link busy). Overlapped `ddp` sent most
+# buckets while backward was still computing and waits only for what was left; "emulated
+# held" is the part of the link's time the sleep could not hide. (With 12 MiB of gradients
+# even this machine's own gloo takes long enough to be worth hiding: compare the first two
+# rows.)
 #
 # ## Bucket size: calls, not bytes
 #
@@ -135,12 +222,13 @@ for rank in range(2):
 
 # %%
 sizes = [0.005, 0.02, 0.05, 25.0]
-sweep = {mb: zerokit.train(work, "ddp", world_size=2, steps=2, bucket_mb=mb, reference=False) for mb in sizes}
+sweep = {mb: zerokit.train(work, "ddp", world_size=2, steps=4, bucket_mb=mb, reference=False) for mb in sizes}
 course.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
                "payload B/step (measured)": r.result.ranks[0].comm_payload_bytes_per_step,
                "ring cost B/step (formula on measured payload)": r.result.ranks[0].comm_ring_cost_bytes_per_step,
                "theory B/step": expected_bytes,
-               "step ms": round(1e3 * r.result.step_time_s_median, 1)} for mb, r in sweep.items()])
+               "median step ms, steps 1-3": round(1e3 * statistics.median(r.result.ranks[0].step_times_s[1:]), 1)}
+              for mb, r in sweep.items()])
 
 # %%
 calls = [sweep[mb].result.ranks[0].comm_calls_per_step for mb in sizes]
@@ -152,7 +240,9 @@ for r in sweep.values():
 # %% [markdown]
 # Small buckets: many calls, each paying the ring's latency (lesson 01), but the first
 # can leave early. One huge bucket: one call, which can only start when the whole
-# backward is done — no overlap at all. The sweet spot sits in between.
+# backward is done — no overlap at all. The sweet spot sits in between — on a real link.
+# On this machine the step times above differ by little more than their noise: there are
+# only a few milliseconds of communication to trade.
 #
 # ## Traffic per rank against the world size
 #
@@ -185,9 +275,11 @@ for n, r in by_n.items():
 #
 # ## Try it
 #
-# Move the bucket size, switch overlap off and on, or pick another strategy: the panel
-# trains again on 2 ranks and redraws the last step's timeline, with the calls, the ring
-# cost of the measured payloads, the theory's bytes and the exposed time per rank below it.
+# Move the bucket size, switch overlap off and on, pick another strategy or put the ranks
+# behind an emulated link (for this small model even `1gbe` is about as fast as gloo here:
+# its grey spans sit inside gloo's): the panel trains again on 2 ranks and redraws the last step's
+# timeline, with the calls, the ring cost of the measured payloads, the theory's bytes and
+# the exposed time per rank below it.
 
 # %%
 course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
@@ -203,14 +295,39 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 # - Buckets trade calls (latency) for how early communication can start.
 # - Overlap launches each bucket from the gradient hooks during backward; only what is still
 #   in flight when backward ends is exposed.
+# - It wins only where there is communication to hide and something other than the compute
+#   cores to run it: not on two shared CPU cores over shared memory (measured above), but
+#   behind a link — emulated here at 1 GbE — whose time it hides behind backward.
 # - Bytes per rank are flat in N: data parallelism is limited by memory, not by N ≤ 8.
 #
 # ## Interview questions
 #
-# 1. *How many bytes does each GPU send per step in DDP, and does the bucket size change
-#    it?* — `2(N−1)/N·Ψb`; no, only the number of calls (the sweep).
-# 2. *How does DDP overlap communication with computation, and what can never overlap?* —
-#    gradient hooks launch a bucket's all-reduce as soon as it is full, during backward; the
-#    last bucket, launched when backward ends (the timeline and launch counts).
-# 3. *Does data parallelism stop scaling at 8 GPUs?* — no: bytes per rank approach `2Ψb` for
-#    any N; the "N ≤ 8" limit is tensor parallelism's.
+# 1. *How many bytes does each GPU send per step in DDP, and does the bucket size change it?*
+#
+#    <details><summary>Answer</summary>
+#
+#    `2(N−1)/N·Ψb` under a ring; the bucket size changes only the number of calls, never the
+#    bytes (the sweep).
+#
+#    </details>
+#
+# 2. *How does DDP overlap communication with computation, what can never overlap, and when
+#    does overlap not pay?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Gradient hooks launch a bucket's all-reduce as soon as it is full, during backward; the
+#    last bucket, launched when backward ends, is always exposed. It does not pay when there is
+#    little to hide and the communication competes with backward for the same cores — two
+#    ranks on two shared CPU cores over shared memory, measured above; behind a real (here
+#    emulated) link it hides most of the link's time.
+#
+#    </details>
+#
+# 3. *Does data parallelism stop scaling at 8 GPUs?*
+#
+#    <details><summary>Answer</summary>
+#
+#    No: bytes per rank approach `2Ψb` for any N; the "N ≤ 8" limit is tensor parallelism's.
+#
+#    </details>

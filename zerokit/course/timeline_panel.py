@@ -2,10 +2,12 @@
 
 :class:`TimelinePanel` trains one strategy for a few steps with the options its controls
 set (DDP's bucket size and overlap, ZeRO-2's reduce bucket, ZeRO-3's prefetch and
-reshard_after_forward...), keeping the traced records: a real job through
-:func:`zerokit.train`, re-run at every change. It draws each rank's timeline with the
-communication nothing hid shaded, optionally the peak memory per rank, and a table of
-:func:`timeline_rows`. :func:`comm_launch_positions` and :func:`max_in_flight` read the
+reshard_after_forward...) and the emulated link it trains behind (a dropdown of
+:data:`zerokit.links.PRESETS`), keeping the traced records: a real job through
+:func:`zerokit.train`, re-run at every change. It draws each rank's timeline
+(:func:`.timeline_figure.timeline_figure`: exposed time on top, straggler waits named),
+optionally the peak memory per rank, and a table of :func:`timeline_rows` (medians over
+the steps drawn). :func:`comm_launch_positions` and :func:`max_in_flight` read the
 same records for the lessons' tables: launched during or after backward, and how many
 collectives were in flight at once (ZeRO-3's prefetch).
 """
@@ -39,7 +41,8 @@ class TimelinePanel(Panel):
     def __init__(self, workload, strategies: Sequence[str] | str = "ddp", controls: Optional[Dict] = None,
                  world_size: int = 2, steps: int = 3, precision: str = "fp32", show_memory: bool = False,
                  draw_steps: Optional[range] = None, fixed: Optional[Dict] = None, auto_run: bool = True,
-                 run: bool = True):
+                 run: bool = True, link: str = "this machine"):
+        from ..runtime.link import PRESETS
         from ..strategies import get
 
         w = ipywidgets()
@@ -54,11 +57,14 @@ class TimelinePanel(Panel):
         self._build_common()
         self.strategy = w.Dropdown(options=names, value=names[-1], description="strategy")
         self.controls = {name: _option_control(name, spec, w) for name, spec in (controls or {}).items()}
+        #: the emulated link every collective completes through ("this machine": none)
+        self.link = w.Dropdown(options=list(PRESETS), value=link, description="link")
         self.strategy.observe(self._changed, names="value")
+        self.link.observe(self._changed, names="value")
         for control in self.controls.values():
             control.observe(self._changed, names="value")
         self._enable_controls()
-        top = ([self.strategy] if len(names) > 1 else []) + list(self.controls.values())
+        top = ([self.strategy] if len(names) > 1 else []) + list(self.controls.values()) + [self.link]
         self.box = w.VBox([w.HBox(top, layout=w.Layout(flex_flow="row wrap")),
                            w.HBox([self.run_button, self.progress, self.status]), self.image, self.details])
         if run:
@@ -87,28 +93,26 @@ class TimelinePanel(Panel):
 
     def run(self):
         """Train the chosen strategy with the controls' options, keeping records, then draw."""
-        kwargs = dict(steps=self.steps, precision=self.precision, keep_records=True, **self.options())
+        kwargs = dict(steps=self.steps, precision=self.precision, keep_records=True, link=self.link.value,
+                      **self.options())
         return self._run_and_draw([(self.strategy.value, self.world_size, kwargs)])
 
     def draw(self) -> None:
-        from ..plot import timeline
+        from ..runtime.timeline import exposed_comm_s
+        from .timeline_figure import timeline_figure
 
         report = self.last_report
-        n = len(report.result.ranks)
+        label = f"{self.strategy.value}, link {self.link.value}"
+        fig = timeline_figure({label: report}, self.draw_steps, width=10)
         if self.show_memory:
-            fig, (ax, mem) = new_figure(11, 1.6 + 0.9 * n, ncols=2, width_ratios=[4, 1])
-        else:
-            fig, ax = new_figure(10, 1.6 + 0.9 * n)
-        _, exposed = timeline(report, ax=ax, steps=self.draw_steps)
-        if self.show_memory:
-            peaks = [r.peak_bytes / 2**20 for r in report.result.ranks]
-            mem.bar(range(n), peaks, color="#8172B3")
+            mem = fig.add_axes([0.87, 0.2, 0.11, 0.5])
+            fig.subplots_adjust(right=0.82)
+            n = len(report.result.ranks)
+            mem.bar(range(n), [r.peak_bytes / 2**20 for r in report.result.ranks], color="#8172B3")
             mem.set_xticks(range(n), [f"r{r.rank}" for r in report.result.ranks], fontsize=8)
-            mem.set_ylabel("peak MiB", fontsize=8)
-            mem.set_title("peak memory", fontsize=9)
-        fig.tight_layout()
+            mem.set_title("peak MiB", fontsize=9)
         self.image.value = png(fig)
-        self.last_exposed_s = exposed
+        self.last_exposed_s = {r.rank: exposed_comm_s(r, steps=self.draw_steps) for r in report.result.ranks}
         self.details.value = table(timeline_rows(report, self.draw_steps))._repr_html_()
 
 
@@ -149,24 +153,28 @@ def max_in_flight(rank_result, op: str, step: int) -> int:
 
 
 def timeline_rows(report, steps: Optional[range] = None) -> list:
-    """Per rank: calls and traffic per step, exposed communication, step time, peak.
+    """Per rank: calls and traffic per step, and medians over ``steps`` of the step, backward compute,
+    exposed communication (of which waiting for a straggler, and sleeping for an emulated link), peak.
 
     Traffic: the ring cost of the payloads the ledger measured (a formula), the bytes
     zerokit's ring counted on the wire (measured; — where the backend ran the collectives),
     and the theory's formula on Ψ and N.
     """
-    from ..runtime.timeline import exposed_comm_s
+    from .timeline_figure import timeline_stats
 
     result = report.result
     steps = steps if steps is not None else range(len(result.ranks[0].step_times_s))
     rows = []
-    for rank in result.ranks:
+    for rank, stats in zip(result.ranks, timeline_stats(report, steps)):
         rows.append({"strategy": result.strategy, "rank": rank.rank,
                      "calls/step": rank.comm_calls_per_step,
                      RING_COST: rank.comm_ring_cost_bytes_per_step,
                      SENT: rank.comm_sent_bytes_per_step,
                      THEORY: rank.theory_comm_bytes_per_step,
-                     "exposed ms/step": round(1e3 * exposed_comm_s(rank, steps=steps) / len(steps), 2),
-                     "step ms": round(1e3 * sum(rank.step_times_s[s] for s in steps) / len(steps), 2),
+                     "exposed ms/step": round(stats["exposed ms"], 2),
+                     "straggler wait ms/step": round(stats["straggler wait ms"], 2),
+                     "emulated held ms/step": round(stats["emulated held ms"], 2),
+                     "backward ms": round(stats["backward ms"], 2),
+                     "step ms": round(stats["step ms"], 2),
                      "peak B": rank.peak_bytes})
     return rows

@@ -37,7 +37,13 @@ Presets (one direction, per rank; public figures, rounded):
   (InfiniBand Trade Association roadmap); 2-5 µs MPI latency (``osu_latency``);
 - ``"10gbe"``: 1.25 GB/s, 30 µs — 10 Gb Ethernet line rate (IEEE 802.3ae); 20-50 µs
   TCP round trips through the kernel stack;
+- ``"1gbe"``: 125 MB/s, 50 µs — 1 Gb Ethernet line rate (IEEE 802.3ab); slower than this
+  machine's gloo over shared memory even for large payloads, so its holds show on a CPU;
 - ``"this machine"`` (or None, "none"): no link — the backend's own speed.
+
+A link only ever delays: completion is the later of the backend's and the link's, so a
+link faster than the backend itself (10 GbE against gloo on two busy shared cores, for
+megabytes) holds nothing — ``held_s`` stays 0.
 """
 from __future__ import annotations
 
@@ -89,6 +95,7 @@ LINKS = {
     "pcie": Link("pcie", 5e-6, 25e9),
     "ib-100g": Link("ib-100g", 3e-6, 12.5e9),
     "10gbe": Link("10gbe", 30e-6, 1.25e9),
+    "1gbe": Link("1gbe", 50e-6, 125e6),
 }
 #: names meaning "no emulated link": the backend's own speed
 NO_LINK = ("this machine", "none")
