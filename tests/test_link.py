@@ -36,7 +36,7 @@ def _time_all_reduce(ctx, link, sizes, repeats):
     for w in works:
         w.wait()
     out["two async"] = time.perf_counter() - start
-    records = [r for r in comm.ledger().to_list()]
+    records = comm.ledger().to_list()
     comm.set_link(None)
     return out, records
 
@@ -46,8 +46,8 @@ def test_a_sync_all_reduce_takes_rounds_alpha_plus_bytes_beta():
     per_rank = zerokit.launch(_time_all_reduce, 2, SLOW, sizes, 3)
     for out, records in per_rank:
         for nbytes in sizes:
-            model = theory.link_seconds(theory.ring_bytes_sent("all_reduce", nbytes, 2), theory.ring_steps("all_reduce", 2),
-                                        SLOW.bandwidth_Bps, SLOW.alpha_s)
+            model = theory.link_seconds(theory.ring_bytes_sent("all_reduce", nbytes, 2),
+                                        theory.ring_steps("all_reduce", 2), SLOW.bandwidth_Bps, SLOW.alpha_s)
             # never faster than the link; at most 20 % + 3 ms slower (sleep granularity, gloo, a busy machine)
             assert model <= out[nbytes] <= 1.2 * model + 3e-3, (nbytes, out[nbytes], model)
         one = SLOW.seconds("all_reduce", theory.ring_bytes_sent("all_reduce", sizes[-1], 2), 2)

@@ -111,7 +111,8 @@ def test_backward_span_stops_where_backward_compute_stops_and_straggler_waits_na
         for step in (0, 1):
             names = [c["name"] for c in line["compute"] if c["step"] == step]
             assert names == ["forward", "backward", "grad sync", "step"]
-            backward, sync = (c for c in line["compute"] if c["step"] == step and c["name"] in ("backward", "grad sync"))
+            backward, sync = (c for c in line["compute"]
+                              if c["step"] == step and c["name"] in ("backward", "grad sync"))
             launches = [c["start"] for c in line["comm"] if c["step"] == step and c["phase"] == "backward"]
             assert backward["end"] <= min(launches) and sync["start"] == backward["end"]
     waits = timeline.straggler_waits(lines)

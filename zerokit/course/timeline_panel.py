@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
-from .figures import new_figure, png
+from .figures import png
 from .panel import Panel, ipywidgets
 from .tables import RING_COST, SENT, THEORY, table
 

@@ -110,7 +110,8 @@ def exposed_comm_s(rank_result, steps: Optional[range] = None) -> float:
     That is every synchronous collective's whole duration plus every ``wait`` on an
     asynchronous one: the communication that did not hide behind compute. Peers whose
     library waits internally (torch DDP) record no blocked time; their exposed time is
-    not visible to the ledger.
+    not visible to the ledger. Under an emulated link it includes the sleep for the link
+    (:func:`held_comm_s`).
     """
     return sum(r["blocked_s"] for r in _records(rank_result)
                if r["phase"] != "setup" and (steps is None or r["step"] in steps))
