@@ -2,9 +2,10 @@
 
 Each round runs, in rotating order, zerokit's ``pp`` and torch's peer for every schedule both
 have (GPipe, 1F1B, interleaved with 2 chunks) on the same tiny GPT, the same stages and the
-same micro-batches. Reported per schedule: the median step time of each (the first step
-left out), their ratio (zerokit / torch; below 1.0 is faster), the ratio of peak bytes per
-rank (measured by the ledger on the busiest rank), and zerokit's measured bubble next to
+same micro-batches. Timed runs use ``track_peak=False``; one more run of each with the
+memory ledger's hooks gives the peak. Reported per schedule: the median step time of each
+(the first step left out), their ratio (zerokit / torch; below 1.0 is faster, paired round
+by round), the ratio of peak bytes per rank (the busiest rank), and zerokit's measured bubble next to
 the simulated one (t_b = 2·t_f) — on a shared CPU the measured bubble also counts the time
 a rank waits for a core.
 """
@@ -15,6 +16,7 @@ import sys
 import time
 
 from . import median, ratio
+from .rounds import PEAK_STEPS
 from .table import conditions, load_average, machine, ms, noise, table
 
 PAIRS = [("gpipe", "torch-pp-gpipe", 1), ("1f1b", "torch-pp-1f1b", 1), ("interleaved", "torch-pp-interleaved", 2)]
@@ -24,13 +26,14 @@ COLUMNS = [("schedule", "schedule", "s"), ("pp ms", "pp_s", ms), ("torch ms", "t
            ("simulated", "simulated", ".3f"), ("IQR/median", "noise", ".2f")]
 
 
-def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: int, timeout_s: float) -> dict:
+def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: int, timeout_s: float,
+        track_peak: bool = False) -> dict:
     from ..pipeline_parallel import measured, schedule as build
     from ..train import train
 
     options = {"schedule": schedule, "chunks": chunks} if strategy == "pp" else {}
     report = train(work, strategy, world_size=p, steps=steps, optimizer="adamw", micro_batches=m, reference=False,
-                   timeout_s=timeout_s, **options)
+                   timeout_s=timeout_s, track_peak=track_peak, **options)
     result = report.results[0]
     ranks = sorted(result.ranks, key=lambda r: r.coords["pp"])
     times = [max(r.step_times_s[s] for r in ranks) for s in range(1, steps)]
@@ -73,13 +76,15 @@ def main(argv=None) -> int:
             sched, _, chunks, name = plan[i]
             samples[i].append(run(work, name, sched, chunks, p, m, args.steps, args.timeout))
             log(f"round {r + 1}/{args.rounds}: {name} {sched}: {1000 * samples[i][-1]['step_s']:.1f} ms")
+    peaks = [run(work, name, sched, chunks, p, m, PEAK_STEPS, args.timeout, track_peak=True)["peak"]
+             for sched, _, chunks, name in plan]
     rows = []
     for k, (sched, peer, chunks) in enumerate(PAIRS):
         ours, theirs = samples[2 * k], samples[2 * k + 1]
         rows.append({"schedule": sched, "pp_s": median([a["step_s"] for a in ours]),
                      "torch_s": median([b["step_s"] for b in theirs]),
                      "time": median([ratio(a["step_s"], b["step_s"]) for a, b in zip(ours, theirs)]),
-                     "peak": ratio(median([a["peak"] for a in ours]), median([b["peak"] for b in theirs])),
+                     "peak": ratio(peaks[2 * k], peaks[2 * k + 1]),
                      "bubble": median([a["bubble"] for a in ours]),
                      "simulated": simulate(build(sched, p, m, chunks)).bubble_fraction,
                      "noise": _noisier(noise([t for a in ours for t in a["times"]]),
@@ -87,8 +92,8 @@ def main(argv=None) -> int:
     print(f"zerokit bench pipeline — {work.description}; p = {p}, m = {m}, fp32 AdamW, {args.steps} steps × "
           f"{args.rounds} rounds; {start_machine}")
     print(table("", COLUMNS, rows).lstrip("\n"))
-    print(f"(ratios are zerokit / torch, the time ratio paired round by round; peak: the busiest rank's, measured "
-          f"by the ledger in the timed runs; IQR/median: the noisier of the two)")
+    print("(ratios are zerokit / torch, the time ratio paired round by round; peak: the busiest rank's, one run each "
+          "with the memory ledger's hooks, apart from the timed runs; IQR/median: the noisier of the two)")
     print(conditions(rows, start_load, lambda r: r["schedule"]))
     print(f"bench finished in {time.perf_counter() - start:.0f} s")
     return 0
