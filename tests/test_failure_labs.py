@@ -64,7 +64,7 @@ def _crash(ctx):
 
 def test_the_failure_panel_runs_the_chosen_lab_and_shows_its_diagnosis():
     pytest.importorskip("ipywidgets")
-    panel = course.FailurePanel({"fine": (lambda ctx: ctx.rank, {}), "crash": (_crash, {"timeout_s": 20})})
+    panel = course.FailurePanel({"fine": (lambda ctx: ctx.rank, {}), "crash": (_crash, {"timeout_s": 20})}, run=False)
     assert panel.runs == 0 and panel.choice.options == ("fine", "crash")
     panel.choice.value = "crash"
     panel.run_button.click()
@@ -73,8 +73,11 @@ def test_the_failure_panel_runs_the_chosen_lab_and_shows_its_diagnosis():
     assert d.error == "RankFailed" and d.ranks == (1,) and d.cause == "SystemExit", d
     assert "RankFailed" in panel.status.value and "rank(s) [1]" in panel.status.value
     assert "rank 0 is in all_reduce #2 of setup" in d.where and d.where in panel.details.value
+    assert d.per_rank() == {0: d.per_rank()[0], 1: d.per_rank()[1]} and d.per_rank()[0].startswith("in all_reduce")
+    picture = panel.image.value
+    assert picture and "image/png" in panel._repr_mimebundle_()
     panel.choice.value = "fine"
-    assert panel.run().error == "" and panel.runs == 2
+    assert panel.run().error == "" and panel.runs == 2 and panel.image.value != picture
     assert "FailurePanel" in repr(panel)
     with pytest.raises(ValueError, match="at least one lab"):
         course.FailurePanel({})

@@ -10,8 +10,10 @@ slots and the collective check), the seconds until the error, and the message it
 with loopback ports and file paths taken out (:func:`scrub`).
 
 :class:`FailurePanel` holds the labs a notebook defines (``{name: (fn, launch kwargs)}``):
-a dropdown picks one, Run runs it with :func:`run_lab`, and the status line and a text
-box show the diagnosis; a failed run of the panel itself is shown, not raised.
+a dropdown picks one, Run runs it with :func:`run_lab` (the first one runs at
+construction), and the status line, a picture (:func:`diagnosis_figure`: one row per
+rank, where it was, the blamed rank outlined) and a text box show the diagnosis; a
+failed run of the panel itself is shown, not raised.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
-from .panel import ipywidgets
+from .figures import png
+from .panel import ipywidgets, mimebundle
 
-__all__ = ["Diagnosis", "run_lab", "scrub", "FailurePanel"]
+__all__ = ["Diagnosis", "run_lab", "scrub", "FailurePanel", "diagnosis_figure"]
 
 _PORT = re.compile(r"\[?127\.0\.0\.1\]?:\d+")
 _PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+(?=[\w.+-]+\.(?:py|cc|cpp|h)\b)")
@@ -62,6 +65,16 @@ class Diagnosis:
     message: str = field(repr=False, default="")
     #: what the ranks printed (stack dumps included), scrubbed
     output: str = field(repr=False, default="")
+
+    def per_rank(self) -> Dict[int, str]:
+        """``where`` cut back into one sentence part per rank ({1: "is dead; it was in all_reduce #7 …"})."""
+        parts: Dict[int, str] = {}
+        for clause in re.split(r"; (?=ranks? \d)|\. (?=ranks? \d+ returned)", self.where):
+            found = re.match(r"ranks? ([\d, ]+?) (?:is|are) (.*)", clause)
+            if found:
+                for rank in found.group(1).split(","):
+                    parts[int(rank)] = found.group(2)
+        return parts
 
     def reading(self) -> str:
         """The diagnosis in a few lines: error, rank, op/call/phase, cause, where the others were."""
@@ -115,10 +128,38 @@ def run_lab(name: str, fn: Callable, world_size: int = 2, **launch_kwargs) -> Di
     return Diagnosis(name, "", (), "", "", 0, "", time.perf_counter() - start, "", "", "", scrub(captured.getvalue()))
 
 
+_COLORS = {"finished": "#55A868", "dead": "#C44E52", "waiting": "#DD8452", "in": "#DD8452", "not": "#8C8C8C"}
+
+
+def diagnosis_figure(d: Diagnosis):
+    """One row per rank: where it was when the launch failed, coloured by state, the blamed rank outlined."""
+    from .figures import new_figure
+
+    parts = d.per_rank()
+    ranks = sorted(parts) or list(d.ranks)
+    fig, ax = new_figure(10, 0.8 + 0.55 * max(1, len(ranks)))
+    for row, rank in enumerate(ranks):
+        part = parts.get(rank, "")
+        color = _COLORS.get(part.split(" ")[0].rstrip(";"), "#4C72B0")
+        blamed = rank in d.ranks
+        ax.barh(row, 1, color=color, alpha=0.35, edgecolor="#222222" if blamed else color, linewidth=2 if blamed else 1)
+        label = (f"rank {rank}" + (" (blamed)" if blamed else "") + f": {part}")
+        ax.text(0.01, row, label if len(label) < 100 else label[:97] + "…", va="center", fontsize=11)
+    ax.set_yticks([])
+    ax.set_xticks([])
+    ax.set_xlim(0, 1)
+    ax.invert_yaxis()
+    ax.set_title(f"{d.lab}: {d.error or 'no error'} after {d.seconds:.1f} s (measured)"
+                 + (f" — {d.cause}" if d.cause else ""), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 class FailurePanel:
     """A dropdown of failure labs → Run launches the chosen one and shows zerokit's diagnosis of it."""
 
-    def __init__(self, labs: Dict[str, Tuple[Callable, dict]], world_size: int = 2, value: Optional[str] = None):
+    def __init__(self, labs: Dict[str, Tuple[Callable, dict]], world_size: int = 2, value: Optional[str] = None,
+                 run: bool = True):
         if not labs:
             raise ValueError("FailurePanel(labs=…) needs at least one lab: {name: (fn, launch kwargs)}")
         w = ipywidgets()
@@ -128,11 +169,14 @@ class FailurePanel:
         self.run_button.on_click(lambda _: self.run())
         self.status = w.HTML(value="")
         self.details = w.Textarea(value="", layout=w.Layout(width="100%", height="160px"), disabled=True)
+        self.image = w.Image(format="png")
         self.last: Optional[Diagnosis] = None
         self.last_error: Optional[str] = None
         #: how many labs the panel has run (a test reads it)
         self.runs = 0
-        self.box = w.VBox([w.HBox([self.choice, self.run_button]), self.status, self.details])
+        self.box = w.VBox([w.HBox([self.choice, self.run_button]), self.status, self.image, self.details])
+        if run:
+            self.run()
 
     def run(self) -> Optional[Diagnosis]:
         """Run the chosen lab and show its diagnosis."""
@@ -155,10 +199,11 @@ class FailurePanel:
         self.status.value = (f"<b>{html.escape(d.error or 'no error')}</b> after {d.seconds:.1f} s, blaming "
                              f"{blamed}{html.escape(at)}" + (f" — {html.escape(d.cause)}" if d.cause else ""))
         self.details.value = d.reading()
+        self.image.value = png(diagnosis_figure(d))
         return d
 
     def __repr__(self) -> str:
         return "FailurePanel: an interactive panel — run this notebook in Jupyter to use it"
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.box._repr_mimebundle_(**kwargs) | {"text/plain": repr(self)}
+        return mimebundle(self, **kwargs)
