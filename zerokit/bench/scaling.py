@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .table import load_average
+
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 GPT = dict(vocab=512, seq_len=8, d_model=128, n_layer=4, n_head=4, batch_size=840)  # bytes do not depend on s or b
 
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
             print(f"{strategy:<8}{n:>3}{r['states']:>14,}{r['states_theory']:>14,}{r['sent']:>14,.0f}"
                   f"{r['sent_theory']:>14,.0f}")
     print(f"largest |measured − theory|: {worst:,.0f} B")
+    print(f"conditions: {load_average()}; bytes only, no timing: the load and the noise of the machine change none "
+          f"of these numbers")
     plot(rows, args.world_sizes, args.out)
     print(f"picture: {args.out}")
     return 0 if worst == 0 else 1
