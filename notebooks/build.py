@@ -25,7 +25,9 @@ HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "src"
 #: seconds one cell may take (the longest cell of the course takes a few seconds)
 CELL_TIMEOUT_S = 120
-#: the output a widget shows only in a live kernel; a committed notebook keeps its text form
+#: the output a widget shows only in a live kernel; a committed notebook keeps its other forms — a panel's
+#: text/plain line and the image/png of its last picture (zerokit.course.panel.mimebundle), which GitHub and
+#: nbviewer show without a kernel
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -67,7 +69,7 @@ def notebook_from_source(path: Path) -> nbformat.NotebookNode:
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop what differs between machines and runs: execution timestamps, widget state and views."""
+    """Drop what differs between machines and runs: execution timestamps, widget state and views (a panel's PNG stays)."""
     nb.metadata.pop("widgets", None)
     nb.metadata["language_info"] = {"name": "python"}
     for cell in nb.cells:
