@@ -33,64 +33,100 @@ def memory_bars(report, ax=None, categories=("params", "grads", "optimizer")):
 
 # --- timelines ---------------------------------------------------------------------------------
 
-TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "step": "#55A868",
-                   "comm": "#B8B0D8", "exposed": "#C44E52"}
+TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "grad sync": "#F2C6A0", "step": "#55A868",
+                   "in flight": "#D9D4EE", "emulated link": "#8C8C8C", "exposed": "#C44E52",
+                   "straggler wait": "#F0A030"}
 
 
-def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
-    """Per-rank Gantt chart: compute on top (forward, backward, step), communication below.
+def draw_timeline(ax, report_or_result, steps=None, modules: bool = False, legend_size: float = 9):
+    """Draw one run's per-rank rows on ``ax``; returns ``steps`` (the steps drawn, default all).
 
-    Each collective is drawn from its launch to its known completion; the part during
-    which the rank was blocked on it — the *exposed* communication — is shaded red.
-    ``report_or_result``: a Report (its first strategy), a StrategyResult or a list of
-    RankResults from ``zerokit.train(..., keep_records=True)``. ``steps``: a range of
-    training steps to draw (default: all). ``modules``: also draw every leaf module's
-    forward and backward as thin bars. Returns ``(ax, {rank: exposed seconds})`` over
-    the steps drawn.
+    Compute above each rank's line (forward; backward, which ends where the last module's
+    backward ended; "grad sync", the rest of ``engine.backward``; the step), communication
+    below, in layers bottom to top so nothing hides the part that costs time: a collective
+    from launch to known completion (in flight), the emulated link's span when there is one
+    (:mod:`zerokit.runtime.link`), the **exposed** time — blocked on it — in red, and the
+    part of that spent waiting for a peer that had not yet launched the same collective
+    (:func:`zerokit.runtime.timeline.straggler_waits`) in orange, labelled with the peer.
+    The x-axis is ms from the first drawn step's start.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    from .runtime.timeline import exposed_comm_s, rank_timeline, ranks_of
+    from .runtime.timeline import rank_timeline, ranks_of, straggler_waits
 
     ranks = ranks_of(report_or_result)
     lines = [rank_timeline(r) for r in ranks]
     if steps is None:
         steps = range(max((c["step"] for line in lines for c in line["compute"]), default=0) + 1)
-    keep = lambda item: item["step"] in steps  # noqa: E731
+    keep = lambda item: item["step"] in steps and item.get("phase") != "setup"  # noqa: E731
     starts = [c["start"] for line in lines for c in line["compute"] if keep(c)]
     if not starts:
         raise ValueError(f"no training step in steps={steps!r} was traced")
     t0 = min(starts)
-    ms = lambda t: 1000 * (t - t0)  # noqa: E731
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.9 + 0.9 * len(lines)))
-    exposed = {}
-    for row, (rank, line) in enumerate(zip(ranks, lines)):
+    ms = lambda t: 1e3 * (t - t0)  # noqa: E731
+    waits = [w for w in straggler_waits(lines) if w["step"] in steps]
+
+    def bar(x0, x1, y, h, color, z, **kw):
+        ax.broken_barh([(ms(x0), max(ms(x1) - ms(x0), 0.05))], (y, h), color=color, zorder=z, **kw)
+
+    for row, line in enumerate(lines):
         y = len(lines) - 1 - row
         for c in filter(keep, line["compute"]):
-            ax.broken_barh([(ms(c["start"]), ms(c["end"]) - ms(c["start"]))], (y + 0.05, 0.4),
-                           color=TIMELINE_COLORS.get(c["name"], "#999999"))
+            bar(c["start"], c["end"], y + 0.05, 0.4, TIMELINE_COLORS.get(c["name"], "#999999"), 1)
         if modules:
             for m in filter(keep, line["modules"]):
-                ax.broken_barh([(ms(m["start"]), ms(m["end"]) - ms(m["start"]))], (y + 0.38, 0.07),
-                               color="black", alpha=0.5)
-        for c in line["comm"]:
-            if c["phase"] == "setup" or c["step"] not in steps:
-                continue
-            ax.broken_barh([(ms(c["start"]), max(ms(c["end"]) - ms(c["start"]), 1e-3))], (y - 0.45, 0.4),
-                           facecolor=TIMELINE_COLORS["comm"], edgecolor="#6A5ACD", linewidth=0.5)
+                bar(m["start"], m["end"], y + 0.38, 0.07, "black", 2, alpha=0.5)
+        comm = list(filter(keep, line["comm"]))
+        for c in comm:
+            bar(c["start"], c["end"], y - 0.45, 0.4, TIMELINE_COLORS["in flight"], 2, edgecolor="#6A5ACD",
+                linewidth=0.4)
+        for c in comm:
+            if "emulated_start" in c:
+                bar(c["emulated_start"], c["emulated_end"], y - 0.45, 0.1, TIMELINE_COLORS["emulated link"], 3)
+        for c in comm:  # exposed on top of everything in flight
             if c["blocked_s"] > 0:
-                ax.broken_barh([(ms(c["blocked_start"]), 1000 * c["blocked_s"])], (y - 0.45, 0.4),
-                               color=TIMELINE_COLORS["exposed"])
-        exposed[rank.rank] = exposed_comm_s(rank, steps=steps)
+                bar(c["blocked_start"], c["end"], y - 0.33, 0.28, TIMELINE_COLORS["exposed"], 4)
+        mine = [w for w in waits if w["rank"] == line["rank"]]
+        for w in mine:
+            bar(w["start"], w["end"], y - 0.33, 0.28, TIMELINE_COLORS["straggler wait"], 5)
+        if mine:
+            longest = max(mine, key=lambda w: w["end"] - w["start"])
+            ax.annotate(f"waits for r{longest['peer']}", (ms(longest["start"]), y - 0.47),
+                        fontsize=legend_size - 1, va="top", color="#9A5B00", zorder=6)
     ax.set_yticks(range(len(lines)), [f"rank {r.rank}" for r in reversed(ranks)])
+    ax.set_ylim(-0.75, len(lines) - 0.4)
+    return steps
+
+
+def timeline_legend(ax, legend_size: float = 9, **where):
+    """The legend of :func:`draw_timeline`'s colours."""
+    from matplotlib.patches import Patch
+
+    where = where or dict(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    ax.legend(handles=[Patch(color=v, label=k) for k, v in TIMELINE_COLORS.items()], fontsize=legend_size - 1,
+              frameon=False, **where)
+
+
+def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
+    """One run's per-rank Gantt chart (:func:`draw_timeline`), titled with each rank's exposed time.
+
+    ``report_or_result``: a Report (its first strategy), a StrategyResult or a list of
+    RankResults from ``zerokit.train(..., keep_records=True)``. ``steps``: a range of
+    training steps to draw (default: all). ``modules``: also draw every leaf module's
+    forward and backward as thin bars. Returns ``(ax, {rank: exposed seconds})`` over
+    the steps drawn. :func:`zerokit.course.timeline_figure` puts several runs on one axis.
+    """
+    import matplotlib.pyplot as plt
+
+    from .runtime.timeline import exposed_comm_s, ranks_of
+
+    ranks = ranks_of(report_or_result)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.9 + 0.9 * len(ranks)))
+    steps = draw_timeline(ax, report_or_result, steps, modules)
+    exposed = {rank.rank: exposed_comm_s(rank, steps=steps) for rank in ranks}
     ax.set_xlabel("ms")
     shown = ", ".join(f"r{r} {1000 * s:.1f} ms" for r, s in exposed.items())
     ax.set_title(f"compute (top) and communication (bottom) per rank; exposed communication: {shown}",
                  fontsize=9)
-    ax.legend(handles=[Patch(color=TIMELINE_COLORS[k], label=k if k != "comm" else "comm in flight")
-                       for k in ("forward", "backward", "step", "comm", "exposed")],
-              fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(lines)), ncol=5)
+    timeline_legend(ax, bbox_to_anchor=(0.5, -0.25 - 0.3 / len(ranks)), loc="upper center", ncol=4)
     ax.figure.tight_layout()
     return ax, exposed
