@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -63,6 +64,14 @@ def add_ratios(rows) -> None:
         row["vs_baseline"] = row["step_s"] / base["step_s"] if base else None
 
 
+def _minor_label(value, _) -> str:
+    """Label the 2s and 5s between the decades of a log axis, plainly (0.5, 2, 20), and no other minor tick."""
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if mantissa in (2, 5) else ""
+
+
 def plot(rows, strategies, out: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
@@ -88,13 +97,14 @@ def plot(rows, strategies, out: str) -> None:
     low = min([1000 * r["link_s"] for r in linked] + [1000 * r["exposed_s"] for r in linked] + [1.0])
     top = max([1000 * r["link_s"] for r in linked] + [1000 * r["exposed_s"] for r in linked] + [1.0])
     hidden.plot([low, top], [low, top], color="grey", lw=0.8, ls="--", label="exposed = link time")
+    hidden.set_xscale("log")
+    hidden.set_yscale("log")
     for ax in (times, hidden):
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    hidden.set_xscale("log")
-    hidden.set_yscale("log")
+            axis.set_minor_formatter(FuncFormatter(_minor_label))
     hidden.set_xlabel("link time per step (ms, emulated: rounds·α + bytes·β)")
-    hidden.set_ylabel("exposed communication per step (ms, measured)")
+    hidden.set_ylabel("exposed comm. per step (ms, measured)")
     hidden.legend(fontsize=8, frameon=False)
     fig.suptitle(f"tiny GPT, fp32 AdamW, 2 ranks, α = {rows[0].get('alpha_us', 0):g} µs: step time against an "
                  f"emulated link's bandwidth", fontsize=10)

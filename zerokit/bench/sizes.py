@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -58,6 +59,14 @@ def add_ratios(rows) -> None:
         row["vs_peer"] = paired_ratio(row, match) if match else None
 
 
+def _minor_label(value, _) -> str:
+    """Label the 2s and 5s between the decades of a log axis, plainly (0.5, 2, 20), and no other minor tick."""
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if mantissa in (2, 5) else ""
+
+
 def plot(rows, strategies, out: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
@@ -83,6 +92,7 @@ def plot(rows, strategies, out: str) -> None:
         ax.set_xlabel("parameters Ψ (millions)")
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(FuncFormatter(_minor_label))
     times.set_ylabel("median step time (ms, measured)")
     times.legend(fontsize=8, frameon=False)
     ratios.axhline(1.0, color="grey", lw=0.8)
