@@ -117,10 +117,10 @@ class CheckpointingPanel:
             left.bar(i - width / 2, stored / 1024, width, color="#4C72B0", label="stored after forward" if i == 0 else None)
             left.bar(i + width / 2, peak / 1024, width, color="#C44E52", label="peak in backward" if i == 0 else None)
         if r["theory_peak"] is not None:
-            left.plot([1 - width, 1], [r["theory_stored"] / 1024] * 2, color="black", lw=2,
+            left.plot([1 - width, 1], [r["theory_stored"] / 1024] * 2, color="black", lw=2, zorder=3,
                       label="theory.checkpointed_activation_bytes (on measured A, X)")
-            left.plot([1, 1 + width], [r["theory_peak"] / 1024] * 2, color="black", lw=2)
-        left.plot([-width, 0], [r["n"] * r["korthikanti_A"] / 1024] * 2, color="#777777", lw=2, ls=":",
+            left.plot([1, 1 + width], [r["theory_peak"] / 1024] * 2, color="black", lw=2, zorder=3)
+        left.plot([-width, 0], [r["n"] * r["korthikanti_A"] / 1024] * 2, color="black", lw=2, ls=":", zorder=3,
                   label="n × Korthikanti's A (term by term)")
         k = f", k = {r['segment_layers']}" if r["segment_layers"] else ""
         left.set_xticks([0, 1], ["none", f"{r['policy']}{k}"])
