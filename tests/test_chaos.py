@@ -2,7 +2,8 @@
 
 Each run: a job on 2 ranks checkpoints after every step (zerokit.checkpoint); each rank also starts a
 child process (as a DataLoader worker would); one rank, drawn by a seeded generator, kills itself with
-SIGKILL before its backward, after it, or after its optimizer step, at a drawn step. The launch must end
+SIGKILL before its backward, after it, after its optimizer step, or halfway through writing its
+checkpoint shard, at a drawn step. The launch must end
 with RankFailed naming that rank and the signal, within timeout_s + 5 s of the kill; no process of the run
 may be left (the ranks, and the children they started: checked with psutil against the test's own
 children before the run); and a fresh launch resumed from the last checkpoint that exists must give the
@@ -28,7 +29,7 @@ from zerokit import checkpoint
 
 STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 STEPS, BATCH, TIMEOUT_S = 4, 8, 10.0
-POINTS = ("before backward", "after backward", "after step")
+POINTS = ("before backward", "after backward", "after step", "during save")
 RUNS = 20
 
 
@@ -69,9 +70,22 @@ def _job(ctx, stage, directory, resume_from=None, kill=None, marks=None):
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 
+    now = [start]
+    if kill is not None and kill[0] == ctx.rank and kill[2] == "during save":  # die with half a shard written
+        real_save = torch.save
+
+        def dying_save(obj, f, *args, **kwargs):
+            if now[0] == kill[1] and hasattr(f, "write"):
+                f.write(b"half a shard")
+                f.flush()
+                maybe_die(now[0], "during save")
+            return real_save(obj, f, *args, **kwargs)
+        torch.save = dying_save  # in this rank's process only
+
     losses = {}
     per = BATCH // ctx.world_size
     for step in range(start, STEPS):
+        now[0] = step
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(BATCH, 6, generator=g), torch.randn(BATCH, 3, generator=g)
         loss = F.mse_loss(engine(x[ctx.rank * per:(ctx.rank + 1) * per]), y[ctx.rank * per:(ctx.rank + 1) * per])
@@ -138,6 +152,8 @@ def test_a_killed_rank_is_named_nothing_is_left_and_the_last_checkpoint_resumes_
     last = _last_checkpoint(ckdir)
     saved = 0 if last is None else int(last.rsplit("-", 1)[1])
     assert saved == step, (saved, step, point)  # every step before the killed one saved, the killed one did not
+    if point == "during save":  # the killed save left its temporary directory, never a step-(k+1) directory
+        assert any(p.startswith(f".step-{step + 1}.tmp-") for p in os.listdir(ckdir)), os.listdir(ckdir)
     resumed = zerokit.launch(_job, 2, STAGES[name], str(tmp_path / "again"), resume_from=last, timeout_s=60)[0]
     assert sorted(resumed) == list(range(saved, STEPS))
     for s, loss in resumed.items():
