@@ -42,18 +42,43 @@ def _time_all_reduce(ctx, link, sizes, repeats):
 
 
 def test_a_sync_all_reduce_takes_rounds_alpha_plus_bytes_beta():
-    sizes = [100_000, 400_000]
+    sizes = [400_000, 1_600_000]  # 10 ms and 34 ms on the slow link: far above a busy machine's jitter
     per_rank = zerokit.launch(_time_all_reduce, 2, SLOW, sizes, 3)
     for out, records in per_rank:
         for nbytes in sizes:
             model = theory.link_seconds(theory.ring_bytes_sent("all_reduce", nbytes, 2),
                                         theory.ring_steps("all_reduce", 2), SLOW.bandwidth_Bps, SLOW.alpha_s)
-            # never faster than the link; at most 20 % + 3 ms slower (sleep granularity, gloo, a busy machine)
-            assert model <= out[nbytes] <= 1.2 * model + 3e-3, (nbytes, out[nbytes], model)
+            # never faster than the link; at most 20 % + 10 ms slower (sleep granularity, gloo, a busy machine)
+            assert model <= out[nbytes] <= 1.2 * model + 10e-3, (nbytes, out[nbytes], model)
         one = SLOW.seconds("all_reduce", theory.ring_bytes_sent("all_reduce", sizes[-1], 2), 2)
-        assert 2 * one <= out["two async"] <= 2.4 * one + 3e-3  # serialised on the rank's link
+        assert 2 * one <= out["two async"] <= 2.4 * one + 10e-3  # serialised on the rank's link
         for r in records:
             assert r["link"] == "slow" and r["emulated_s"] > 0 and r["held_s"] <= r["blocked_s"] + 1e-9
+
+
+def _time_ring_all_reduce(ctx, link, nbytes):
+    import torch
+    import torch.distributed as dist
+
+    from zerokit.runtime.ring import ring_all_reduce
+
+    comm.set_link(link)
+    x = torch.ones(nbytes // 4)
+    dist.barrier()
+    start = time.perf_counter()
+    ring_all_reduce(x)
+    took = time.perf_counter() - start
+    comm.set_link(None)
+    return took, comm.ledger().to_list()[-1]
+
+
+def test_zerokits_own_ring_is_held_by_the_link_too():
+    nbytes = 200_000
+    model = SLOW.seconds("all_reduce", theory.ring_bytes_sent("all_reduce", nbytes, 2), 2)
+    for took, record in zerokit.launch(_time_ring_all_reduce, 2, SLOW, nbytes):
+        assert record["algorithm"] == "ring" and record["link"] == "slow"
+        assert record["emulated_s"] == pytest.approx(model)
+        assert took >= model and record["sent_bytes"] == theory.ring_bytes_sent("all_reduce", nbytes, 2)
 
 
 def test_overlap_hides_emulated_communication_behind_backward():
