@@ -327,10 +327,12 @@ assert with_no_sync == formula and forgotten_everywhere == 2 * formula, (with_no
 # process dies, and it checks sizes. **NCCL does neither**: a collective is a kernel queued on
 # a GPU stream, and a rank whose peer never arrives — lab 1, lab 4 across hosts, lab 6 — just
 # spins in that kernel. What ends it is the **watchdog**, a thread in each rank that checks the
-# queued collectives against the process group's `timeout` (default 10 minutes for NCCL in
-# recent torch): with `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` (the default value in recent torch;
-# older ones called it `NCCL_ASYNC_ERROR_HANDLING`) it aborts the communicator and kills the
-# process, so the launcher sees a crash after the timeout, not at once. Hence, on GPUs:
+# queued collectives against the process group's `timeout` (10 minutes by default for NCCL).
+# `TORCH_NCCL_ASYNC_ERROR_HANDLING` says what it does then (older torch:
+# `NCCL_ASYNC_ERROR_HANDLING`): 1 aborts the communicator and tears the process down (torchrun
+# sets 1), 3 tears it down without the abort, 2 only aborts, 0 does nothing — and the job
+# hangs for good. Either way the launcher sees a crash *after the timeout*, not at once. Hence,
+# on GPUs:
 #
 # - pass a short `timeout=` to `init_process_group` while debugging (zerokit sets it from
 #   `timeout_s`), and use `heartbeat_s` to stop a stall before that;
