@@ -306,9 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_grade_command(sub)
 
+    from .bench import SUITES
+
     bench = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
     bench.add_argument("--quick", action="store_true", help="every suite, one short round each (minutes)")
-    bench.add_argument("suite", nargs="?", help="ddp, zero, offload, pipeline or scaling")
+    bench.add_argument("suite", nargs="?", help=", ".join(SUITES[:-1]) + " or " + SUITES[-1])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -120,7 +120,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     engine = Engine(strategy, job.config.micro_batches, zero_grad_after_step=False)
     memory = MemoryLedger()
     if pipeline is not None:
-        pipeline.executor.memory = memory
+        pipeline.executor.memory = memory if job.track_peak else None  # its per-action samples cost time
         pipeline.infer_shapes([(_to_device(x, ctx.device, dtype), y) for x, y in
                                _local_batch(job, ctx, 0, cls.data_parallel)])
     strategy.track_memory(memory)
