@@ -104,3 +104,13 @@ def test_frozen_parameters_are_held_but_neither_graded_nor_stepped():
     assert (states.params, states.grads, states.optimizer) == (4 * 70 + 4 * 30, 4 * 35, 8 * 35)
     states = theory.model_state_bytes(3, 100, 2, "fp32", "sgd", units=[70], frozen_numel=30)
     assert (states.params, states.grads) == (4 * 35 + 4 * 30, 4 * 35)
+
+
+def test_model_flops_utilization_is_six_psi_per_token_over_the_peak():
+    assert theory.training_flops_per_token(65e9) == 6 * 65e9
+    # 1,000 tokens/s/GPU on a 1 B model on a 312 TFLOP/s A100: 6e12 / 312e12
+    assert theory.model_flops_utilization(1e9, 1000, 312e12) == pytest.approx(6e12 / 312e12)
+    with pytest.raises(ValueError, match="psi"):
+        theory.training_flops_per_token(0)
+    with pytest.raises(ValueError, match="peak_flops"):
+        theory.model_flops_utilization(1e9, 1000, 0)

@@ -24,7 +24,8 @@ from .deepspeed import (  # noqa: F401
     deepspeed_estimator_bytes_per_param, deepspeed_zero2_estimate, deepspeed_zero3_estimate,
     deepspeed_model_state_bytes)
 from .communication import (  # noqa: F401
-    RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds)
+    RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds,
+    ALL_REDUCE_ALGORITHMS, all_reduce_rounds, all_reduce_seconds)
 from .parallelism import (  # noqa: F401
     pipeline_makespan, bubble_fraction, zb_h1_bubble_fraction, bubble_over_ideal, peak_stashed_microbatches,
     tp_elements_sent_per_layer, tp_comm_bytes_per_step, tp_bytes_sent_per_step, tp_edge_bytes_per_step,
