@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
@@ -172,12 +171,9 @@ def test_the_installed_command_gives_a_usage_error_not_a_traceback():
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind():
+def no_process_left_behind(no_children_left):
     yield
-    deadline = time.monotonic() + 5
-    while (left := psutil.Process().children(recursive=True)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes left behind: {left}"
+    no_children_left()
 
 
 def test_the_table_is_big_enough():

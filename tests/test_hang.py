@@ -3,19 +3,11 @@ the heartbeat catches a stall before the timeout; debug mode fails fast on misma
 import pickle
 import time
 
-import psutil
 import pytest
 import torch
 
 from zerokit import RankFailed, RankTimeout, comm, launch
 from zerokit.runtime import hang
-
-
-def _no_children_left():
-    deadline = time.monotonic() + 5
-    while (left := psutil.Process().children(recursive=True)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes left behind: {left}"
 
 
 def _only_rank_2_gathers(ctx):
@@ -30,7 +22,7 @@ def _only_rank_2_gathers(ctx):
             comm.reduce_scatter(torch.zeros(2), torch.ones(2 * ctx.world_size))
 
 
-def test_a_collective_on_some_ranks_names_ranks_and_ops_within_the_timeout():
+def test_a_collective_on_some_ranks_names_ranks_and_ops_within_the_timeout(no_children_left):
     start = time.monotonic()
     with pytest.raises(RankTimeout) as info:
         launch(_only_rank_2_gathers, 4, timeout_s=8)
@@ -45,7 +37,7 @@ def test_a_collective_on_some_ranks_names_ranks_and_ops_within_the_timeout():
     assert e.last_collectives[2].startswith("all_gather #4 of forward")
     again = pickle.loads(pickle.dumps(e))
     assert (again.where, again.ranks, again.stalled_s) == (e.where, e.ranks, None)
-    _no_children_left()
+    no_children_left()
 
 
 def _stall_after_a_few(ctx):
@@ -57,7 +49,7 @@ def _stall_after_a_few(ctx):
         time.sleep(120)
 
 
-def test_the_heartbeat_catches_a_stall_well_before_the_timeout():
+def test_the_heartbeat_catches_a_stall_well_before_the_timeout(no_children_left):
     start = time.monotonic()
     with pytest.raises(RankTimeout) as info:
         launch(_stall_after_a_few, 2, timeout_s=120, heartbeat_s=2)
@@ -68,7 +60,7 @@ def test_the_heartbeat_catches_a_stall_well_before_the_timeout():
     assert "stalled" in str(e) and "heartbeat_s" in str(e)
     assert "rank 0 is in all_reduce #6 of setup" in e.where
     assert "rank 1 is not in a collective (last left all_reduce #5 of setup" in e.where
-    _no_children_left()
+    no_children_left()
 
 
 def _steady(ctx):
@@ -107,7 +99,7 @@ def _mismatched_shapes(ctx):
         comm.reduce_scatter(torch.zeros(n // 2), torch.ones(n))
 
 
-def test_debug_mode_fails_fast_on_mismatched_shapes_naming_both_sides():
+def test_debug_mode_fails_fast_on_mismatched_shapes_naming_both_sides(no_children_left):
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
         launch(_mismatched_shapes, 2, timeout_s=60, check_collectives=True)
@@ -116,7 +108,7 @@ def test_debug_mode_fails_fast_on_mismatched_shapes_naming_both_sides():
     assert "CollectiveMismatch" in text
     assert "rank 0 is in reduce_scatter of 4 float32 (#2 of backward)" in text, text
     assert "rank 1 is in reduce_scatter of 6 float32 (#2 of backward)" in text, text
-    _no_children_left()
+    no_children_left()
 
 
 def _mismatched_ops(ctx):

@@ -19,9 +19,10 @@ from . import grade  # callable: zerokit.grade(notebook) grades an exercise
 from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_dict
 from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
 from .runtime.link import Link
+from .runtime.replicas import ReplicasDiverged, check_replicas
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade",
-           "checkpoint", "Link", "links"]
+           "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged"]
 __version__ = "0.1.0"
