@@ -28,7 +28,7 @@ import time
 
 from . import median, ratio
 from .rounds import paired_ratio, peak_ratio, run_rounds
-from .table import conditions, load_average, machine, mib, ms, table
+from .table import conditions, load_average, machine, mib, ms, table, progress_log
 
 #: the tiny GPT of the sweep (zerokit.tiny_gpt's defaults: about 0.93 M parameters, 3.6 MiB of fp32 gradients)
 SWEEP_GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--bucket-mb {mb:g}: bucket sizes must be positive MiB")
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     sweep_work, heavy_work = tiny_gpt(**SWEEP_GPT), tiny_gpt(**HEAVY_GPT)
     sweep = run_rounds(sweep_work, args.world_sizes, lambda n: sweep_configs(args.bucket_mb), args.steps,

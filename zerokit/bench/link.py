@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 from .rounds import Entry, run_plan
-from .table import conditions, load_average, machine, ms, table
+from .table import conditions, load_average, machine, ms, table, progress_log, minor_label
 
 GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
 #: label → (strategy, options): two data-parallel ranks (ddp in 1 MiB buckets: 4 per step, the first three overlap
@@ -64,14 +63,6 @@ def add_ratios(rows) -> None:
         row["vs_baseline"] = row["step_s"] / base["step_s"] if base else None
 
 
-def _minor_label(value, _) -> str:
-    """Label the 2s and 5s between the decades of a log axis, plainly (0.5, 2, 20), and no other minor tick."""
-    if value <= 0:
-        return ""
-    mantissa = round(value / 10 ** math.floor(math.log10(value)))
-    return f"{value:g}" if mantissa in (2, 5) else ""
-
-
 def plot(rows, strategies, out: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
@@ -102,7 +93,7 @@ def plot(rows, strategies, out: str) -> None:
     for ax in (times, hidden):
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(FuncFormatter(_minor_label))
+            axis.set_minor_formatter(FuncFormatter(minor_label))
     hidden.set_xlabel("link time per step (ms, emulated: rounds·α + bytes·β)")
     hidden.set_ylabel("exposed comm. per step (ms, measured)")
     hidden.legend(fontsize=8, frameon=False)
@@ -137,7 +128,7 @@ def main(argv=None) -> int:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
     if any(not b > 0 for b in args.bandwidths) or not args.alpha_us >= 0:
         raise ValueError("--bandwidths must be positive bytes per second and --alpha-us at least 0")
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     work = tiny_gpt(**GPT)
     rows = run_plan(plan(work, args.strategies, sorted(args.bandwidths), args.alpha_us * 1e-6, not args.no_baseline),

@@ -30,7 +30,7 @@ import torch
 
 from . import median, ratio
 from .rounds import run_rounds
-from .table import conditions, load_average, machine, ms, noise, table
+from .table import conditions, load_average, machine, ms, noise, table, progress_log
 
 ADAMW_COLUMNS = [("elements", "numel", ","), ("fused ms", "fused_s", lambda v: f"{1000 * v:.2f}"),
                  ("foreach ms", "foreach_s", lambda v: f"{1000 * v:.2f}"),
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.sizes]
     if any(s < args.tensors for s in sizes):
         raise ValueError(f"--sizes must each be at least --tensors ({args.tensors}) elements")
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)

@@ -12,12 +12,11 @@ a rank waits for a core.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from . import median, ratio
 from .rounds import PEAK_STEPS
-from .table import conditions, load_average, machine, ms, noise, table
+from .table import conditions, load_average, machine, ms, noise, table, progress_log
 
 PAIRS = [("gpipe", "torch-pp-gpipe", 1), ("1f1b", "torch-pp-1f1b", 1), ("interleaved", "torch-pp-interleaved", 2)]
 GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=8, n_head=4, batch_size=16)
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.stages < 1 or args.micro_batches < 1:
         raise ValueError("--steps must be at least 2, --rounds, --stages and --micro-batches at least 1")
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     work, p, m = tiny_gpt(**GPT), args.stages, args.micro_batches
     plan = [(ours, peer, chunks, name) for ours, peer, chunks in PAIRS for name in ("pp", peer)]
     samples: dict = {i: [] for i in range(len(plan))}

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 from .rounds import Entry, paired_ratio, run_plan
-from .table import conditions, load_average, machine, ms, table
+from .table import conditions, load_average, machine, ms, table, progress_log, minor_label
 
 #: name → tiny GPT widths and depths (vocab 512, sequence 64, 4 heads): about 0.55, 0.93, 2.0, 5.0, 10.2, 19.4 M parameters
 SIZES = {"0.5M": dict(d_model=96, n_layer=4), "1M": dict(d_model=128, n_layer=4),
@@ -59,14 +58,6 @@ def add_ratios(rows) -> None:
         row["vs_peer"] = paired_ratio(row, match) if match else None
 
 
-def _minor_label(value, _) -> str:
-    """Label the 2s and 5s between the decades of a log axis, plainly (0.5, 2, 20), and no other minor tick."""
-    if value <= 0:
-        return ""
-    mantissa = round(value / 10 ** math.floor(math.log10(value)))
-    return f"{value:g}" if mantissa in (2, 5) else ""
-
-
 def plot(rows, strategies, out: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
@@ -92,7 +83,7 @@ def plot(rows, strategies, out: str) -> None:
         ax.set_xlabel("parameters Ψ (millions)")
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(FuncFormatter(_minor_label))
+            axis.set_minor_formatter(FuncFormatter(minor_label))
     times.set_ylabel("median step time (ms, measured)")
     times.legend(fontsize=8, frameon=False)
     ratios.axhline(1.0, color="grey", lw=0.8)
@@ -131,7 +122,7 @@ def main(argv=None) -> int:
     unknown = [s for s in args.strategies if s not in names()]
     if unknown:
         raise ValueError(f"--strategies {' '.join(unknown)}: unknown; allowed: {', '.join(sorted(names()))}")
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     rows = run_plan(plan(args.sizes, args.strategies, args.world_size, args.batch_size), args.steps, args.rounds,
                     args.timeout, log)

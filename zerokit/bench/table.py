@@ -81,3 +81,22 @@ def conditions(rows: Sequence[dict], start_load: str, label: Callable[[dict], st
     worst = max(noisy, key=lambda r: r["noise"])
     return (text + f"; noise (IQR / median of each configuration's step times): median "
             f"{statistics.median(r['noise'] for r in noisy):.2f}, worst {worst['noise']:.2f} ({label(worst)})")
+
+
+def progress_log(quiet: bool) -> Callable[[str], None]:
+    """Where a suite's per-run progress lines go: standard error, or nowhere with ``--quiet``."""
+    import sys
+
+    if quiet:
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def minor_label(value, _) -> str:
+    """Label the 2s and 5s between the decades of a log axis, plainly (0.5, 2, 20), and no other minor tick."""
+    import math
+
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if mantissa in (2, 5) else ""

@@ -28,7 +28,7 @@ import time
 
 from .ddp import SWEEP_GPT
 from .rounds import paired_ratio, peak_ratio, run_rounds
-from .table import conditions, load_average, machine, mib, ms, table
+from .table import conditions, load_average, machine, mib, ms, table, progress_log
 
 #: (zerokit's strategy, its peers)
 PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")
     with_deepspeed = deepspeed_available() and not args.no_deepspeed
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     work = tiny_gpt(**SWEEP_GPT)
     rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps,

@@ -86,10 +86,6 @@ class GridPanel(Panel):
         elif run:
             self.run()
 
-    def _changed(self, change) -> None:
-        if self.auto_run:
-            self.run()
-
     @property
     def parallel(self) -> dict:
         return {axis: self.degree[axis].value for axis in ("pp", "dp", "tp")}
@@ -99,9 +95,7 @@ class GridPanel(Panel):
         parallel = self.parallel
         world = parallel["dp"] * parallel["tp"] * parallel["pp"]
         if world > self.max_world_size:
-            self.last_error = f"dp × tp × pp = {world} ranks; this panel runs at most {self.max_world_size}"
-            self.status.value = f"<span style='color:#C44E52'>{self.last_error}</span>"
-            return None
+            return self._fail(f"dp × tp × pp = {world} ranks; this panel runs at most {self.max_world_size}")
         kwargs = dict(steps=self.steps, precision=self.precision, parallel=parallel)
         if parallel["pp"] > 1:  # ZeRO-2/3 take no schedule: left out, so the refusal names the pipeline
             kwargs.update(micro_batches=self.micro_batches)

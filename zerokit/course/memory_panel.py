@@ -78,10 +78,6 @@ class MemoryPanel(Panel):
         if run:
             self.run()
 
-    def _changed(self, change) -> None:
-        if self.auto_run:
-            self.run()
-
     def run(self):
         """Train every selected strategy at the chosen world size and precision, then draw."""
         jobs = [(s, self.world_size.value, dict(steps=self.steps, precision=self.precision.value))

@@ -135,10 +135,6 @@ class OffloadPanel(Panel):
         if run:
             self.run()
 
-    def _changed(self, change) -> None:
-        if self.auto_run:
-            self.run()
-
     def run(self):
         """Train the stage without and with the chosen offload, then draw."""
         common = dict(steps=self.steps, precision=self.precision.value)

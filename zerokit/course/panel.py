@@ -58,6 +58,17 @@ class Panel:
         #: how many times the panel has run (a test reads it)
         self.runs = 0
 
+    def _changed(self, change) -> None:
+        """A control changed: run again when the panel runs on every change (``auto_run``)."""
+        if self.auto_run:
+            self.run()
+
+    def _fail(self, message: str) -> None:
+        """Show why a run failed in the status line and keep it in ``last_error``; returns None."""
+        self.last_error = message
+        self.status.value = f"<span style='color:#C44E52'>{html.escape(message)}</span>"
+        return None
+
     def _train_all(self, jobs: Sequence[tuple]) -> Optional[object]:
         """Run ``(strategy, world_size, kwargs)`` jobs through zerokit.train, advancing the progress bar."""
         from ..report import Report
@@ -73,9 +84,7 @@ class Panel:
                 results.append(train(self.workload, strategy, world_size=n, reference=False, **kwargs).result)
                 self.progress.value = i + 1
         except Exception as exc:  # shown in the panel: a callback's exception would go to a log nobody reads
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"<span style='color:#C44E52'>{html.escape(self.last_error)}</span>"
-            return None
+            return self._fail(f"{type(exc).__name__}: {exc}")
         finally:
             self.run_button.disabled = False
         self.last_error = None

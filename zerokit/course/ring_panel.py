@@ -10,7 +10,6 @@ zerokit's ring ran the collective — next to the ring formula
 """
 from __future__ import annotations
 
-import html
 import time
 from typing import Optional, Sequence
 
@@ -123,10 +122,6 @@ class CollectivePanel(Panel):
     def __repr__(self) -> str:
         return f"{type(self).__name__}: an interactive panel — run this notebook in Jupyter to use it"
 
-    def _changed(self, change) -> None:
-        if self.auto_run:
-            self.run()
-
     def run(self):
         from .. import launch
 
@@ -138,9 +133,7 @@ class CollectivePanel(Panel):
         try:
             result = launch(_ring_collective, n, op, numel)
         except Exception as exc:  # shown in the panel rather than lost in a callback
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"<span style='color:#C44E52'>{html.escape(self.last_error)}</span>"
-            return None
+            return self._fail(f"{type(exc).__name__}: {exc}")
         self.last_error = None
         self.progress.value = 1
         self.status.value = f"{n} ranks in {time.perf_counter() - start:.1f} s"
