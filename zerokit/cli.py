@@ -244,20 +244,6 @@ def cmd_tour(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from . import bench
-
-    if args.quick:
-        if args.suite or args.rest:
-            raise UsageError("bench --quick runs every suite; give no suite with it")
-        return bench.quick()
-    if not args.suite:
-        raise UsageError(f"bench: name a suite ({', '.join(bench.SUITES)}) or give --quick")
-    if args.suite not in bench.SUITES:
-        raise UsageError(f"bench suite {args.suite!r} is unknown; allowed: {', '.join(bench.SUITES)}")
-    return bench.main(args.suite, args.rest)
-
-
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,13 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_grade_command(sub)
 
-    from .bench import SUITES
+    from .bench.cli import add_bench_command
 
-    bench = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
-    bench.add_argument("--quick", action="store_true", help="every suite, one short round each (minutes)")
-    bench.add_argument("suite", nargs="?", help=", ".join(SUITES[:-1]) + " or " + SUITES[-1])
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=cmd_bench)
+    add_bench_command(sub)
     return parser
 
 
