@@ -163,7 +163,7 @@ def test_a_killed_rank_is_named_nothing_is_left_and_the_last_checkpoint_resumes_
 def test_report_chaos_figures():
     """Print the measured figures of the runs above (seconds from the kill to the error, processes left)."""
     if not RESULTS:
-        pytest.skip("no chaos run in this session")
+        pytest.skip("no chaos run in this pytest run")
     for run, name, victim, step, point, seconds, left, alive in RESULTS:
         print(f"chaos run {run:2d} {name:5s}: rank {victim} killed at step {step} {point:15s} -> error after "
               f"{seconds:5.2f} s; processes left {left}, children alive {alive}")
