@@ -265,7 +265,7 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,
     ``selective``, ``torch-every``, ``torch-selective``) recomputes the blocks' activations in
     backward (:mod:`zerokit.checkpointing`); the reference checkpoints the same way.
-    ``link`` (``"nvlink"``, ``"pcie"``, ``"ib-100g"``, ``"10gbe"``, ``"this machine"``/None, or a
+    ``link`` (``"nvlink"``, ``"pcie"``, ``"ib-100g"``, ``"10gbe"``, ``"1gbe"``, ``"this machine"``/None, or a
     :class:`zerokit.Link`) holds each collective's completion until an emulated α-β link has
     carried its bytes (:mod:`zerokit.runtime.link`); the collectives still run for real.
     ``save_dir`` (with ``save_every``: after every k-th step, and after the last) writes sharded
