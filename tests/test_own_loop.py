@@ -264,7 +264,8 @@ everyone = [torch.empty_like(flat) for _ in range(2)]
 dist.all_gather(everyone, flat)
 if dist.get_rank() == 0:                           # both ranks' parameters, compared on one (one printer)
     print("EQUAL", bool((everyone[0] == everyone[1]).all()), flush=True)
-del engine                                         # nothing of ours holds the group when it is destroyed
+del engine, model                                  # nothing of ours holds the group when it is destroyed:
+import gc; gc.collect()                            # the model's hooks reach the engine through cycles
 dist.barrier()
 dist.destroy_process_group()
 '''
