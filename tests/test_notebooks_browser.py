@@ -164,18 +164,25 @@ def _screenshot_on_failure(page, workdir: Path):
         raise
 
 
+def _run_until_the_panel_has_drawn(page, url, token, notebook: str, status_text: str):
+    """Run every cell of ``notebook``; wait until the panel whose status shows ``status_text`` has drawn its
+    picture and the kernel is idle. Returns the status widget."""
+    _run_all_in_lab(page, url, token, notebook)
+    status = page.locator(".widget-html").filter(has_text=status_text).last
+    status.wait_for(state="attached", timeout=240_000)
+    page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+    return status
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
 def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(lab_page):
     page, url, token, workdir = lab_page
     with _screenshot_on_failure(page, workdir):
-        _run_all_in_lab(page, url, token, "03_data_parallel.ipynb")
         # the panel is the notebook's last widget: wait until it has run once and drawn its picture
-        status = page.locator(".widget-html").filter(has_text="job(s) in").last
-        status.wait_for(state="attached", timeout=240_000)
-        page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+        _run_until_the_panel_has_drawn(page, url, token, "03_data_parallel.ipynb", "job(s) in")
         _move_slider_and_wait_for_a_new_figure(page, "bucket_mb")
 
 
@@ -185,12 +192,8 @@ def test_lesson_03_in_a_real_browser_redraws_when_the_bucket_slider_moves(lab_pa
 def test_lesson_08_in_a_real_browser_redraws_the_bubble_when_the_micro_batch_slider_moves(lab_page):
     page, url, token, workdir = lab_page
     with _screenshot_on_failure(page, workdir):
-        _run_all_in_lab(page, url, token, "08_pipeline_parallel.ipynb")
         # course.PipelinePanel simulates and draws as soon as it is built: its status names the bubble
-        status = page.locator(".widget-html").filter(has_text="simulated bubble").last
-        status.wait_for(state="attached", timeout=240_000)
-        page.wait_for_function(f"() => {_LAST_IMAGE_JS}.startsWith('blob:')", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+        status = _run_until_the_panel_has_drawn(page, url, token, "08_pipeline_parallel.ipynb", "simulated bubble")
         bubble_before = status.inner_text()
         _move_slider_and_wait_for_a_new_figure(page, "micro-batches")
         assert status.inner_text() != bubble_before, "the simulated bubble did not change with the micro-batches"
