@@ -62,12 +62,7 @@ class MemoryPanel(Panel):
         self._build_common()
         self.strategies = w.SelectMultiple(options=list(strategies), value=tuple(strategies), description="strategies",
                                            rows=min(len(strategies), 6))
-        if world_size is None:
-            world_size = 2 if 2 in world_sizes else world_sizes[0]
-        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
-                                            continuous_update=False)
-        self.precision = w.ToggleButtons(options=list(precisions), value=precision or precisions[0],
-                                         description="precision")
+        self._world_size_and_precision(world_sizes, world_size, precisions, precision)
         self.view = w.ToggleButtons(options=list(self.VIEWS), value=view, description="show")
         for control in (self.strategies, self.world_size, self.precision):
             control.observe(self._changed, names="value")

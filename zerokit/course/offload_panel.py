@@ -122,12 +122,7 @@ class OffloadPanel(Panel):
         self._build_common()
         self.stage = w.ToggleButtons(options=list(STAGES), value=stage, description="stage")
         self.offload = w.ToggleButtons(options=list(OFFLOADS), value=offload, description="offload")
-        if world_size is None:
-            world_size = 2 if 2 in world_sizes else world_sizes[0]
-        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
-                                            continuous_update=False)
-        self.precision = w.ToggleButtons(options=list(precisions), value=precision or precisions[0],
-                                         description="precision")
+        self._world_size_and_precision(world_sizes, world_size, precisions, precision)
         for control in (self.stage, self.offload, self.world_size, self.precision):
             control.observe(self._changed, names="value")
         self.box = w.VBox([w.HBox([w.VBox([self.stage, self.offload]), w.VBox([self.world_size, self.precision])]),

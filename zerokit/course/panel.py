@@ -58,6 +58,16 @@ class Panel:
         #: how many times the panel has run (a test reads it)
         self.runs = 0
 
+    def _world_size_and_precision(self, world_sizes, world_size, precisions, precision) -> None:
+        """The world-size slider (2 by default where offered) and the precision buttons two panels share."""
+        w = ipywidgets()
+        if world_size is None:
+            world_size = 2 if 2 in world_sizes else world_sizes[0]
+        self.world_size = w.SelectionSlider(options=list(world_sizes), value=world_size, description="world size",
+                                            continuous_update=False)
+        self.precision = w.ToggleButtons(options=list(precisions), value=precision or precisions[0],
+                                         description="precision")
+
     def _changed(self, change) -> None:
         """A control changed: run again when the panel runs on every change (``auto_run``)."""
         if self.auto_run:
