@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,notebooks,peers]' torch==2.13.0 deepspeed==0.19.8
+	@# DeepSpeed compiles its CPU communication op on first use (about a minute): once here, not in the tour
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,7 +5,6 @@ import argparse
 import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 
 from . import strategies as strategy_registry
@@ -15,10 +14,7 @@ from .runtime.errors import RankFailed, RankTimeout
 from .runtime.mesh import AXES, check_built, parse_parallel
 from .job import JOB_OPTIONS, make_job
 from .train import run_job, run_reference
-from .workloads import Workload, tiny_gpt
-
-#: the tiny GPT the tour runs: small enough for every strategy at 2 and 4 ranks in a minute
-TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
+from .workloads import Workload
 
 #: how ``--parallel`` is written, for its help and its error messages
 PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, tp, pp, e.g. dp=2,tp=1,pp=1"
@@ -208,40 +204,20 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def tour_strategies() -> list:
-    """Every strategy that exists, zerokit's own first, peers after (DeepSpeed only if installed)."""
-    names = strategy_registry.names()
-    ordered = sorted(names, key=lambda n: (strategy_registry.get(n).peer, names.index(n)))
-    return [n for n in ordered if n != "single" and not n.startswith("deepspeed")]
-
-
 def cmd_tour(args) -> int:
-    start = time.perf_counter()
+    from . import tour
+
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    if any(n < 1 for n in args.world_sizes):
-        raise UsageError(f"--world-sizes {' '.join(map(str, args.world_sizes))}: each must be a positive integer")
-    workload = tiny_gpt(**TOUR_WORKLOAD)
-    names = tour_strategies()
-    try:  # every world size checked before the first runs
-        plans = [(n, _plan(workload, n, ["single", *names] if i == 0 else names, args.steps, "fp32", "adamw",
-                           1e-3, 1, None, True, False, None))
-                 for i, n in enumerate(args.world_sizes)]
-    except ValueError as e:
+    if any(n < 2 for n in args.world_sizes):
+        raise UsageError(f"--world-sizes {' '.join(map(str, args.world_sizes))}: each must be an integer of at "
+                         f"least 2 (the data-parallel and ZeRO rows' ranks)")
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be a positive integer")
+    try:
+        return tour.main(args.world_sizes, args.steps, args.timeout)
+    except ValueError as e:  # a row refused by make_job, before any process started
         raise UsageError(str(e)) from e
-    psi = workload.param_count()
-    print(f"zerokit tour — {workload.description}; Ψ = {psi:,} parameters; fp32 AdamW, {args.steps} steps.")
-    print("Model states and traffic are rank 0's, measured after the last step, next to zerokit.theory.\n")
-    reference = None
-    for n, jobs in plans:
-        report = _run(jobs, reference, timeout_s=args.timeout)
-        reference = report.reference
-        print(f"-- {n} ranks --")
-        print(report.table())
-        print()
-    print(f"DDP holds 16Ψ = {16 * psi:,} B of model states per rank, plus 4 B per tensor for Adam's step.")
-    print(f"tour finished in {time.perf_counter() - start:.1f} s")
-    return 0
 
 
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
@@ -252,10 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerokit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    tour = sub.add_parser("tour", help="every strategy on the tiny GPT at 2 and 4 ranks, one table")
-    tour.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    tour = sub.add_parser("tour", help="every parallelism on a tiny GPT, each with its peers: one table, measured "
+                                       "next to the theory and against one process")
+    tour.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],
+                      help="ranks of the data-parallel and ZeRO rows (tp, pp, the grid, offload and checkpointing "
+                           "have their own layouts)")
     tour.add_argument("--steps", type=int, default=4)
-    tour.add_argument("--timeout", type=float, default=120.0)
+    tour.add_argument("--timeout", type=float, default=120.0, help="seconds per run before it counts as hung")
     tour.set_defaults(func=cmd_tour)
 
     cmp_ = sub.add_parser("compare", help="run strategies on a workload of yours, side by side")

@@ -1,0 +1,252 @@
+"""``zerokit tour``: every parallelism on one tiny GPT, one table, measured next to the theory.
+
+Lifecycle:
+
+1. **rows** (:func:`tour_rows`): the tour as data — per parallelism, zerokit's strategy on
+   its layout (dp×tp×pp) and, under it, each peer that does the same thing (torch DDP,
+   ZeroRedundancyOptimizer, FSDP2, DeepSpeed when it is installed, torch TP, torch's
+   pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
+   ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
+   micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2.
+2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
+   so a row the library cannot run fails in a second, naming the row.
+3. **run**: one single-process reference, then each row launched for real; each result holds
+   rank 0's ledgers, the busiest rank's traffic and the parameters.
+4. **print** (:func:`table`): per row, model states per rank (memory ledger) next to
+   ``zerokit.theory``, traffic per step (the ring cost of the collectives the communication
+   ledger recorded) next to the theory's, |Δparam| against the single process, and what the
+   row is there to show (the pipeline's bubble measured and simulated, offload's host bytes
+   and copies, checkpointing's activations and recomputed forwards). The last lines say where
+   to go next.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from . import strategies as strategy_registry
+from . import theory
+from .report import StrategyResult
+
+#: the tiny GPT the tour runs (tied embedding and head): small enough for every row in a minute on 2 cores
+TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
+#: the pipeline row: its schedule and micro-batches
+PIPELINE = dict(schedule="1f1b", stages=2, micro_batches=4)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the tour: a strategy on a layout, with its options."""
+
+    section: str
+    strategy: str
+    world_size: int
+    parallel: Optional[dict] = None
+    options: dict = field(default_factory=dict)
+    micro_batches: int = 1
+    #: a peer's row: the zerokit strategy it mirrors (printed under it)
+    peer: bool = False
+
+    @property
+    def layout(self) -> str:
+        shape = self.parallel or {"dp": self.world_size}
+        return "×".join(str(shape.get(axis, 1)) for axis in ("dp", "tp", "pp"))
+
+    @property
+    def label(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.options.items() if k != "schedule")
+        name = f"{self.strategy} ({extra})" if extra else self.strategy
+        return f"  ↳ {name}" if self.peer else name
+
+
+def _have(name: str) -> bool:
+    return name in strategy_registry.names()
+
+
+def tour_rows(world_sizes=(2, 4)) -> List[Row]:
+    """Every parallelism's rows, zerokit's strategy first and its peers under it (those installed)."""
+    rows: List[Row] = []
+
+    def add(section, ours, peers, n, parallel=None, options=None, micro_batches=1, peer_options=None):
+        rows.append(Row(section, ours, n, parallel, dict(options or {}), micro_batches))
+        for peer in peers:
+            if _have(peer):
+                rows.append(Row(section, peer, n, parallel, dict((peer_options or {}).get(peer, {})),
+                                micro_batches, peer=True))
+
+    data_parallel = [("data parallel", "ddp", ["torch-ddp"]),
+                     ("ZeRO-1", "zero1", ["torch-zero1", "deepspeed-zero1"]),
+                     ("ZeRO-2", "zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
+                     ("ZeRO-3", "zero3", ["fsdp2-zero3", "deepspeed-zero3"])]
+    for section, ours, peers in data_parallel:
+        for n in world_sizes:
+            add(section, ours, peers, n)
+    add("tensor parallel", "tp", ["torch-tp"], 2, parallel={"tp": 2})
+    p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
+    add("pipeline", "pp", [f"torch-pp-{PIPELINE['schedule']}"], p, parallel={"pp": p},
+        options={"schedule": PIPELINE["schedule"]}, micro_batches=m)
+    add("dp×tp grid", "zero1", [], 4, parallel={"dp": 2, "tp": 2})
+    add("dp×tp grid", "zero3", [], 4, parallel={"dp": 2, "tp": 2})
+    add("offload", "zero2", ["deepspeed-zero2-offload"], 2, options={"offload": "optimizer"})
+    add("offload", "zero3", ["fsdp2-zero3-offload"], 2, options={"offload": "params"})
+    rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "every"}))
+    rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "torch-every"}, peer=True))
+    return rows
+
+
+def plan(rows: List[Row], workload, steps: int) -> list:
+    """``[(row, job), …]``: every row checked (ValueError naming the row) before any process starts."""
+    from .job import make_job
+
+    jobs = []
+    for row in rows:
+        try:
+            job = make_job(workload, row.strategy, row.world_size, steps, "fp32", "adamw", 1e-3, row.micro_batches,
+                           dict(row.options), parallel=row.parallel)
+        except ValueError as e:
+            raise ValueError(f"tour row {row.section} / {row.strategy} on {row.layout}: {e}") from e
+        jobs.append((row, job))
+    return jobs
+
+
+def run(jobs: list, timeout_s: float, progress=None) -> tuple:
+    """The reference, then every job; returns (reference, [(row, StrategyResult), …])."""
+    from .runtime.errors import RankFailed, RankTimeout
+    from .train import run_job, run_reference
+
+    reference = run_reference(jobs[0][1])
+    results = []
+    for row, job in jobs:
+        try:
+            result = run_job(job, row.world_size, reference, timeout_s=timeout_s)
+        except (RankFailed, RankTimeout) as e:
+            e.strategy, e.world_size = f"tour row {row.section} / {row.strategy} on {row.layout}", row.world_size
+            raise
+        results.append((row, result))
+        if progress:
+            progress(row, result)
+    return reference, results
+
+
+def _kib(x) -> str:
+    return "—" if x is None else f"{x / 1024:,.1f}"
+
+
+def _notes(row: Row, result: StrategyResult, workload, steps: int, without: Optional[StrategyResult]) -> str:
+    """What the row is there to show, beyond states and traffic: measured, then the formula."""
+    rank0 = result.ranks[0]
+    if row.section == "pipeline" and rank0.pipeline_spans is not None:
+        from .pipeline_parallel import measured, schedule, simulate
+
+        p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
+        ranks = sorted(result.ranks, key=lambda r: r.coords["pp"])
+        sched = schedule(PIPELINE["schedule"], p, m)
+        bubble = measured(sched, [r.pipeline_spans for r in ranks]).bubble_fraction
+        return (f"bubble {bubble:.2f} measured, {simulate(sched).bubble_fraction:.2f} simulated "
+                f"(t_b = 2·t_f), (p−1)/(m+p−1) = {theory.bubble_fraction(p, m):.2f}")
+    if row.section == "dp×tp grid" and rank0.comm_bytes_by_axis:
+        theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
+        return "by axis, ledger / theory KiB/step: " + ", ".join(
+            f"{axis} {_kib(v['ring_cost_bytes'])} / {_kib(theory_by_axis.get(axis))}"
+            for axis, v in sorted(rank0.comm_bytes_by_axis.items()) if v.get("calls"))
+    if row.section == "offload":
+        host = sum((rank0.host_model_state_bytes or {}).values())
+        host_theory = rank0.theory_model_states.get("host", {}).get("total")
+        moved = rank0.transfer_bytes_per_step or {}
+        moved_theory = rank0.theory_transfer_bytes_per_step or {}
+        if not host and not moved:
+            return "host bytes: not visible to zerokit's ledger in this peer"
+        return (f"host states {_kib(host)} KiB (theory {_kib(host_theory)}); d2h {_kib(moved.get('d2h'))} / "
+                f"h2d {_kib(moved.get('h2d'))} KiB/step (theory {_kib(moved_theory.get('d2h'))} / "
+                f"{_kib(moved_theory.get('h2d'))})")
+    if row.section == "checkpointing":
+        acts = rank0.peak_breakdown.get("activations", 0)
+        base = "" if without is None else f" vs {_kib(without.ranks[0].peak_breakdown.get('activations', 0))} without"
+        n_layer = TOUR_WORKLOAD["n_layer"]
+        recomputed = (f"; {rank0.recomputed_forwards} block forwards recomputed (n_layer·steps = {n_layer * steps})"
+                      if rank0.recomputed_forwards else "")
+        return f"activations at the peak {_kib(acts)} KiB{base}{recomputed}"
+    return ""
+
+
+def table(results: list, workload, steps: int) -> str:
+    """The tour's table: one line per row (see the module's docstring for what each column is)."""
+    header = (f"{'parallelism':<16}{'strategy':<36}{'dp×tp×pp':<10}{'states KiB':>21}{'traffic KiB/step':>21}"
+              f"{'|Δp| vs':>10}  notes")
+    kinds = (f"{'':<16}{'':<36}{'':<10}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
+             f"{'single':>10}")
+    lines = [header, kinds, "-" * (len(header) + 60)]
+    ddp_at_2 = next((r for row, r in results if row.strategy == "ddp" and row.world_size == 2 and not row.options),
+                    None)
+    section = None
+    for row, r in results:
+        rank0 = r.ranks[0]
+        states = sum(rank0.model_state_bytes.values())
+        traffic = max(x.comm_ring_cost_bytes_per_step for x in r.ranks)
+        traffic_theory = max(x.theory_comm_bytes_per_step for x in r.ranks)
+        diff = "—" if r.max_abs_param_diff is None else f"{r.max_abs_param_diff:.1e}"
+        name = row.section if row.section != section else ""
+        section = row.section
+        lines.append(f"{name:<16}{row.label:<36}{row.layout:<10}{_kib(states):>10} "
+                     f"{_kib(rank0.theory_model_states['total']):>10}{_kib(traffic):>10} {_kib(traffic_theory):>10}"
+                     f"{diff:>10}  {_notes(row, r, workload, steps, ddp_at_2)}")
+    return "\n".join(lines)
+
+
+def legend(psi: int, steps: int) -> List[str]:
+    return [
+        "states: rank 0's parameters, gradients and optimizer states on the device after the last step, from the "
+        "memory ledger (ledger) and from zerokit.theory's formula for the layout (theory).",
+        "traffic: the busiest rank's collectives per step — each call's measured payload through the ring formula "
+        "(ledger) — next to the theory's bytes for Ψ and the layout. A peer's private buffers and shared-memory "
+        "collectives (DeepSpeed on CPU) are not seen by the ledgers.",
+        "|Δp|: largest parameter difference from one process training the same model on the same data. The "
+        "gradients agree to float32 rounding (their sums run in another order); AdamW divides by √v, which turns "
+        "rounding in a gradient that should be zero (an attention key bias) into steps of up to lr, so anything "
+        f"under lr·steps = {1e-3 * steps:g} can be rounding; tests/ hold each strategy to bounds derived per case.",
+        f"DDP holds 16Ψ = {16 * psi / 1024:,.1f} KiB of model states per rank (fp32 AdamW), plus 4 B per tensor for "
+        f"Adam's step; the peers' ledgers miss what a library keeps privately.",
+    ]
+
+
+NEXT = [
+    "Where next:",
+    "  make lab                      the course: notebooks/00_first_ranks.ipynb onwards, one lesson per idea",
+    "  zerokit compare --help        your own model (FILE.py:FUNC), any strategies, side by side, with --json",
+    "  zerokit plan --help           the same formulas for real models and clusters (e.g. --model llama-7b)",
+    "  zerokit bench --help          speed and peak memory as ratios against torch and DeepSpeed",
+]
+
+
+def main(world_sizes, steps: int, timeout_s: float, out=print) -> int:
+    """Plan every row, run them, print the table; ``out(text, flush=…)`` prints (``print`` by default)."""
+    from .workloads import tiny_gpt
+
+    start = time.perf_counter()
+    workload = tiny_gpt(**TOUR_WORKLOAD)
+    rows = tour_rows(world_sizes)
+    jobs = plan(rows, workload, steps)
+    psi = workload.param_count()
+    out(f"zerokit tour — {workload.description}; Ψ = {psi:,} parameters; fp32 AdamW, {steps} steps; "
+        f"{len(rows)} runs, each against one single-process reference.")
+    if not _have("deepspeed-zero1"):
+        out("(DeepSpeed is not installed: its rows are left out; `make install` installs it)")
+    started = []
+
+    def progress(row, result):  # one word per parallelism as its runs finish, so a minute is not silent
+        if row.section not in started:
+            started.append(row.section)
+            out(("running: " if len(started) == 1 else "         ") + row.section, flush=True)
+
+    _, results = run(jobs, timeout_s, progress)
+    out("")
+    out(table(results, workload, steps))
+    out("")
+    for line in legend(psi, steps):
+        out(line)
+    out("")
+    for line in NEXT:
+        out(line)
+    out(f"\ntour finished in {time.perf_counter() - start:.1f} s")
+    return 0
