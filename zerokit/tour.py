@@ -33,6 +33,15 @@ from .report import StrategyResult
 TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
 #: the pipeline row: its schedule and micro-batches
 PIPELINE = dict(schedule="1f1b", stages=2, micro_batches=4)
+#: registered strategies the tour leaves out, and why; any other strategy must have a row (tests/test_tour.py)
+NOT_IN_TOUR = {
+    "single": "the reference every row is held against",
+    "ddp-naive": "a teaching step towards ddp (lesson 03): one all-reduce per parameter",
+    "ddp-bucketed": "a teaching step towards ddp (lesson 03): buckets after backward, no overlap",
+    "zero2-naive": "the seed's misreading of ZeRO-2 (all-reduce, then drop), lesson 05",
+    "torch-pp-gpipe": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
+    "torch-pp-interleaved": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
+}
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ def _kib(x) -> str:
     return "—" if x is None else f"{x / 1024:,.1f}"
 
 
-def _notes(row: Row, result: StrategyResult, workload, steps: int, without: Optional[StrategyResult]) -> str:
+def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[StrategyResult] = None) -> str:
     """What the row is there to show, beyond states and traffic: measured, then the formula."""
     rank0 = result.ranks[0]
     if row.section == "pipeline" and rank0.pipeline_spans is not None:
@@ -170,7 +179,7 @@ def _notes(row: Row, result: StrategyResult, workload, steps: int, without: Opti
     return ""
 
 
-def table(results: list, workload, steps: int) -> str:
+def table(results: list, steps: int) -> str:
     """The tour's table: one line per row (see the module's docstring for what each column is)."""
     header = (f"{'parallelism':<16}{'strategy':<36}{'dp×tp×pp':<10}{'states KiB':>21}{'traffic KiB/step':>21}"
               f"{'|Δp| vs':>10}  notes")
@@ -190,7 +199,7 @@ def table(results: list, workload, steps: int) -> str:
         section = row.section
         lines.append(f"{name:<16}{row.label:<36}{row.layout:<10}{_kib(states):>10} "
                      f"{_kib(rank0.theory_model_states['total']):>10}{_kib(traffic):>10} {_kib(traffic_theory):>10}"
-                     f"{diff:>10}  {_notes(row, r, workload, steps, ddp_at_2)}")
+                     f"{diff:>10}  {_notes(row, r, steps, ddp_at_2)}")
     return "\n".join(lines)
 
 
@@ -219,8 +228,9 @@ NEXT = [
 ]
 
 
-def main(world_sizes, steps: int, timeout_s: float, out=print) -> int:
-    """Plan every row, run them, print the table; ``out(text, flush=…)`` prints (``print`` by default)."""
+def main(world_sizes, steps: int, timeout_s: float, out=print) -> list:
+    """Plan every row, run them, print the table; ``out(text, flush=…)`` prints (``print`` by default).
+    Returns ``[(row, StrategyResult), …]``."""
     from .workloads import tiny_gpt
 
     start = time.perf_counter()
@@ -241,7 +251,7 @@ def main(world_sizes, steps: int, timeout_s: float, out=print) -> int:
 
     _, results = run(jobs, timeout_s, progress)
     out("")
-    out(table(results, workload, steps))
+    out(table(results, steps))
     out("")
     for line in legend(psi, steps):
         out(line)
@@ -249,4 +259,4 @@ def main(world_sizes, steps: int, timeout_s: float, out=print) -> int:
     for line in NEXT:
         out(line)
     out(f"\ntour finished in {time.perf_counter() - start:.1f} s")
-    return 0
+    return results

@@ -1,0 +1,98 @@
+"""``zerokit tour`` end to end, run once (2 steps) for every assertion here: every registered strategy has a
+row or a stated reason not to; each of zerokit's rows holds its model states and traffic to the theory to the
+byte; the pipeline, grid, offload and checkpointing rows show what they are there to show; the table ends by
+telling the reader where to go next."""
+import math
+
+import pytest
+
+from zerokit import cli, strategies, tour
+
+STEPS = 2
+LR = 1e-3  # the tour's AdamW learning rate
+SECTIONS = ["data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "pipeline", "dp×tp grid", "offload",
+            "checkpointing"]
+
+
+@pytest.fixture(scope="module")
+def ran():
+    """The CLI's tour, its printed text and the results behind it."""
+    captured, original = {}, tour.main
+
+    def keep(*args, **kwargs):
+        captured["results"] = original(*args, **kwargs)
+        return captured["results"]
+
+    tour.main = keep
+    try:
+        code = cli.main(["tour", "--steps", str(STEPS)])
+    finally:
+        tour.main = original
+    return code, captured["results"]
+
+
+def test_every_strategy_has_a_tour_row_or_a_reason():
+    in_tour = {row.strategy for row in tour.tour_rows()}
+    missing = set(strategies.names()) - in_tour - set(tour.NOT_IN_TOUR)
+    assert not missing, f"strategies the tour cannot show: {sorted(missing)}; add a row in zerokit/tour.py"
+    assert not in_tour & set(tour.NOT_IN_TOUR)
+
+
+def test_the_tour_runs_every_section_and_says_where_next(ran, capsys):
+    code, results = ran
+    assert code == 0
+    assert [s for s in SECTIONS if s in {row.section for row, _ in results}] == SECTIONS
+    assert {row.world_size for row, _ in results if row.section == "ZeRO-3"} == {2, 4}
+    text = tour.table(results, STEPS)
+    assert all(f"\n{s}" in "\n" + text for s in SECTIONS)
+    assert "make lab" in "\n".join(tour.NEXT) and "zerokit compare" in "\n".join(tour.NEXT)
+
+
+def test_zerokits_rows_match_the_theory_to_the_byte(ran):
+    _, results = ran
+    for row, r in results:
+        if row.peer:
+            continue
+        rank0 = r.ranks[0]
+        assert sum(rank0.model_state_bytes.values()) == rank0.theory_model_states["total"], row
+        for rank in r.ranks:
+            assert rank.comm_ring_cost_bytes_per_step == pytest.approx(rank.theory_comm_bytes_per_step, abs=0.5), row
+
+
+def test_every_row_lands_near_the_single_process(ran):
+    """AdamW's step per element is at most lr·(1−β1)/√(1−β2) = 3.16·lr (Kingma & Ba §2.1, since 1−β1 > √(1−β2)),
+    so two runs that agree in everything but rounding differ by at most 2·3.16·lr per step. Exact parity, run by
+    run, is tested per strategy with SGD (tests/test_zero.py and the others)."""
+    _, results = ran
+    bound = 2 * LR * (1 - 0.9) / math.sqrt(1 - 0.999) * STEPS
+    for row, r in results:
+        assert r.max_abs_param_diff is not None and r.max_abs_param_diff <= bound, (row, r.max_abs_param_diff)
+        assert all(math.isfinite(x) for x in r.losses)
+
+
+def test_the_special_rows_show_their_point(ran):
+    _, results = ran
+    by = {(row.section, row.strategy, row.peer): (row, r) for row, r in results}
+    pp_row, pp = by[("pipeline", "pp", False)]
+    assert "bubble" in tour._notes(pp_row, pp, STEPS) and "simulated" in tour._notes(pp_row, pp, STEPS)
+    grid_row, grid = by[("dp×tp grid", "zero3", False)]
+    axes = grid.ranks[0].comm_bytes_by_axis
+    assert axes["dp"]["ring_cost_bytes"] == pytest.approx(grid.ranks[0].theory_comm_bytes_by_axis["dp"], abs=0.5)
+    assert axes["tp"]["ring_cost_bytes"] == pytest.approx(grid.ranks[0].theory_comm_bytes_by_axis["tp"], abs=0.5)
+    for strategy in ("zero2", "zero3"):
+        r = next(r for row, r in results if row.section == "offload" and row.strategy == strategy)
+        rank0 = r.ranks[0]
+        assert sum(rank0.host_model_state_bytes.values()) == rank0.theory_model_states["host"]["total"]
+        assert rank0.transfer_bytes_per_step == rank0.theory_transfer_bytes_per_step
+    ckpt = [r for row, r in results if row.section == "checkpointing"]
+    ddp = next(r for row, r in results if row.strategy == "ddp" and row.world_size == 2 and not row.options)
+    for r in ckpt:
+        assert r.ranks[0].recomputed_forwards == tour.TOUR_WORKLOAD["n_layer"] * STEPS
+        assert r.ranks[0].peak_breakdown["activations"] < ddp.ranks[0].peak_breakdown["activations"]
+
+
+def test_tour_arguments_are_checked_before_anything_runs(capsys):
+    for argv, message in ((["--world-sizes", "1"], "--world-sizes 1"), (["--steps", "0"], "--steps 0"),
+                          (["--timeout", "0"], "--timeout 0")):
+        assert cli.main(["tour", *argv]) == 2
+        assert message in capsys.readouterr().err
