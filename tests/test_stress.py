@@ -7,6 +7,11 @@ and the entries of /dev/shm. Then 100 launches of 2 ranks, each an all-reduce wh
 every tenth with spawn; then the counts again: equal, and no child left. Ten of the fork launches
 fail on purpose (a rank raises), so the failure path is stressed too. The figures are printed
 (pytest -s shows them).
+
+It stays slow (20–40 s, most of it the ten spawn launches) on purpose: a leak that happens on every launch
+would show after one, but the ones worth a stress run are intermittent — a pipe or a thread left behind when
+a rank's exit races the parent's reader — and only many launches of both kinds, failing ones among them,
+give such a race the chance to show.
 """
 import os
 import sys
