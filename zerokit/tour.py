@@ -64,8 +64,9 @@ class Row:
 
     @property
     def label(self) -> str:
-        extra = ", ".join(f"{k}={v}" for k, v in self.options.items() if k != "schedule")
-        name = f"{self.strategy} ({extra})" if extra else self.strategy
+        extra = [str(v) if k == "schedule" else f"{k}={v}" for k, v in self.options.items()]
+        extra += [f"{self.micro_batches} micro-batches"] if self.micro_batches > 1 else []
+        name = f"{self.strategy} ({', '.join(extra)})" if extra else self.strategy
         return f"  ↳ {name}" if self.peer else name
 
 
@@ -180,12 +181,14 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
 
 
 def table(results: list, steps: int) -> str:
-    """The tour's table: one line per row (see the module's docstring for what each column is)."""
-    header = (f"{'parallelism':<16}{'strategy':<36}{'dp×tp×pp':<10}{'states KiB':>21}{'traffic KiB/step':>21}"
-              f"{'|Δp| vs':>10}  notes")
-    kinds = (f"{'':<16}{'':<36}{'':<10}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
+    """The tour's table: one line per row, and under a row what it is there to show (the module's docstring
+    says what each column is)."""
+    width = max(len(row.label) for row, _ in results) + 2
+    header = (f"{'parallelism':<16}{'strategy':<{width}}{'dp×tp×pp':<10}{'states KiB':>21}{'traffic KiB/step':>21}"
+              f"{'|Δp| vs':>10}")
+    kinds = (f"{'':<16}{'':<{width}}{'':<10}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
              f"{'single':>10}")
-    lines = [header, kinds, "-" * (len(header) + 60)]
+    lines = [header, kinds, "-" * len(header)]
     ddp_at_2 = next((r for row, r in results if row.strategy == "ddp" and row.world_size == 2 and not row.options),
                     None)
     section = None
@@ -197,9 +200,12 @@ def table(results: list, steps: int) -> str:
         diff = "—" if r.max_abs_param_diff is None else f"{r.max_abs_param_diff:.1e}"
         name = row.section if row.section != section else ""
         section = row.section
-        lines.append(f"{name:<16}{row.label:<36}{row.layout:<10}{_kib(states):>10} "
+        lines.append(f"{name:<16}{row.label:<{width}}{row.layout:<10}{_kib(states):>10} "
                      f"{_kib(rank0.theory_model_states['total']):>10}{_kib(traffic):>10} {_kib(traffic_theory):>10}"
-                     f"{diff:>10}  {_notes(row, r, steps, ddp_at_2)}")
+                     f"{diff:>10}")
+        note = _notes(row, r, steps, ddp_at_2)
+        if note:
+            lines.append(f"{'':<16}{'    ' if row.peer else '  '}{note}")
     return "\n".join(lines)
 
 
