@@ -153,8 +153,9 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
         ranks = sorted(result.ranks, key=lambda r: r.coords["pp"])
         sched = schedule(PIPELINE["schedule"], p, m)
         bubble = measured(sched, [r.pipeline_spans for r in ranks]).bubble_fraction
-        return (f"bubble {bubble:.2f} measured, {simulate(sched).bubble_fraction:.2f} simulated "
-                f"(t_b = 2·t_f), (p−1)/(m+p−1) = {theory.bubble_fraction(p, m):.2f}")
+        return (f"bubble {bubble:.2f} measured (a rank waiting for a CPU core counts as idle), "
+                f"{simulate(sched).bubble_fraction:.2f} simulated (t_b = 2·t_f), (p−1)/(m+p−1) = "
+                f"{theory.bubble_fraction(p, m):.2f}")
     if row.section == "dp×tp grid" and rank0.comm_bytes_by_axis:
         theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
         return "by axis, ledger / theory KiB/step: " + ", ".join(
@@ -167,6 +168,9 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
         moved_theory = rank0.theory_transfer_bytes_per_step or {}
         if not host and not moved:
             return "host bytes: not visible to zerokit's ledger in this peer"
+        if row.peer and rank0.theory_transfer_bytes_per_step is None:
+            return (f"host states {_kib(host)} KiB (theory {_kib(host_theory)}); its device↔host copies are the "
+                    f"library's own, not counted")
         return (f"host states {_kib(host)} KiB (theory {_kib(host_theory)}); d2h {_kib(moved.get('d2h'))} / "
                 f"h2d {_kib(moved.get('h2d'))} KiB/step (theory {_kib(moved_theory.get('d2h'))} / "
                 f"{_kib(moved_theory.get('h2d'))})")
@@ -227,10 +231,10 @@ def legend(psi: int, steps: int) -> List[str]:
 
 NEXT = [
     "Where next:",
-    "  make lab                      the course: notebooks/00_first_ranks.ipynb onwards, one lesson per idea",
-    "  zerokit compare --help        your own model (FILE.py:FUNC), any strategies, side by side, with --json",
-    "  zerokit plan --help           the same formulas for real models and clusters (e.g. --model llama-7b)",
-    "  zerokit bench --help          speed and peak memory as ratios against torch and DeepSpeed",
+    "  make lab                                 the course, lesson 00 onwards: one idea per lesson, run for real",
+    "  zerokit compare --help                   your own model (FILE.py:FUNC), any strategies side by side",
+    "  zerokit plan --preset llama-7b --gpus 64  the same formulas for a real model on a real cluster",
+    "  zerokit bench --help                     step time and peak memory as ratios against torch and DeepSpeed",
 ]
 
 
