@@ -216,6 +216,18 @@ def test_fork_is_avoided_when_this_process_holds_a_process_group():
         _WHERE = "import"
 
 
+def test_nccl_always_spawns_whatever_cuda_is_available_did():
+    """torch.cuda.is_available() poisons fork without setting torch.cuda.is_initialized(), so the rule cannot hang
+    on that flag: NCCL ranks are spawned, and fork with NCCL is refused before any process starts."""
+    from zerokit.runtime.launch import _choose_start_method
+
+    assert _choose_start_method(None, "nccl") == "spawn"
+    assert _choose_start_method("spawn", "nccl") == "spawn"
+    with pytest.raises(ValueError, match="start_method='fork' is unsafe here: NCCL ranks use CUDA"):
+        _choose_start_method("fork", "nccl")
+    assert _choose_start_method(None, "gloo") == "fork" and _choose_start_method(None) == "fork"
+
+
 @pytest.mark.parametrize("culprit", [0, 1])
 def test_the_rank_that_raised_is_blamed_not_the_ones_waiting_for_it(culprit):
     with pytest.raises(RankFailed) as info:

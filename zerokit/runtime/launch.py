@@ -50,7 +50,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
 
     ``ctx`` is the rank's :class:`~zerokit.context.RankContext`. ``backend`` None picks
     NCCL when there is a CUDA device per rank, else gloo. ``start_method`` None forks
-    where that is safe (Linux, no process group or CUDA in this process), else spawns.
+    where that is safe (gloo on Linux, no process group or CUDA in this process), else
+    spawns; NCCL always spawns (``start_method="fork"`` with NCCL is refused).
     Raises :class:`RankFailed` for the first rank that fails, :class:`RankTimeout` when
     the whole launch takes longer than ``timeout_s``; no rank outlives the call.
     ``heartbeat_s``: raise :class:`RankTimeout` as soon as no rank has entered, waited in
@@ -80,7 +81,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
             set_check_collectives(check_collectives)
         return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)
     backend = _choose_backend(backend, world_size)
-    method = _choose_start_method(start_method)
+    method = _choose_start_method(start_method, backend)
     if method == "fork":
         _import_before_fork()
         job: Any = (fn, args, kwargs)  # inherited by the fork as it is: nothing is pickled
@@ -135,7 +136,12 @@ def _choose_backend(backend: Optional[str], world_size: int) -> str:
     return backend
 
 
-def _fork_unsafe_reason() -> Optional[str]:
+def _fork_unsafe_reason(backend: Optional[str] = None) -> Optional[str]:
+    if backend == "nccl":
+        # torch.cuda.is_available() (called by most scripts, and by libraries at import) poisons fork without
+        # setting torch.cuda.is_initialized(): a forked rank's first CUDA call then fails with "Cannot
+        # re-initialize CUDA in forked subprocess". torch's own launchers never fork CUDA ranks either.
+        return "NCCL ranks use CUDA, which a forked process cannot initialise once its parent has touched it"
     if not sys.platform.startswith("linux"):
         return "fork is used on Linux only"
     if dist.is_initialized():
@@ -145,11 +151,13 @@ def _fork_unsafe_reason() -> Optional[str]:
     return None
 
 
-def _choose_start_method(start_method: Optional[str]) -> str:
+def _choose_start_method(start_method: Optional[str], backend: Optional[str] = None) -> str:
+    """``start_method`` checked, or chosen: fork where it is safe (gloo on Linux, no process group or CUDA in
+    this process), else spawn — always spawn for NCCL."""
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method={start_method!r}; allowed: None (choose), "
                          f"{', '.join(map(repr, START_METHODS))}")
-    unsafe = _fork_unsafe_reason()
+    unsafe = _fork_unsafe_reason(backend)
     if start_method == "fork" and unsafe:
         raise ValueError(f"start_method='fork' is unsafe here: {unsafe}; use 'spawn' or None")
     return start_method or ("spawn" if unsafe else "fork")
