@@ -248,11 +248,20 @@ def test_collectives_fired_by_a_users_own_backward_are_filed_under_backward():
     assert zerokit.launch(_phases, 2)[0] == {("backward", "all_reduce")}
 
 
+# A user's own torchrun script. After destroy_process_group no gloo thread may be left: one that outlives it runs
+# into interpreter exit, where releasing a finished collective's tensor needs the GIL, and the finalizing interpreter
+# ends that thread with pthread_exit, which aborts the process ("terminate called without an active exception",
+# once in a fresh-clone run). Two things kept every group alive past destroy_process_group: zerokit's mesh (its
+# DeviceMesh's group registry), reachable from the engine's strategy, which no del or gc frees (the post-accumulate-
+# grad hooks on the parameters form a cycle torch's gc cannot collect), and torch.distributed.nn.functional, whose
+# default arguments are the world group when it is first imported after init_process_group (torch.optim's first
+# optimizer imports it, here inside zerokit.initialize). zerokit.runtime holds groups weakly and imports that module
+# when zerokit is imported: so the script imports zerokit first and keeps its engine and model to the end.
 _UNDER_TORCHRUN = '''
 import os, torch, torch.distributed as dist, torch.nn.functional as F
 import zerokit
 
-dist.init_process_group("gloo")                   # a user's own torchrun script: no zerokit.launch
+dist.init_process_group("gloo")                   # no zerokit.launch
 torch.manual_seed(int(os.environ["RANK"]))         # ranks start different
 model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
 engine, _, _, _ = zerokit.initialize(model=model, config={"zero_optimization": {"stage": 2},
@@ -264,10 +273,11 @@ everyone = [torch.empty_like(flat) for _ in range(2)]
 dist.all_gather(everyone, flat)
 if dist.get_rank() == 0:                           # both ranks' parameters, compared on one (one printer)
     print("EQUAL", bool((everyone[0] == everyone[1]).all()), flush=True)
-del engine, model                                  # nothing of ours holds the group when it is destroyed:
-import gc; gc.collect()                            # the model's hooks reach the engine through cycles
 dist.barrier()
-dist.destroy_process_group()
+dist.destroy_process_group()                       # engine and model still alive: nothing holds a group
+if os.environ["RANK"] == "0" and os.path.isdir("/proc/self/task"):  # the threads left (Linux), main thread aside
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print("GLOO THREADS", sorted(n for n in names if "gloo" in n), flush=True)
 '''
 
 
@@ -290,3 +300,5 @@ def test_initialize_under_torchrun(tmp_path):
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "EQUAL True" in done.stdout, done.stdout
+    if sys.platform.startswith("linux"):  # destroy_process_group joined every gloo thread (see _UNDER_TORCHRUN)
+        assert "GLOO THREADS []" in done.stdout, done.stdout

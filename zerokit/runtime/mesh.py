@@ -11,10 +11,19 @@ starts); on each rank ``Mesh.build`` creates the groups with torch's ``DeviceMes
 (which works on CPU with gloo); strategies then take their groups from the mesh —
 ``mesh.group("dp")`` — and never from the world. The communication ledger names the
 axis of every collective with ``mesh.axis_of(group)``.
+
+A mesh holds its process groups weakly: torch (``_world``) owns them until
+``destroy_process_group``, which then frees them and joins their gloo threads even when a
+mesh outlives it — and one does whenever a strategy does, as its parameters' post-accumulate-grad
+hooks make it survive ``del engine; gc.collect()``. A held group (torch's DeviceMesh keeps all
+it made, the world's too, in ``_pg_registry``) survived ``destroy_process_group`` with its
+threads, which then ran into interpreter exit: the setting in which gloo aborts with
+"terminate called without an active exception" (pytorch/pytorch#65513, #190489).
 """
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -80,17 +89,47 @@ def axis_ranks(rank: int, shape: Dict[str, int], axis: str) -> List[int]:
     return out
 
 
+def _weak(group):
+    return None if group is None else weakref.ref(group)
+
+
+def _alive(ref, axis: str):
+    if ref is None:
+        return None
+    group = ref()
+    if group is None:
+        raise RuntimeError(f"the process group of mesh axis {axis!r} was destroyed (destroy_process_group); a new "
+                           f"process group needs a new mesh")
+    return group
+
+
+def _weak_registry(device_mesh) -> None:
+    """Let torch's DeviceMesh hold its groups weakly too: its ``_pg_registry`` (read only while torch.compile
+    traces, and by pickling) otherwise keeps every group it made alive, the world's included."""
+    registry = getattr(device_mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        device_mesh._pg_registry = weakref.WeakValueDictionary(registry)
+
+
 @dataclass
 class Mesh:
-    """One rank's view of the grid: the shape, its coordinates, and a process group per axis."""
+    """One rank's view of the grid: the shape, its coordinates, and a process group per axis (held weakly: see
+    the module docstring)."""
 
     shape: Dict[str, int]
     rank: int
-    #: axis -> process group (None: the world group, or no process group in a world of one)
+    #: axis -> process group (None: the world group, or no process group in a world of one); stored as weak
+    #: references, read through :meth:`group`
     groups: Dict[str, object] = field(default_factory=dict)
     device_mesh: Optional[object] = None
-    #: further groups within one axis (a pipeline's tied-weight group): (group, axis) pairs
+    #: further groups within one axis (a pipeline's tied-weight group): (group, axis) pairs, the group weakly
     subgroups: List[tuple] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.groups = {axis: _weak(group) for axis, group in self.groups.items()}
+        self.subgroups = [(_weak(group), axis) for group, axis in self.subgroups]
+        if self.device_mesh is not None:
+            _weak_registry(self.device_mesh)
 
     @classmethod
     def build(cls, rank: int, world_size: int, device_type: str = "cpu", parallel=None) -> "Mesh":
@@ -119,21 +158,22 @@ class Mesh:
         """The process group along ``axis`` (None: the world, when the axis spans every rank)."""
         if axis not in AXES:
             raise ValueError(f"axis={axis!r}; allowed: {', '.join(AXES)}")
-        return self.groups[axis]
+        return _alive(self.groups[axis], axis)
 
     def ranks(self, axis: str) -> List[int]:
         return axis_ranks(self.rank, self.shape, axis)
 
     def add_group(self, group, axis: str) -> None:
         """Name the axis of a group made within one (the ledger then counts its traffic there)."""
-        self.subgroups.append((group, axis))
+        self.subgroups.append((_weak(group), axis))
 
     def axis_of(self, group) -> str:
         """The axis a process group belongs to; "world" for the world group when no single axis spans it."""
         for sub, axis in self.subgroups:
-            if sub is group and group is not None:
+            if group is not None and sub is not None and sub() is group:
                 return axis
         for axis in AXES:
-            if self.groups.get(axis) is group and (group is not None or self.shape[axis] > 1):
+            held = self.groups.get(axis)
+            if (held() if held is not None else None) is group and (group is not None or self.shape[axis] > 1):
                 return axis
         return "world"
