@@ -89,6 +89,7 @@ def test_sizes_suite_prints_ratios_and_draws(tmp_path, capsys):
     assert os.path.getsize(out) > 10_000
 
 
+@pytest.mark.serial  # the link's sleeps against step times in ms: run alone
 def test_link_suite_slows_with_the_bandwidth(tmp_path, capsys):
     out = tmp_path / "link.png"
     assert bench.main("link", ["--bandwidths", "1e7", "--strategies", "ddp", "--steps", "3", "--rounds", "1",

@@ -9,6 +9,8 @@ import torch
 from zerokit import RankFailed, RankTimeout, comm, launch
 from zerokit.runtime import hang
 
+pytestmark = pytest.mark.serial  # wall-clock bounds (or machine-wide counts): run alone, see pyproject.toml
+
 
 def _only_rank_2_gathers(ctx):
     with comm.phase("backward"):

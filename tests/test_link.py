@@ -9,6 +9,8 @@ from zerokit.runtime import comm
 from zerokit.runtime.link import LINKS, Link, resolve
 from zerokit.runtime.timeline import exposed_comm_s, held_comm_s, rank_timeline
 
+pytestmark = pytest.mark.serial  # wall-clock bounds (or machine-wide counts): run alone, see pyproject.toml
+
 #: a slow link, so its time stands far above this machine's noise: 1 ms per round, 50 MB/s
 SLOW = Link("slow", 1e-3, 50e6)
 

@@ -24,6 +24,8 @@ import torch
 import zerokit
 from zerokit import comm
 
+pytestmark = pytest.mark.serial  # wall-clock bounds (or machine-wide counts): run alone, see pyproject.toml
+
 LAUNCHES, SPAWN_EVERY, FAIL_EVERY = 100, 10, 10
 
 
