@@ -8,6 +8,7 @@ reference runs the same loop on the whole global batch, in this process.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from contextlib import nullcontext
 from typing import Dict, Optional
@@ -245,6 +246,8 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
     if job.strategy == "single":
         ranks = [run_reference(job)]
     else:
+        for module in get_strategy(job.strategy).preload:  # inherited by forked ranks (spawned ones import again)
+            importlib.import_module(module)
         ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s)
     return StrategyResult.from_ranks(job, ranks, reference)
 

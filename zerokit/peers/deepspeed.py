@@ -70,6 +70,9 @@ class DeepSpeedPeer(Peer):
 
     #: ZeRO-Offload: offload_optimizer to the CPU
     cpu_offload = False
+    #: deepspeed.initialize imports DeepSpeed's Muon optimizer, whose module calls torch.compile at import: that
+    #: pulls in torch's inductor stack, 1.7 s per rank per launch when each forked rank imports it again
+    preload = ("torch._inductor.compile_fx", "torch._dynamo.backends.debugging")
 
     def __init__(self, model, ctx, config, **options):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")

@@ -67,6 +67,9 @@ class Strategy:
     peer = False
     #: why the strategy refuses a pipeline (pp > 1) when it does for a reason of its own ("" otherwise)
     pipeline_refusal = ""
+    #: modules to import in the launching process before its ranks fork, so that every rank inherits them
+    #: instead of importing them again (a peer library's slow imports)
+    preload: tuple = ()
 
     def __init__(self, model: nn.Module, ctx: RankContext, config: TrainConfig, **options):
         self.model = model
