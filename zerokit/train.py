@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Dict, Optional
 
@@ -247,7 +248,9 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
         ranks = [run_reference(job)]
     else:
         for module in get_strategy(job.strategy).preload:  # inherited by forked ranks (spawned ones import again)
-            importlib.import_module(module)
+            with warnings.catch_warnings():  # torch's own deprecation notices from its compiler stack's imports
+                warnings.simplefilter("ignore", DeprecationWarning)
+                importlib.import_module(module)
         ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s)
     return StrategyResult.from_ranks(job, ranks, reference)
 
