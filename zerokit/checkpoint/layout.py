@@ -121,7 +121,7 @@ def apply_full(strategy, full: FullState) -> None:
     inner = optimizer.optimizer
     for i, (segment, tensor, master) in enumerate(zip(layout, optimizer.tensors, optimizer.masters)):
         padded = segment["padded"]
-        value = torch.zeros(padded, dtype=torch.float32)
+        value = torch.zeros(padded, dtype=torch.float32)  # host: staged, then copied to the shard
         keys: Dict[str, torch.Tensor] = {}
         scalars: Dict[str, torch.Tensor] = {}
         for entry in segment["params"]:
@@ -130,7 +130,7 @@ def apply_full(strategy, full: FullState) -> None:
             for key, s in full.states.get(name, {}).items():
                 if s.dim() > 0 and s.numel() == entry["numel"]:
                     if key not in keys:
-                        keys[key] = torch.zeros(padded, dtype=s.dtype)
+                        keys[key] = torch.zeros(padded, dtype=s.dtype)  # host: staged
                     keys[key][a:b] = s
                 else:
                     scalars.setdefault(key, s)

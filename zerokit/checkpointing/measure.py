@@ -41,7 +41,7 @@ class ScaleBlock(nn.Module):
 
     def __init__(self, d: int):
         super().__init__()
-        self.w = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, d))  # host: a CPU measurement model
 
     def forward(self, x):
         return torch.tanh(x * self.w)

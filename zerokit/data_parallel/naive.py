@@ -60,7 +60,7 @@ def parameter_checksums(model: torch.nn.Module) -> torch.Tensor:
             weights = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
             sums.append(torch.stack([x.sum(), (x * weights).sum()]))
     if not sums:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64)  # host: no parameters; check_replicas_match moves them to the device
     return torch.cat(sums).cpu()
 
 

@@ -68,14 +68,18 @@ class Executor:
 
     def infer_shapes(self, first_input: torch.Tensor) -> None:
         """Every boundary's shape and dtype, by one forward through the pipeline (see the docstring)."""
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), comm.phase("setup"):
+        # the shape pass draws no numbers the step would: every RNG it could touch (the CPU's, this rank's GPU's) is
+        # restored after it
+        cuda = [self.device.index if self.device.index is not None else torch.cuda.current_device()] \
+            if self.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda), comm.phase("setup"):
             x = None
             for s in range(self.schedule.stages):
                 if s in self.stages:
                     if s == 0:
                         x = first_input
                     elif not self._local_to(s - 1):
-                        header = torch.zeros(9, dtype=torch.int64)
+                        header = torch.zeros(9, dtype=torch.int64, device=self.device)
                         comm.recv(header, self._peer(s - 1), self.group, tag=f"shape {s - 1}")
                         shape = tuple(int(d) for d in header[1:1 + int(header[0])])
                         x = torch.empty(shape, dtype=_DTYPES[int(header[8])], device=self.device)
@@ -86,9 +90,9 @@ class Executor:
                     if s < self.last_stage and not self._local_to(s + 1):
                         if x.dim() > 7:
                             raise ValueError(f"pipeline stage {s} outputs a {x.dim()}-d tensor; at most 7 dims")
-                        header = torch.zeros(9, dtype=torch.int64)
+                        header = torch.zeros(9, dtype=torch.int64, device=self.device)
                         header[0] = x.dim()
-                        header[1:1 + x.dim()] = torch.tensor(x.shape)
+                        header[1:1 + x.dim()] = torch.tensor(x.shape, device=self.device)
                         header[8] = _DTYPES.index(x.dtype)
                         comm.send(header, self._peer(s + 1), self.group, tag=f"shape {s}")
                         comm.send(x.contiguous(), self._peer(s + 1), self.group, tag=f"shape {s}")

@@ -115,7 +115,7 @@ class Pipeline:
         """The last stage's loss on every pipeline rank (reported, not trained on: phase setup)."""
         if self.schedule.ranks == 1:
             return float(loss)
-        value = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        value = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64, device=self.ctx.device)
         with comm.phase("setup"):
             comm.broadcast(value, self.ctx.mesh.ranks("pp")[-1], self.group, tag="loss report")
         return float(value)

@@ -52,7 +52,7 @@ def check_replicas(module: torch.nn.Module, group=None, step: Optional[int] = No
 
     n = dist.get_world_size(group)
     mine = parameter_checksums(module)
-    device = next(module.parameters(), torch.zeros(0)).device
+    device = next(module.parameters(), torch.zeros(0)).device  # host: a default, never communicated
     if dist.get_backend(group) != "nccl":
         device = torch.device("cpu")
     mine = mine.to(device)
