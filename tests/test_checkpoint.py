@@ -238,3 +238,25 @@ def test_misuse_says_what_to_do(tmp_path):
                                             "Engine or strategy"]):
         assert expected in message, message
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_checkpoint_barrier_waits_for_the_device_where_collectives_return_at_enqueue(monkeypatch):
+    """On NCCL an all-reduce returns to the host once enqueued: the barrier must then wait for the device, or a
+    rank writes its shard before rank 0 made the directory. Played on the CPU with a CUDA device in the context
+    and the collective recorded, not run: the barrier's all-reduce is followed by a synchronize of that device."""
+    import importlib
+    from types import SimpleNamespace
+
+    save = importlib.import_module("zerokit.checkpoint.save")  # the module (the package exports its function)
+    calls = []
+    monkeypatch.setattr(save.comm, "all_reduce", lambda t, **kw: calls.append(("all_reduce", kw.get("tag"))))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("synchronize", str(device))))
+    empty = torch.empty(0)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: empty)  # no CUDA in this build: the tensor is a stand-in
+    cuda = SimpleNamespace(ctx=SimpleNamespace(rank=1, world_size=2, device=torch.device("cuda", 1)))
+    save.barrier(cuda)
+    assert calls == [("all_reduce", "checkpoint barrier"), ("synchronize", "cuda:1")]
+    calls.clear()
+    cpu = SimpleNamespace(ctx=SimpleNamespace(rank=1, world_size=2, device=torch.device("cpu")))
+    save.barrier(cpu)  # gloo's all-reduce returns when it completes: nothing more to wait for
+    assert calls == [("all_reduce", "checkpoint barrier")]

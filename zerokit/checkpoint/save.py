@@ -53,10 +53,18 @@ def _world(strategy):
 
 
 def barrier(strategy) -> None:
-    """Every rank of the world (dp, tp and pp), in the setup phase."""
+    """Every rank of the world (dp, tp and pp), in the setup phase: returns once every rank has arrived.
+
+    An all-reduce of one element cannot complete before every rank has contributed. On gloo the call returns
+    when it completes; on NCCL it returns once enqueued, so the host then waits for the device
+    (``torch.cuda.synchronize``) — without it a rank could write its shard before rank 0 made the directory, and
+    ``save`` return before the manifest is committed."""
     if _world(strategy)[1] > 1:
+        device = strategy.ctx.device
         with comm.phase("setup"):
-            comm.all_reduce(torch.zeros(1, device=strategy.ctx.device), tag="checkpoint barrier")
+            comm.all_reduce(torch.zeros(1, device=device), tag="checkpoint barrier")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 def _token(strategy) -> str:
