@@ -110,10 +110,19 @@ class Executor:
         self.spans = []
         self._loss = 0.0
         t0 = time.perf_counter()
-        for action in self.schedule.actions[self.pp_rank]:
+        actions = self.schedule.actions[self.pp_rank]
+        i = 0
+        while i < len(actions):
             start = time.perf_counter()
-            self._run(action)
-            self.spans.append((action, start - t0, time.perf_counter() - t0))
+            if self._fusable(actions, i):  # a send and the receive right after it, from the same peer: one group
+                self._send_and_receive(actions[i], actions[i + 1])
+                for a in actions[i:i + 2]:
+                    self.spans.append((a, start - t0, time.perf_counter() - t0))
+                i += 2
+                continue
+            self._run(actions[i])
+            self.spans.append((actions[i], start - t0, time.perf_counter() - t0))
+            i += 1
         for work in self._sends:
             work.wait()
         self._sends = []
@@ -203,17 +212,56 @@ class Executor:
 
     # -- point to point -----------------------------------------------------------------
     def _receive(self, stage: int, a: Action, what: str) -> torch.Tensor:
-        shape, dtype = self.shapes[stage]
-        buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        peer = self._peer(stage if what == "activation" else stage + 1)
+        buffer, peer = self._receive_buffer(stage, what)
         with comm.phase("forward" if what == "activation" else "backward"):
             comm.irecv(buffer, peer, self.group, tag=f"{what} {a}").wait()
         return buffer
+
+    def _receive_buffer(self, stage: int, what: str):
+        shape, dtype = self.shapes[stage]
+        return (torch.empty(shape, dtype=dtype, device=self.device),
+                self._peer(stage if what == "activation" else stage + 1))
 
     def _send(self, tensor: torch.Tensor, to_stage: int, a: Action, what: str) -> None:
         with comm.phase("forward" if what == "activation" else "backward"):
             self._sends.append(comm.isend(tensor.contiguous(), self._peer(to_stage), self.group,
                                           tag=f"{what} {a}"))
+        self._sent(a, what)
+
+    # NCCL gives a pair of ranks one stream, and its operations run in the order they were posted: 1F1B's SEND_F
+    # then RECV_B on one rank against SEND_B then RECV_F on its peer is a cycle when each is posted alone (each
+    # send queued behind a receive its peer has not reached). torch's pipelining posts such neighbours as one
+    # batch_isend_irecv; so does this executor, for every SEND directly followed by a RECV from the same peer.
+    # zerokit.runtime.p2p_replay finds GPipe, 1F1B and ZB-H1 free of cycles so; interleaved still has one.
+    _SEND = {"SEND_F": (+1, "activation"), "SEND_B": (-1, "gradient")}
+    _RECV = {"RECV_F": (-1, "activation"), "RECV_B": (0, "gradient")}
+
+    def _fusable(self, actions: List[Action], i: int) -> bool:
+        if i + 1 >= len(actions) or actions[i].kind not in self._SEND or actions[i + 1].kind not in self._RECV:
+            return False
+        send, recv = actions[i], actions[i + 1]
+        to_stage = send.stage + self._SEND[send.kind][0]
+        from_stage = recv.stage + self._RECV[recv.kind][0]
+        peer_of_recv = self._peer(from_stage if recv.kind == "RECV_F" else from_stage + 1)
+        return not self._local_to(to_stage) and self._peer(to_stage) == peer_of_recv
+
+    def _send_and_receive(self, send: Action, recv: Action) -> None:
+        step, what = self._SEND[send.kind]
+        entry = self._entry(send)
+        tensor = entry["output"].detach() if send.kind == "SEND_F" else entry.pop("input_grad")
+        got = self._RECV[recv.kind][1]
+        buffer, peer = self._receive_buffer(recv.stage + self._RECV[recv.kind][0], got)
+        with comm.phase("forward" if what == "activation" else "backward"):
+            send_work, recv_work = comm.batch_isend_irecv(
+                [("send", tensor.contiguous(), self._peer(send.stage + step), f"{what} {send}"),
+                 ("recv", buffer, peer, f"{got} {recv}")], self.group)
+        self._sends.append(send_work)
+        self._sent(send, what)
+        with comm.phase("forward" if got == "activation" else "backward"):
+            recv_work.wait()
+        self._entry(recv)["input" if recv.kind == "RECV_F" else "grad"] = buffer
+
+    def _sent(self, a: Action, what: str) -> None:
         entry = self._stash.get((a.stage, a.micro))
         if entry is not None and what == "gradient" and "pending" not in entry and "output" not in entry:
             self._stash.pop((a.stage, a.micro))  # a full backward's entry ends with its SEND_B

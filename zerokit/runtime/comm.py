@@ -32,6 +32,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d  # P2POp accepts only these two functions
 
 from .. import theory
 from .comm_ledger import TRAFFIC, CommLedger, CommRecord, backend_note  # noqa: F401 - part of comm's API
@@ -249,3 +250,13 @@ def isend(tensor: torch.Tensor, dst: int, group=None, tag: str = "") -> Work:
 def irecv(tensor: torch.Tensor, src: int, group=None, tag: str = "") -> Work:
     record = new_record("recv", tensor, _bytes(tensor), group, True, tag)
     return _finish(dist.irecv(tensor, src=src, group=group), record, True)
+
+
+def batch_isend_irecv(ops: list, group=None) -> list:
+    """Post ``ops`` — ``("send" | "recv", tensor, peer's global rank, tag)`` — as one group, as torch's
+    ``batch_isend_irecv`` does (``ncclGroupStart/End`` on NCCL, where a pair of ranks shares one stream and a
+    send and a receive posted apart on both ranks can wait on each other); one :class:`Work` per op."""
+    records = [new_record(kind, tensor, _bytes(tensor), group, True, tag) for kind, tensor, _, tag in ops]
+    works = dist.batch_isend_irecv([dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, tensor, peer,
+                                               group=group) for kind, tensor, peer, _ in ops])
+    return [_finish(work, record, True) for work, record in zip(works, records)]
