@@ -411,8 +411,11 @@ _SLEEPER = textwrap.dedent("""
 def _start_sleeper(tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text(_SLEEPER)
+    # SIGINT at its default: a shell's background job (`cmd &`, nohup) starts with SIGINT ignored and its children
+    # inherit that, and Python then never turns Ctrl-C into KeyboardInterrupt — the test would hang, not the launcher
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=_env_without_torchrun(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("rank*.pid"))) < 2 or any(p.stat().st_size == 0 for p in tmp_path.glob("*.pid")):
         assert proc.poll() is None, proc.communicate()
