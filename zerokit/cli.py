@@ -215,10 +215,11 @@ def cmd_tour(args) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be a positive integer")
     try:
-        tour.main(args.world_sizes, args.steps, args.timeout)
-        return 0
+        prepared = tour.prepare(args.world_sizes, args.steps)
     except ValueError as e:  # a row refused by make_job, before any process started
         raise UsageError(str(e)) from e
+    tour.main(prepared, args.steps, args.timeout)  # a failing rank raises RankFailed: main() reports it
+    return 0
 
 
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------

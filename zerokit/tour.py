@@ -238,15 +238,21 @@ NEXT = [
 ]
 
 
-def main(world_sizes, steps: int, timeout_s: float, out=print) -> list:
-    """Plan every row, run them, print the table; ``out(text, flush=…)`` prints (``print`` by default).
-    Returns ``[(row, StrategyResult), …]``."""
+def prepare(world_sizes, steps: int) -> tuple:
+    """The workload and every row's checked job, ``(workload, [(row, job), …])``; a row that cannot run raises
+    ValueError naming it, before any process starts."""
     from .workloads import tiny_gpt
 
-    start = time.perf_counter()
     workload = tiny_gpt(**TOUR_WORKLOAD)
-    rows = tour_rows(world_sizes)
-    jobs = plan(rows, workload, steps)
+    return workload, plan(tour_rows(world_sizes), workload, steps)
+
+
+def main(prepared: tuple, steps: int, timeout_s: float, out=print) -> list:
+    """Run the rows :func:`prepare` made, print the table; ``out(text, flush=…)`` prints (``print`` by default).
+    Returns ``[(row, StrategyResult), …]``."""
+    start = time.perf_counter()
+    workload, jobs = prepared
+    rows = [row for row, _ in jobs]
     psi = workload.param_count()
     out(f"zerokit tour — {workload.description}; Ψ = {psi:,} parameters; fp32 AdamW, {steps} steps; "
         f"{len(rows)} runs, each against one single-process reference.")
