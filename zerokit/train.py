@@ -241,7 +241,8 @@ def run_reference(job: Job) -> RankResult:
 
 
 def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
-            backend: Optional[str] = None, timeout_s: float = 300.0) -> StrategyResult:
+            backend: Optional[str] = None, timeout_s: float = 300.0,
+            heartbeat_s: Optional[float] = None) -> StrategyResult:
     from .runtime.launch import launch
 
     if job.strategy == "single":
@@ -251,7 +252,12 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
             with warnings.catch_warnings():  # torch's own deprecation notices from its compiler stack's imports
                 warnings.simplefilter("ignore", DeprecationWarning)
                 importlib.import_module(module)
-        ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s)
+        if job.link is not None:  # refused on NCCL before any rank starts
+            from .runtime.launch import choose_backend
+            from .runtime.link import check_backend
+
+            check_backend(job.link, choose_backend(backend, world_size))
+        ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
     return StrategyResult.from_ranks(job, ranks, reference)
 
 
@@ -261,7 +267,7 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
           sequence_parallel: bool = False, checkpointing: str = "none", checkpoint_every: Optional[int] = None,
           link=None, save_dir: Optional[str] = None, save_every: Optional[int] = None,
-          resume_from: Optional[str] = None, **options) -> Report:
+          resume_from: Optional[str] = None, heartbeat_s: Optional[float] = None, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
     ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
@@ -277,7 +283,9 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     ``save_dir`` (with ``save_every``: after every k-th step, and after the last) writes sharded
     checkpoints ``save_dir/step-NNNNNN``; ``resume_from`` (a checkpoint, or a ``save_dir``: its
     latest) continues one in this run's layout, which may differ, up to ``steps`` counted from
-    the beginning (:mod:`zerokit.checkpoint.training`).
+    the beginning (:mod:`zerokit.checkpoint.training`). ``heartbeat_s`` (see :func:`zerokit.launch`): fail as
+    soon as no rank has entered, waited in or left a collective for that long, instead of waiting out
+    ``timeout_s`` on a deadlock.
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
@@ -286,5 +294,5 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
                    options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every,
                    link, save_dir=save_dir, save_every=save_every, resume_from=resume_from)
     ref = run_reference(job) if reference else None
-    result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s)
+    result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
     return Report([result], reference=ref)

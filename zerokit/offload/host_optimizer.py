@@ -23,12 +23,13 @@ strategy with ``offload="optimizer"`` or ``"params"``. Its lifecycle, per step:
 
 Every copy goes through :mod:`.transfers`, so the bytes are counted where they cross.
 
-On CUDA the host buffers are pinned and the copies run non-blocking on a side stream:
-gradient copies wait for the compute stream that produced them (and mark the device
-tensors as used by the side stream, so that the allocator does not hand them out while
-the copy is in flight); the step waits for the side stream before it reads the host
-buffers; the compute stream waits for the parameter copies before anything reads the
-shards. That path cannot run on this project's CPU-only machine and is not tested here.
+On CUDA the host buffers are pinned and the copies run non-blocking on a side stream,
+ordered with the compute stream by :mod:`.streams` (made for the rank's ``device``, never
+a resting shard's): the side stream waits for the compute stream before a copy reads a
+gradient or overwrites a shard; the step waits for the side stream before it reads the
+host buffers; the compute stream waits for the parameter copies before anything reads
+the shards. The order is checked on the CPU with a recording stream
+(``tests/test_offload_streams.py``); the GPU run is ``benchmarks/gpu_check.py``'s.
 On the CPU the copies are synchronous: bytes and copies are real, PCIe time is not.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 import torch.nn as nn
 
 from ..optim import OptimizerSpec
+from . import streams
 from .transfers import copy, host_empty, to_host
 
 #: torch's three CPU implementations of the optimizers: one fused kernel, multi-tensor, one tensor at a time
@@ -72,12 +74,15 @@ class HostOptimizer:
     mixed = True
 
     def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec,
-                 resident: Optional[Sequence[bool]] = None, implementation: str = "fused"):
+                 resident: Optional[Sequence[bool]] = None, implementation: str = "fused",
+                 device: Optional[torch.device] = None):
         self.tensors = list(tensors)
         self.resident = list(resident) if resident is not None else [False] * len(self.tensors)
-        cuda = any(t.is_cuda for t in self.tensors)
-        #: the side stream of the copies (CUDA only)
-        self.stream = torch.cuda.Stream(self.tensors[0].device) if cuda else None
+        if device is None:  # the device of the tensors that do not rest on the host
+            device = next((t.device for t, resting in zip(self.tensors, self.resident) if not resting),
+                          torch.device("cpu"))
+        #: the side stream of the copies (CUDA only): the rank's device's, whatever the first tensor's is
+        self.stream = streams.side_stream(device)
         self._after_compute([t for t, resting in zip(self.tensors, self.resident) if not resting])
         copies = [t.detach() if resting else to_host(t.detach(), f"master {i}", self.stream)
                   for i, (t, resting) in enumerate(zip(self.tensors, self.resident))]
@@ -86,7 +91,7 @@ class HostOptimizer:
         self.own_master = [resting and t.dtype == torch.float32 for t, resting in zip(self.tensors, self.resident)]
         self.masters: List[nn.Parameter] = [nn.Parameter(c if c.dtype == torch.float32 else c.float()) for c in copies]
         #: one host gradient buffer per tensor, in the tensor's dtype; after the step, the 16-bit staging buffer
-        self.host_grads = [host_empty(t.detach()) for t in self.tensors]
+        self.host_grads = [host_empty(t.detach(), stream=self.stream) for t in self.tensors]
         self._arrived = [False] * len(self.tensors)
         self.optimizer = build_optimizer(self.masters, spec, implementation)
 
@@ -98,9 +103,7 @@ class HostOptimizer:
     def _after_compute(self, tensors) -> None:
         """CUDA: the side stream waits for the compute stream; the device tensors stay alive for it."""
         if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-            for t in tensors:
-                t.record_stream(self.stream)
+            self.stream.after_compute(tensors)
 
     @torch.no_grad()
     def grads_out(self, grads: Sequence[Optional[torch.Tensor]]) -> None:
@@ -121,6 +124,8 @@ class HostOptimizer:
     @torch.no_grad()
     def params_in(self) -> None:
         """The updated masters back where the shards live: cast on the host, then copied to the device (h2d)."""
+        crossing = [i for i in range(len(self.tensors)) if not (self.own_master[i] or self.resident[i])]
+        self._after_compute([self.tensors[i] for i in crossing])  # the compute stream may still read the old shard
         for i, (t, master) in enumerate(zip(self.tensors, self.masters)):
             if self.own_master[i]:
                 continue
@@ -130,7 +135,7 @@ class HostOptimizer:
             source = master if t.dtype == torch.float32 else self.host_grads[i].copy_(master)
             copy(t, source, "h2d", f"params {i}", self.stream)
         if self.stream is not None:
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+            self.stream.before_compute([self.tensors[i] for i in crossing])
 
     # -- the step ---------------------------------------------------------------------
     def step(self, grads: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:

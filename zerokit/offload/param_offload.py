@@ -18,9 +18,9 @@ gathered in flight. Lifecycle of one unit's shard:
 Traffic: one fetch of the shard per gather, twice per micro-batch with
 ``reshard_after_forward`` (:func:`zerokit.theory.param_offload_traffic_bytes`), on top of
 the gradient shards going out. On CUDA the fetch runs non-blocking from pinned memory on
-a side stream, and the compute stream (which issues the all-gather) waits for it; that path
-is written for CUDA and not tested on this CPU-only machine, where the fetch is a real,
-synchronous copy between two buffers of the same RAM.
+a side stream, ordered with the compute stream (which issues the all-gather) by
+:mod:`.streams`; on the CPU the fetch is a real, synchronous copy between two buffers of
+the same RAM.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from typing import Callable
 
 import torch
 
-from .transfers import to_device, to_host
+from . import streams
+from .transfers import copy, to_host
 
 
 class ParamOffload:
@@ -36,7 +37,9 @@ class ParamOffload:
 
     def __init__(self, units, device: torch.device):
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = streams.side_stream(device)
+        if self.stream is not None:  # the shards were just written by the compute stream (setup's scatter)
+            self.stream.after_compute([unit.shard for unit in units])
         for unit in units:
             unit.shard = to_host(unit.shard, f"rest {unit.label}", self.stream)
         if self.stream is not None:
@@ -47,13 +50,12 @@ class ParamOffload:
     def fetching(self, gather: Callable) -> Callable:
         """``gather(out, shard, tag)`` with the host shard fetched to the device first."""
         def fetch_then_gather(out: torch.Tensor, shard: torch.Tensor, tag: str):
-            if self.stream is not None:
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))  # ``out`` was just allocated there
-            staged = to_device(shard, self.device, f"fetch {tag}", self.stream)
-            if self.stream is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(self.stream)
-                staged.record_stream(current)
+            staged = torch.empty(shard.shape, dtype=shard.dtype, device=self.device)
+            if self.stream is not None:  # fresh memory the compute stream may have used until now
+                self.stream.after_compute([staged])
+            copy(staged, shard, "h2d", f"fetch {tag}", self.stream)
+            if self.stream is not None:  # the all-gather, issued on the compute stream, reads it
+                self.stream.before_compute([staged])
             self.fetches += 1
             work = gather(out, staged, tag)
             if work is not None:

@@ -1,7 +1,6 @@
 """The transfer ledger: every device↔host copy a rank made, next to the communication ledger.
 
-Lifecycle: :func:`copy` (and :func:`to_host` / :func:`to_device`, which allocate the
-destination) is the only way zerokit's offload moves bytes between the device and the
+Lifecycle: :func:`copy` (and :func:`to_host`, which allocates the destination) is the only way zerokit's offload moves bytes between the device and the
 host. Each call copies for real — into a distinct buffer, even on a CPU-only machine where
 both sides are the same RAM — and appends a :class:`Transfer` with the direction (``d2h``
 or ``h2d``), the bytes of the tensor that crossed (measured: ``numel · element_size`` of
@@ -10,7 +9,7 @@ the link), and the phase and step the communication ledger is in. ``zerokit.trai
 the ledger before the first step and sums it per step (setup excluded) after the last.
 
 On CUDA a copy with ``stream`` runs on that side stream, non-blocking from pinned host
-memory; the caller orders the streams. The ledger then records the launch, not the time the
+memory; the caller orders the streams (:mod:`.streams`). The ledger then records the launch, not the time the
 bytes took: PCIe time is not measured here, on any machine.
 """
 from __future__ import annotations
@@ -20,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
+
+from .streams import SideStream
 
 DIRECTIONS = ("d2h", "h2d")
 
@@ -83,8 +84,9 @@ def _where():
 
 
 def copy(dst: torch.Tensor, src: torch.Tensor, direction: str, tag: str = "",
-         stream: Optional["torch.cuda.Stream"] = None) -> torch.Tensor:
-    """``dst.copy_(src)`` across the device↔host boundary, recorded; returns ``dst``."""
+         stream: Optional[SideStream] = None) -> torch.Tensor:
+    """``dst.copy_(src)`` across the device↔host boundary, recorded; returns ``dst``. With ``stream`` (CUDA) the copy
+    runs there, non-blocking; the caller has ordered the streams (:mod:`.streams`)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction={direction!r}; allowed: {', '.join(DIRECTIONS)}")
     if dst.dtype != src.dtype or dst.numel() != src.numel():
@@ -97,23 +99,21 @@ def copy(dst: torch.Tensor, src: torch.Tensor, direction: str, tag: str = "",
                          src.numel() * src.element_size(), tag, time.perf_counter()))
     with torch.no_grad():
         if stream is not None:
-            with torch.cuda.stream(stream):
-                dst.copy_(src, non_blocking=True)
+            stream.copy(dst, src, direction)
         else:
             dst.copy_(src)
     return dst
 
 
-def host_empty(like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """A host buffer shaped like ``like``: pinned when the device is CUDA (so copies can be asynchronous)."""
-    return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu", pin_memory=like.is_cuda)
+def host_empty(like: torch.Tensor, dtype: Optional[torch.dtype] = None,
+               stream: Optional[SideStream] = None) -> torch.Tensor:
+    """A host buffer shaped like ``like``: pinned when copies run on a side ``stream`` (CUDA), so they can be
+    asynchronous — whether ``like`` itself is on the device or already on the host."""
+    if stream is not None:
+        return stream.host_buffer(like.shape, dtype or like.dtype)
+    return torch.empty(like.shape, dtype=dtype or like.dtype, device="cpu")
 
 
-def to_host(t: torch.Tensor, tag: str = "", stream=None) -> torch.Tensor:
-    """A new host copy of device tensor ``t`` (d2h, recorded)."""
-    return copy(host_empty(t), t, "d2h", tag, stream)
-
-
-def to_device(t: torch.Tensor, device: torch.device, tag: str = "", stream=None) -> torch.Tensor:
-    """A new device copy of host tensor ``t`` (h2d, recorded)."""
-    return copy(torch.empty(t.shape, dtype=t.dtype, device=device), t, "h2d", tag, stream)
+def to_host(t: torch.Tensor, tag: str = "", stream: Optional[SideStream] = None) -> torch.Tensor:
+    """A new host copy of device tensor ``t`` (d2h, recorded); the caller ordered ``stream`` after compute."""
+    return copy(host_empty(t, stream=stream), t, "d2h", tag, stream)

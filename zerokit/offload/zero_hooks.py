@@ -77,7 +77,8 @@ class Offload:
         if not self.enabled:
             return MasterOptimizer(tensors, spec)
         resting = {id(u.shard) for u in self.strategy.units} if self.params is not None else set()
-        self.host = HostOptimizer(tensors, spec, resident=[id(t) in resting for t in tensors])
+        self.host = HostOptimizer(tensors, spec, resident=[id(t) in resting for t in tensors],
+                                  device=self.strategy.ctx.device)
         return self.host
 
     def gather_fn(self, gather):

@@ -59,10 +59,30 @@ def current() -> RankContext:
         return _current
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return RankContext(dist.get_rank(), dist.get_world_size(), torch.device("cpu"),
-                           dist.get_backend())
+    if dist.is_available() and dist.is_initialized():  # the user made the group (a bare torchrun script)
+        backend = str(dist.get_backend())
+        return RankContext(dist.get_rank(), dist.get_world_size(), backend_device(backend), backend)
     return RankContext(0, 1, torch.device("cpu"), "none")
+
+
+def backend_device(backend: str) -> torch.device:
+    """The device a collective on ``backend`` carries its tensors on: this rank's current CUDA device for NCCL
+    (which refuses host tensors), the CPU for gloo.
+
+    Under torchrun the rank's GPU is ``LOCAL_RANK``, selected with ``torch.cuda.set_device`` before the first
+    collective, as torch's own examples do; a rank that left the current device at 0 while ``LOCAL_RANK`` names
+    another of the visible GPUs would share GPU 0 with rank 0, which NCCL refuses ("Duplicate GPU detected")
+    or hangs on: that is refused here, with the call that fixes it.
+    """
+    if "nccl" not in backend:
+        return torch.device("cpu")
+    index = torch.cuda.current_device()
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.isdigit() and int(local) < torch.cuda.device_count() and int(local) != index:
+        raise RuntimeError(f"this rank's current CUDA device is cuda:{index} but LOCAL_RANK={local}: call "
+                           f"torch.cuda.set_device({local}) (or torch.cuda.set_device(int(os.environ['LOCAL_RANK'])))"
+                           f" before init_process_group('nccl'), so that each rank uses its own GPU")
+    return torch.device("cuda", index)
 
 
 def set_current(ctx: Optional[RankContext]) -> None:

@@ -5,7 +5,9 @@ each collective (:mod:`.comm`); the text is :func:`encode`'s, five fields — st
 call number, op, phase, detail. When ranks hang or stall, the parent
 (:mod:`.supervise`) reads every slot with :func:`decode` and :func:`summarise` groups
 the ranks by the call they are stuck in: "rank 2 is in all_gather #14 of forward;
-ranks 0, 1, 3 are in reduce_scatter #9 of backward".
+ranks 0, 1, 3 are in reduce_scatter #9 of backward". On NCCL a call returns when its
+collective is queued on the GPU, so there the sentence names the collective each rank
+last enqueued.
 
 In debug mode (``zerokit.launch(..., check_collectives=True)`` or
 ``ZEROKIT_DEBUG_COLLECTIVES=1``), :func:`check_signature` runs before each symmetric
@@ -22,6 +24,8 @@ from typing import Dict, List
 
 import torch
 import torch.distributed as dist
+
+from .context import backend_device
 
 _SEP = "\x1f"
 #: states a slot can hold: "" nothing yet, "init" joining the group, "idle" joined, "in" inside a
@@ -58,13 +62,19 @@ class RankStatus:
             return self.detail or "no collective"
         return f"{self.op} #{self.call} of {self.phase}" + (f" ({self.detail})" if self.detail else "")
 
-    def sentence_part(self) -> str:
+    def sentence_part(self, backend: str = "gloo") -> str:
+        """Where the rank is, in words. On NCCL a collective's call returns once it is queued on the GPU, and
+        ``Work.wait`` only orders streams: the slot knows what the rank last *enqueued*, not whether it finished,
+        and the sentence says so."""
         if self.state in ("", "idle"):
             return "in no collective since joining the group"
-        if self.state == "in":
-            return f"in {self.where()}"
         if self.state == "init":
             return "in " + self.where()
+        if backend == "nccl":
+            return (f"past the last collective it enqueued, {self.where()} (NCCL returns once a collective is "
+                    f"queued on the GPU: it may still be running there, or waiting for a peer)")
+        if self.state == "in":
+            return f"in {self.where()}"
         if self.state == "wait":
             return f"waiting for async {self.where()}"
         if self.state == "launched":
@@ -91,9 +101,10 @@ def _ranks(ranks: List[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks)) + " are"
 
 
-def summarise(statuses: Dict[int, RankStatus]) -> str:
-    """Group the ranks by where they are: 'rank 2 is in all_gather #14 of forward; ranks 0, 1 are in ...'."""
-    return group_sentences({rank: status.sentence_part() for rank, status in statuses.items()})
+def summarise(statuses: Dict[int, RankStatus], backend: str = "gloo") -> str:
+    """Group the ranks by where they are: 'rank 2 is in all_gather #14 of forward; ranks 0, 1 are in ...'
+    (on NCCL: what each last enqueued)."""
+    return group_sentences({rank: status.sentence_part(backend) for rank, status in statuses.items()})
 
 
 def group_sentences(parts: Dict[int, str]) -> str:
@@ -140,8 +151,7 @@ def _check(op: str, numel: int, dtype: torch.dtype, phase: str, call: int, group
     n = dist.get_world_size(group)
     if n == 1:
         return
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
-        else torch.device("cpu")
+    device = backend_device(str(dist.get_backend(group)))
     mine = torch.tensor([_code(SYMMETRIC_OPS, op), numel, _code(_DTYPES, dtype), _code(_PHASES, phase), call],
                         dtype=torch.int64, device=device)
     every = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)

@@ -80,7 +80,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
 
             set_check_collectives(check_collectives)
         return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)
-    backend = _choose_backend(backend, world_size)
+    backend = choose_backend(backend, world_size)
     method = _choose_start_method(start_method, backend)
     if method == "fork":
         _import_before_fork()
@@ -112,7 +112,7 @@ def check_backend(backend: Optional[str]) -> None:
         raise ValueError(f"backend={backend!r}; allowed: None (choose), {', '.join(map(repr, BACKENDS))}")
 
 
-def _choose_backend(backend: Optional[str], world_size: int) -> str:
+def choose_backend(backend: Optional[str], world_size: int) -> str:
     """Validate ``backend`` and ``world_size`` together; None becomes NCCL when each rank gets a GPU.
 
     ``torch.cuda.device_count()`` asks NVML where it can, which, unlike

@@ -41,6 +41,9 @@ Presets (one direction, per rank; public figures, rounded):
   machine's gloo over shared memory even for large payloads, so its holds show on a CPU;
 - ``"this machine"`` (or None, "none"): no link — the backend's own speed.
 
+A link is emulated on gloo only: on NCCL the sleep would delay the CPU thread, not the
+CUDA stream the collective runs on, so it is refused there (:func:`check_backend`).
+
 A link only ever delays: completion is the later of the backend's and the link's, so a
 link faster than the backend itself (10 GbE against gloo on two busy shared cores, for
 megabytes) holds nothing — ``held_s`` stays 0.
@@ -155,10 +158,29 @@ class LinkClock:
 _clock: Optional[LinkClock] = None
 
 
+#: why ``link=`` is refused on NCCL
+NCCL_REASON = ("an emulated link holds a collective's completion by sleeping the rank's CPU thread; on NCCL the "
+               "collective runs on a CUDA stream that the sleep does not delay, so the GPU would run at the real "
+               "link's speed while the ledger reported the emulated one")
+
+
+def check_backend(link: Optional[Link], backend: str) -> None:
+    """Refuse an emulated link on NCCL, with the reason and what to do instead."""
+    if link is not None and "nccl" in backend:
+        raise ValueError(f"link={link.name!r} cannot be emulated on backend 'nccl': {NCCL_REASON}. On GPUs measure "
+                         f"the real link (link=None); to see an emulated one, run on CPU ranks with backend='gloo'")
+
+
 def set_link(link: Union[str, Link, None]) -> Optional[Link]:
-    """Put this process's collectives behind ``link`` (None: the backend's own speed); a fresh clock."""
+    """Put this process's collectives behind ``link`` (None: the backend's own speed); a fresh clock.
+    Refused when this process's group runs on NCCL (:func:`check_backend`)."""
     global _clock
     resolved = resolve(link)
+    if resolved is not None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            check_backend(resolved, str(dist.get_backend()))
     _clock = LinkClock(resolved) if resolved is not None else None
     return resolved
 

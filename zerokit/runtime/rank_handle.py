@@ -44,8 +44,10 @@ class _Failure:
 class RankHandle:
     """The parent's handles on one rank: its process, result pipe, output pipes and status slot."""
 
-    def __init__(self, rank: int, process, results, outputs: List[LineForwarder], status):
+    def __init__(self, rank: int, process, results, outputs: List[LineForwarder], status, backend: str = "gloo"):
         self.rank = rank
+        #: the backend the rank's collectives ran on: NCCL's slot records enqueues (:mod:`.hang`)
+        self.backend = backend
         self.process = process
         self.results = results
         self.outputs = outputs
@@ -89,7 +91,7 @@ class RankHandle:
             if code is not None and code < 0:
                 how += f" (killed by {signal.Signals(-code).name})"
             if self.state().state not in ("", "idle"):  # where it died: the collective it was in or last left
-                how += f", {self.state().sentence_part()}"
+                how += f", {self.state().sentence_part(self.backend)}"
             self._fail(time.time(), f"rank {self.rank} {how}", "exit")
 
     def status_text(self) -> str:
@@ -105,7 +107,7 @@ class RankHandle:
         if self.reported and self.failure is None:
             return f"finished (fn returned after {status.call} collective{'s' if status.call != 1 else ''})"
         prefix = "dead; it was " if self.failure is not None and self.failure.kind == "exit" else ""
-        return prefix + status.sentence_part()
+        return prefix + status.sentence_part(self.backend)
 
     def last_collective(self) -> str:
         """The collective it is in or last entered, as one line ("" when none since joining)."""

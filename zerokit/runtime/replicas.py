@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm
+from .context import backend_device
 
 __all__ = ["check_replicas", "ReplicasDiverged"]
 
@@ -52,9 +53,7 @@ def check_replicas(module: torch.nn.Module, group=None, step: Optional[int] = No
 
     n = dist.get_world_size(group)
     mine = parameter_checksums(module)
-    device = next(module.parameters(), torch.zeros(0)).device  # host: a default, never communicated
-    if dist.get_backend(group) != "nccl":
-        device = torch.device("cpu")
+    device = backend_device(str(dist.get_backend(group)))  # NCCL: this rank's GPU, wherever the model is
     mine = mine.to(device)
     gathered = torch.empty(n * mine.numel(), dtype=torch.float64, device=device)
     with comm.phase("setup"):

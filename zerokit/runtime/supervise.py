@@ -111,7 +111,8 @@ class Supervisor:
         process = self.mpctx.Process(target=rank_main, name=f"zerokit-{self.name}-rank{spec.rank}",
                                      args=(spec, self.job, results_w, stdout_w, stderr_w, status, store_socket))
         rank = RankHandle(spec.rank, process, results_r, [LineForwarder(spec.rank, stdout_r, "stdout"),
-                                                     LineForwarder(spec.rank, stderr_r, "stderr")], status)
+                                                     LineForwarder(spec.rank, stderr_r, "stderr")], status,
+                          self.backend)
         self.ranks.append(rank)
         try:
             process.start()
@@ -185,7 +186,7 @@ class Supervisor:
         """Print the hung ranks' stacks (SIGUSR1 → faulthandler), kill them, report their collectives
         grouped by the call each is in."""
         last = {rank.rank: rank.last_collective() for rank in hung}
-        where = summarise({rank.rank: rank.state() for rank in hung})
+        where = summarise({rank.rank: rank.state() for rank in hung}, self.backend)
         if hasattr(signal, "SIGUSR1"):
             for rank in hung:
                 with contextlib.suppress(ProcessLookupError):
