@@ -17,7 +17,7 @@ from typing import Dict, Optional
 import torch
 
 from . import theory
-from .runtime import comm
+from .runtime import clock, comm
 from .runtime.context import RankContext
 from .runtime.memory import MemoryLedger, cuda_peak_bytes
 from .offload.transfers import ledger as transfer_ledger
@@ -140,6 +140,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     times = []
     for step in range(start, job.steps):
         comm.set_step(step)
+        clock.anchor()  # CUDA: synchronize, and pair the GPU's timeline with perf_counter for this step's marks
         t0 = time.perf_counter()
         engine.zero_grad()
         micro = _local_batch(job, ctx, step, cls.data_parallel)

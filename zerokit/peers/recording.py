@@ -24,7 +24,6 @@ the same context under ``comm.phase("setup")``, so its broadcasts are counted ap
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from contextlib import contextmanager
 
@@ -33,7 +32,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..runtime import comm
+from ..runtime import clock, comm
 from ..strategies.base import Strategy
 
 _inside = threading.local()
@@ -87,8 +86,8 @@ def _recording(op: str, original, tag: str):
         finally:
             _inside.active = False
         if not async_op:
-            record.t_end = time.perf_counter()
-            record.blocked_s = record.t_end - record.t_launch
+            record.t_end = clock.mark()
+            record.add_blocked(record.t_launch, record.t_end)
         return work
 
     return wrapper
@@ -259,12 +258,12 @@ class LedgeredFunctionalCollectives(TorchDispatchMode):
         packet = func._overloadpacket
         if packet is _FUNCOL.wait_tensor:
             entry = self._pending.pop(id(args[0]), None)
-            t0 = time.perf_counter()
+            t0 = clock.mark()
             out = func(*args, **kwargs)
             if entry is not None and entry[0]() is args[0]:
                 record = entry[1]
-                record.t_end = time.perf_counter()
-                record.blocked_s += record.t_end - t0
+                record.t_end = clock.mark()
+                record.add_blocked(t0, record.t_end)
             return out
         if packet in _UNRECORDABLE and not self._inside:
             raise RuntimeError(f"torch-tp: DTensor issued {packet}, which zerokit's ledger has no ring formula "
@@ -284,13 +283,13 @@ class LedgeredFunctionalCollectives(TorchDispatchMode):
             extra = {"rank": self._ranks.index(dist.get_rank()), "src": int(args[1])}
         record = comm.new_record(op, tensor, nbytes, group, True, tag=f"{self.tag} {packet._qualified_op_name}",
                                  **extra)
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         self._inside = True
         try:
             out = func(*args, **kwargs)
         finally:
             self._inside = False
-        record.blocked_s += time.perf_counter() - t0
+        record.add_blocked(t0, clock.mark())
         if isinstance(out, torch.Tensor):
             self._pending[id(out)] = (weakref.ref(out), record)
         return out

@@ -7,14 +7,13 @@ the memory ledger the buckets themselves (:class:`BucketBuffers`).
 """
 from __future__ import annotations
 
-import time
 import weakref
 from contextlib import contextmanager
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..runtime import comm
+from ..runtime import clock, comm
 from ..strategies.base import Option, Replicated, boolean, positive_number, register
 
 
@@ -50,7 +49,7 @@ def _ledgered_allreduce_hook(state, bucket):
     record = work.record
 
     def done(fut):
-        record.t_end = time.perf_counter()
+        record.t_end = clock.mark()  # NCCL runs a future's callbacks on a stream that waited for the collective
         return fut.value()[0]
 
     return work._work.get_future().then(done)

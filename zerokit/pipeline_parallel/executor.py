@@ -14,8 +14,10 @@ code that does. Lifecycle:
    backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``RECV_*`` posts a
    receive and waits for it, ``SEND_*`` posts a send (waited for at the end of the
    step). Two stages on the same rank (interleaving on one rank) hand tensors over in
-   memory. Every action is recorded with its start and end (``spans``): the measured
-   timeline has the same shape as :func:`zerokit.simulate`'s.
+   memory. Every action is recorded with its start and end (``spans``, marks of
+   :mod:`zerokit.runtime.clock`: CUDA events on a GPU; :meth:`Executor.timed_spans` reads
+   them as seconds from the step's start): the measured timeline has the same shape as
+   :func:`zerokit.simulate`'s.
 
 Traffic is point-to-point only: per boundary per step, m activations forward and m
 gradients backward, each ``b·s·h`` elements for a transformer (recorded by the
@@ -23,14 +25,13 @@ communication ledger as ``send``/``recv`` on the ``pp`` axis).
 """
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
 
-from ..runtime import comm
+from ..runtime import clock, comm
 from .actions import Action, Schedule
 from .split_backward import WeightOutputs, input_backward, weight_backward
 
@@ -56,7 +57,9 @@ class Executor:
         self.split = schedule.splits_backward
         self.weight_outputs = {s: WeightOutputs(m) for s, m in stages.items()} if self.split else {}
         #: (action, start, end) of every action of the last step, seconds from the step's start
+        #: the last step's actions as (action, start mark, end mark) (:meth:`timed_spans` reads them)
         self.spans: List[tuple] = []
+        self._t0 = None
         self._local: Dict[tuple, torch.Tensor] = {}
 
     # -- shapes -------------------------------------------------------------------------
@@ -97,6 +100,12 @@ class Executor:
                         comm.send(header, self._peer(s + 1), self.group, tag=f"shape {s}")
                         comm.send(x.contiguous(), self._peer(s + 1), self.group, tag=f"shape {s}")
 
+    def timed_spans(self) -> List[tuple]:
+        """The last step's actions as (action, start, end) in seconds from the step's start (after the step:
+        on a GPU this waits for the events)."""
+        t0 = clock.seconds(self._t0)
+        return [(a, clock.seconds(start) - t0, clock.seconds(end) - t0) for a, start, end in self.spans]
+
     # -- one step -----------------------------------------------------------------------
     def step(self, micro: List[tuple]) -> Optional[float]:
         """Run this rank's actions for one step on its micro-batches ``[(inputs, targets), …]``;
@@ -109,19 +118,19 @@ class Executor:
         self._sends: list = []
         self.spans = []
         self._loss = 0.0
-        t0 = time.perf_counter()
+        self._t0 = clock.mark()
         actions = self.schedule.actions[self.pp_rank]
         i = 0
         while i < len(actions):
-            start = time.perf_counter()
+            start = clock.mark()
             if self._fusable(actions, i):  # a send and the receive right after it, from the same peer: one group
                 self._send_and_receive(actions[i], actions[i + 1])
-                for a in actions[i:i + 2]:
-                    self.spans.append((a, start - t0, time.perf_counter() - t0))
+                end = clock.mark()
+                self.spans += [(a, start, end) for a in actions[i:i + 2]]
                 i += 2
                 continue
             self._run(actions[i])
-            self.spans.append((actions[i], start - t0, time.perf_counter() - t0))
+            self.spans.append((actions[i], start, clock.mark()))
             i += 1
         for work in self._sends:
             work.wait()

@@ -121,7 +121,7 @@ class Pipeline:
         return float(value)
 
     def spans(self) -> list:
-        return [(str(a), start, end) for a, start, end in self.executor.spans]
+        return [(str(a), start, end) for a, start, end in self.executor.timed_spans()]
 
     def full_parameters(self, local: Optional[Dict[str, torch.Tensor]], module_names: Dict[int, str]) -> Optional[dict]:
         """Every stage's parameters under the whole model's names, on pipeline rank 0 (``local``: this rank's

@@ -14,10 +14,10 @@ element count and dtype, and three traffic quantities that are kept apart everyw
   (:mod:`zerokit.runtime.ring`); None for the backend's own collectives.
 
 Async calls return a :class:`Work` whose ``wait`` records when the rank stopped waiting
-and how long it was blocked: the *exposed* communication the timeline shades. On CUDA
-(NCCL), ``wait`` returns at once and only orders the streams, so the blocked time is
-measured with CUDA events around the wait on the current stream instead, read when
-the step's records are summarised.
+and how long it was blocked: the *exposed* communication the timeline shades. Every time
+is a mark of :mod:`.clock`: on CUDA (NCCL) a call, and a ``wait``, return once the work is
+queued and only order the streams, so launch, end and blocked time are CUDA events on
+the current stream, read when the step's records are resolved (``CommLedger.resolve``).
 
 Under an emulated link (:mod:`.link`, ``train(..., link=...)``) each call still runs on
 the backend; its completion is then held until the link's modelled time has passed: a
@@ -36,7 +36,7 @@ import torch.distributed.distributed_c10d as c10d  # P2POp accepts only these tw
 
 from .. import theory
 from .comm_ledger import TRAFFIC, CommLedger, CommRecord, backend_note  # noqa: F401 - part of comm's API
-from . import context, link as _link
+from . import clock as _clock, context, link as _link
 from .hang import check_signature
 
 PHASES = ("setup", "forward", "backward", "step")
@@ -98,27 +98,15 @@ class Work:
         call = getattr(self.record, "_call", None)
         if call is not None:
             context.wait_collective(*call)
-        cuda = self.record.backend == "nccl" and torch.cuda.is_available()
-        if cuda:
-            before = torch.cuda.Event(enable_timing=True)
-            after = torch.cuda.Event(enable_timing=True)
-            before.record()
-        t0 = time.perf_counter()
+        before = _clock.mark()
         self._work.wait()
-        clock = _link.clock()
-        if clock is not None:  # an emulated link: sleep for what is left of its time
+        link = _link.clock()
+        if link is not None:  # an emulated link (gloo only): sleep for what is left of its time
             if self.record.op == "recv":  # the data just came: its bytes cross the link from now
-                clock.book(self.record, start=time.perf_counter())
-            held = clock.hold(self.record)
-        t1 = time.perf_counter()
-        self.record.t_end = t1
-        if cuda:  # NCCL's wait only makes the current stream wait: time the stream, not the CPU
-            after.record()
-            self.record._cuda_events = (before, after)
-            if clock is not None:
-                self.record.blocked_s += held
-        else:
-            self.record.blocked_s += t1 - t0
+                link.book(self.record, start=time.perf_counter())
+            link.hold(self.record)
+        self.record.t_end = _clock.mark()  # NCCL's wait only makes the current stream wait: a mark on that stream
+        self.record.add_blocked(before, self.record.t_end)
         if call is not None:
             context.leave_collective(*call)
 
@@ -159,7 +147,7 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
     record = CommRecord(op=op, phase=current_phase(), step=_ledger.step, numel=payload_bytes // tensor.element_size(),
                         dtype=str(tensor.dtype).replace("torch.", ""), payload_bytes=payload_bytes,
                         ring_cost_bytes=theory.ring_bytes_sent(op, payload_bytes, n, **formula), group_size=n,
-                        async_op=async_op, t_launch=time.perf_counter(), algorithm=algorithm, tag=tag,
+                        async_op=async_op, t_launch=_clock.mark(), algorithm=algorithm, tag=tag,
                         axis=axis_of(group), backend=_backend(group))
     name = f"ring {op}" if algorithm == "ring" else op
     detail = f"{record.numel} {record.dtype} on {record.axis}, step {record.step}"
@@ -181,8 +169,8 @@ def _finish(work, record: CommRecord, async_op: bool):
         return Work(work, record)
     if clock is not None:
         clock.hold(record)
-    record.t_end = time.perf_counter()
-    record.blocked_s = record.t_end - record.t_launch
+    record.t_end = _clock.mark()
+    record.add_blocked(record.t_launch, record.t_end)
     context.leave_collective(*record._call)
     return None
 

@@ -10,7 +10,9 @@ with a note where the backend is not the ring the cost assumes. :mod:`.comm` fil
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
+
+from . import clock
 
 
 @dataclass
@@ -26,9 +28,12 @@ class CommRecord:
     ring_cost_bytes: float
     group_size: int
     async_op: bool
-    t_launch: float
-    t_end: Optional[float] = None
-    #: seconds the calling thread was blocked on this collective (sync call or wait)
+    #: when it was issued and when it completed, on the device's timeline (:mod:`.clock`): perf_counter seconds
+    #: once resolved; on CUDA, until :meth:`CommLedger.resolve`, the marks (CUDA events) themselves
+    t_launch: Any
+    t_end: Any = None
+    #: measured: seconds this rank was blocked on this collective (a sync call, or a wait); on CUDA the time its
+    #: compute stream stood still for it, from CUDA events (:mod:`.clock`)
     blocked_s: float = 0.0
     algorithm: str = "torch"
     tag: str = ""
@@ -46,16 +51,22 @@ class CommRecord:
     link: str = ""
     #: emulated: when (perf_counter) the link finished carrying this transfer; None without a link
     emulated_end: Optional[float] = None
-    #: CUDA events (before, after) around a wait on the current stream; resolved into blocked_s
-    _cuda_events: Optional[tuple] = field(default=None, repr=False)
+    #: blocked intervals (start mark, end mark) on a GPU's timeline, not yet read; resolved into blocked_s
+    _blocked_marks: Optional[list] = field(default=None, repr=False)
+
+    def add_blocked(self, start, end) -> None:
+        """This rank was blocked from mark ``start`` to mark ``end``: added now on the CPU, at resolve on a GPU."""
+        if isinstance(start, float) and isinstance(end, float):
+            self.blocked_s += end - start
+        else:
+            self._blocked_marks = (self._blocked_marks or []) + [(start, end)]
 
     def resolve(self) -> None:
-        """Turn the CUDA events of a wait into blocked seconds (the stream waited this long)."""
-        if self._cuda_events is not None:
-            before, after = self._cuda_events
-            after.synchronize()
-            self.blocked_s += before.elapsed_time(after) / 1000.0
-            self._cuda_events = None
+        """Read the GPU marks (no-op on the CPU): blocked intervals into ``blocked_s``, times into seconds."""
+        if self._blocked_marks is not None:
+            self.blocked_s += sum(clock.elapsed(a, b) for a, b in self._blocked_marks)
+            self._blocked_marks = None
+        self.t_launch, self.t_end = clock.seconds(self.t_launch), clock.seconds(self.t_end)
 
 
 @dataclass
@@ -140,7 +151,7 @@ class CommLedger:
         return out
 
     def resolve(self) -> None:
-        """Read the CUDA events of every wait (no-op on the CPU)."""
+        """Read every record's GPU marks (no-op on the CPU): call after the step, before reading times."""
         for r in self.records:
             r.resolve()
 
@@ -171,7 +182,7 @@ class CommLedger:
         out = []
         for r in self.records:
             d = asdict(r)
-            d.pop("_cuda_events", None)
+            d.pop("_blocked_marks", None)
             out.append(d)
         return out
 

@@ -86,8 +86,12 @@ def backend_device(backend: str) -> torch.device:
 
 
 def set_current(ctx: Optional[RankContext]) -> None:
+    """Make ``ctx`` this process's rank (None: none); times are measured on its device's timeline (:mod:`.clock`)."""
     global _current
     _current = ctx
+    from . import clock
+
+    clock.use(ctx.device if ctx is not None else None)
 
 
 def set_status_writer(writer: Optional[Callable[[str], None]]) -> None:

@@ -14,7 +14,6 @@ Only SUM is supported.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -22,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d  # P2POp accepts only these two functions
 
 from .. import theory
-from . import link
+from . import clock as device_clock, link
 from .comm import CommRecord, new_record
 
 RING_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
@@ -108,8 +107,8 @@ def _end(record: CommRecord, bytes_sent: int) -> None:
         clock.book(record)
         clock.hold(record)
     record.sent_bytes = bytes_sent
-    record.t_end = time.perf_counter()
-    record.blocked_s = record.t_end - record.t_launch
+    record.t_end = device_clock.mark()
+    record.add_blocked(record.t_launch, record.t_end)
 
 
 def _run_rounds(chunks: torch.Tensor, op: str, ring: _Ring, on_step: Optional[OnStep],

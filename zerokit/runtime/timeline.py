@@ -17,6 +17,8 @@ Under an emulated link (:mod:`.link`) each collective also carries the link's sp
 blocked time the rank slept for it; :func:`straggler_waits` finds the blocked time spent
 waiting for a peer that had not yet launched the same collective.
 
+Every time is a mark of :mod:`.clock` (a CUDA event on a GPU, where a call returns at
+enqueue), read as ``perf_counter`` seconds by :meth:`Tracer.events` after the run.
 ``time.perf_counter`` is per process, so each tracer records one ``(perf_counter,
 time.time)`` pair when it starts; :func:`rank_timeline` puts every rank's spans and
 collectives on the wall-clock axis with it, and :func:`zerokit.plot.timeline` draws
@@ -30,6 +32,8 @@ from contextlib import contextmanager
 from typing import Iterator, List, Optional
 
 import torch
+
+from . import clock
 
 #: event kinds a tracer records
 KINDS = ("clock", "span", "forward", "backward")
@@ -52,11 +56,11 @@ class Tracer:
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Record the block as one compute span called ``name``."""
-        start = time.perf_counter()
+        start = clock.mark()
         try:
             yield
         finally:
-            self._add("span", name, start, time.perf_counter())
+            self._add("span", name, start, clock.mark())
 
     def instrument(self, model: torch.nn.Module) -> None:
         """Record the forward and the backward of every leaf module, through module hooks."""
@@ -75,12 +79,12 @@ class Tracer:
             ]
 
     def _begin(self, kind: str, label: str) -> None:
-        self._open[(kind, label)] = time.perf_counter()
+        self._open[(kind, label)] = clock.mark()
 
     def _finish(self, kind: str, label: str) -> None:
         start = self._open.pop((kind, label), None)
         if start is not None:
-            self._add(kind, label, start, time.perf_counter())
+            self._add(kind, label, start, clock.mark())
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -89,9 +93,10 @@ class Tracer:
 
     def events(self) -> list:
         """Every event as a plain dict (picklable), the clock pair first."""
-        clock = {"rank": self.rank, "kind": "clock", "name": "origin", "start": self.perf0, "end": self.perf0,
-                 "wall": self.wall0}
-        return [clock, *(dict(e) for e in self._events)]
+        events = [dict(e, start=clock.seconds(e["start"]), end=clock.seconds(e["end"])) for e in self._events]
+        origin = {"rank": self.rank, "kind": "clock", "name": "origin", "start": self.perf0, "end": self.perf0,
+                  "wall": self.wall0}
+        return [origin, *events]
 
 
 # --- reading a rank's result ----------------------------------------------------------------
