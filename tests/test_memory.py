@@ -75,3 +75,60 @@ def test_activations_live_until_backward_and_peak_is_kept():
     assert ledger.peak_total >= during + ledger.current()["params"]
     assert ledger.peak_where
     ledger.remove_hooks()
+
+
+def test_a_ledger_for_a_device_counts_model_states_held_elsewhere_as_the_hosts():
+    """torch's non-fused Adam keeps ``step`` on the host while the parameters are on a GPU: here the ledger's device
+    is the CPU and one optimizer state sits on another device (meta), so it must leave the device's optimizer."""
+    from zerokit.runtime.memory import MemoryLedger
+
+    p = torch.nn.Parameter(torch.zeros(8))
+    opt = torch.optim.AdamW([p])
+    p.grad = torch.zeros(8)
+    opt.step()
+    opt.state[p]["step"] = torch.zeros((), device="meta")
+    on_cpu, anywhere = MemoryLedger(torch.device("cpu")), MemoryLedger()
+    for ledger in (on_cpu, anywhere):
+        ledger.track_optimizer(opt)
+    now, everything = on_cpu.current(), anywhere.current()
+    assert now["optimizer"] == 3 * 8 * 4  # the parameter (its own master), m and v
+    assert now["host_optimizer"] == 4 and now["total"] == everything["total"] - 4
+    assert everything["host_optimizer"] == 0
+
+
+def test_the_allocator_is_read_next_to_the_ledger_at_every_sample(monkeypatch):
+    from zerokit.runtime import memory
+
+    ledger = memory.MemoryLedger(torch.device("cpu"))
+    t = torch.zeros(256)
+    ledger.track("buffers", t)
+    assert ledger.sample("first") == 1024 and ledger.allocator_at_peak is None  # the CPU: no allocator to read
+    allocated = iter([1024 + 300, 4096 + 100])
+    monkeypatch.setattr(memory, "_allocated", lambda device: next(allocated))
+    ledger.reset_peak()
+    ledger.sample("small")
+    t2 = torch.zeros(768)
+    ledger.track("buffers", t2)
+    ledger.sample("big")
+    assert ledger.peak_total == 4096 and ledger.allocator_at_peak == 4196
+    assert (ledger.allocator_gap_max, ledger.allocator_gap_where) == (300, "small")
+
+
+def test_adam_keeps_step_beside_the_parameters_on_the_cpu_or_when_fused():
+    from types import SimpleNamespace
+
+    from zerokit.optim import adam_steps_beside_params
+
+    on = lambda device, **flags: SimpleNamespace(param_groups=[{"params": [torch.empty(1, device=device)], **flags}])  # noqa: E731
+    assert adam_steps_beside_params(on("cpu"))
+    assert not adam_steps_beside_params(on("meta"))  # a device that is not the CPU, non-fused: steps on the host
+    assert adam_steps_beside_params(on("meta", fused=True)) and adam_steps_beside_params(on("meta", capturable=True))
+
+
+def test_step_transients_name_the_gap():
+    from zerokit import theory
+
+    t = theory.step_transients(8, 256, 4096, 1000, "bf16-mixed")
+    assert t == {"logits' gradient": 8 * 256 * 4096 * 2, "fp32 copies of 16-bit gradients": 4000,
+                 "cuBLAS workspace": 2 * 4096 * 1024 + 8 * 16 * 1024}
+    assert theory.step_transients(1, 1, 1, 1000)["fp32 copies of 16-bit gradients"] == 0

@@ -87,3 +87,21 @@ def test_the_hang_report_says_last_enqueued_on_nccl():
     assert "rank 0 is past the last collective it enqueued, all_reduce #14 of backward" in on_nccl
     assert "rank 1 is past the last collective it enqueued, all_gather #9 of forward" in on_nccl
     assert "not in a collective" not in on_nccl and "queued on the GPU" in on_nccl
+
+
+def test_the_reference_runs_on_the_ranks_kind_of_device(monkeypatch):
+    from zerokit.train import reference_device
+
+    monkeypatch.setattr("zerokit.runtime.launch.choose_backend", lambda backend, world_size: "nccl")
+    assert reference_device(None, 2) == torch.device("cuda", 0)
+    monkeypatch.setattr("zerokit.runtime.launch.choose_backend", lambda backend, world_size: "gloo")
+    assert reference_device(None, 2) == torch.device("cpu")
+
+
+def test_the_host_step_takes_the_ranks_share_of_the_cores_on_a_gpu_machine(monkeypatch):
+    from zerokit.offload.host_optimizer import host_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert host_threads(torch.device("cuda", 1)) == 8
+    assert host_threads(torch.device("cpu")) is None

@@ -13,7 +13,7 @@ from .report import Report
 from .runtime.errors import RankFailed, RankTimeout
 from .runtime.mesh import AXES, check_built, parse_parallel
 from .job import JOB_OPTIONS, make_job
-from .train import run_job, run_reference
+from .train import reference_device, run_job, run_reference
 from .workloads import Workload
 
 #: how ``--parallel`` is written, for its help and its error messages
@@ -73,7 +73,7 @@ def _run(jobs: list, reference=None, timeout_s: float = 300.0) -> Report:
     ``world_size`` set to the job that failed.
     """
     if reference is None:
-        reference = run_reference(jobs[0][0])
+        reference = run_reference(jobs[0][0], reference_device(None, max(n for _, n in jobs)))
     results = []
     for job, n in jobs:
         try:

@@ -91,5 +91,18 @@ class MasterOptimizer:
 
     @property
     def step_scalars(self) -> int:
-        """Number of Adam ``step`` tensors (one per stepped tensor)."""
-        return len(self.masters) if isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW) else 0
+        """Number of Adam ``step`` tensors held with the parameters (one per stepped tensor): on the CPU, and on a
+        GPU for a fused or capturable Adam; torch's other Adam on a GPU keeps them on the host, where the device's
+        model states do not count them."""
+        if not isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW):
+            return 0
+        return len(self.masters) if adam_steps_beside_params(self.optimizer) else 0
+
+
+def adam_steps_beside_params(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether torch's Adam/AdamW keeps its ``step`` scalars on the parameters' device: always on the CPU; on a GPU
+    only when ``fused`` or ``capturable`` (otherwise it makes them host tensors, ``torch.tensor(0.0)``)."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    params = group.get("params", [])
+    on_cpu = not params or params[0].device.type == "cpu"
+    return on_cpu or bool(group.get("fused")) or bool(group.get("capturable"))

@@ -44,6 +44,11 @@ class RankResult:
     trace: Optional[list] = None
     #: each category's own peak over the samples (``peak_breakdown`` is the split at the total's peak)
     peak_by_category: Optional[dict] = None
+    #: measured by CUDA's caching allocator (None on the CPU): bytes allocated at the ledger's peak sample, and the
+    #: largest allocated − ledger total over the samples, with where (:mod:`zerokit.runtime.memory`)
+    allocator_at_peak: Optional[int] = None
+    allocator_gap_max: Optional[int] = None
+    allocator_gap_where: str = ""
     #: this rank's place on the mesh: {"dp": …, "tp": …, "pp": …}
     coords: Optional[dict] = None
     #: per mesh axis: calls, payload, ring cost and sent bytes per step
@@ -129,6 +134,9 @@ class StrategyResult:
                 "host_model_state_bytes": r.host_model_state_bytes,
                 "transfer_bytes_per_step": r.transfer_bytes_per_step,
                 "cuda_peak_bytes": r.cuda_peak_bytes,
+                "allocator_at_peak": r.allocator_at_peak,
+                "allocator_gap_max": r.allocator_gap_max,
+                "allocator_gap_where": r.allocator_gap_where,
                 "recomputed_forwards": r.recomputed_forwards,
             } for r in self.ranks],
             "theory": {

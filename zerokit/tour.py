@@ -123,9 +123,9 @@ def plan(rows: List[Row], workload, steps: int) -> list:
 def run(jobs: list, timeout_s: float, progress=None) -> tuple:
     """The reference, then every job; returns (reference, [(row, StrategyResult), …])."""
     from .runtime.errors import RankFailed, RankTimeout
-    from .train import run_job, run_reference
+    from .train import reference_device, run_job, run_reference
 
-    reference = run_reference(jobs[0][1])
+    reference = run_reference(jobs[0][1], reference_device(None, max(row.world_size for row, _ in jobs)))
     results = []
     for row, job in jobs:
         try:

@@ -19,7 +19,7 @@ import torch
 from . import theory
 from .runtime import clock, comm
 from .runtime.context import RankContext
-from .runtime.memory import MemoryLedger, cuda_peak_bytes
+from .runtime.memory import MemoryLedger, cuda_peak_bytes, reset_cuda_peak
 from .offload.transfers import ledger as transfer_ledger
 from .report import RankResult, Report, StrategyResult
 from .strategies import TrainConfig, get as get_strategy
@@ -120,7 +120,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     strategy = cls(model, ctx, job.config, **job.options)
     # the public engine a user's own loop drives (zerokit.initialize): one code path for both
     engine = Engine(strategy, job.config.micro_batches, zero_grad_after_step=False)
-    memory = MemoryLedger()
+    memory = MemoryLedger(ctx.device)
     if pipeline is not None:
         pipeline.executor.memory = memory if job.track_peak else None  # its per-action samples cost time
         pipeline.infer_shapes([(_to_device(x, ctx.device, dtype), y) for x, y in
@@ -137,6 +137,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     span = tracer.span if tracer is not None else (lambda name: nullcontext())
     # resume_from: this run's layout filled from the checkpoint; the steps before it keep their saved losses
     start, losses = resumable.resume(strategy, engine) if resumable is not None else (0, [])
+    memory.reset_peak()  # the ledger's peak and torch's both cover the steps, not the setup
+    reset_cuda_peak(ctx.device)
     times = []
     for step in range(start, job.steps):
         comm.set_step(step)
@@ -208,7 +210,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         theory_transfer_bytes_per_step=strategy.theory_transfer_bytes(),
         memory_bytes=now, peak_bytes=memory.peak_total, peak_breakdown=memory.peak_breakdown,
         peak_where=memory.peak_where, peak_by_category=dict(memory.peak_by_category),
-        cuda_peak_bytes=cuda_peak_bytes(ctx.device),
+        cuda_peak_bytes=cuda_peak_bytes(ctx.device), allocator_at_peak=memory.allocator_at_peak,
+        allocator_gap_max=memory.allocator_gap_max, allocator_gap_where=memory.allocator_gap_where,
         comm_payload_bytes_per_step=sum(payload.values()) / ran,
         comm_ring_cost_bytes_per_step=sum(ring_cost.values()) / ran,
         comm_sent_bytes_per_step=None if None in sent.values() else sum(sent.values()) / ran,
@@ -229,14 +232,23 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
 
 # --- the parent side --------------------------------------------------------------------
 
-def run_reference(job: Job) -> RankResult:
-    """The single-process reference: the same loop on the whole global batch, in this process."""
+def reference_device(backend: Optional[str] = None, world_size: int = 1) -> torch.device:
+    """Where the reference runs: on the ranks' kind of device, so that parity compares the same kernels — the
+    first GPU when the ranks run on NCCL (one GPU each), else the CPU."""
+    from .runtime.launch import choose_backend
+
+    return torch.device("cuda", 0) if choose_backend(backend, world_size) == "nccl" else torch.device("cpu")
+
+
+def run_reference(job: Job, device: Optional[torch.device] = None) -> RankResult:
+    """The single-process reference: the same loop on the whole global batch, in this process, on ``device``
+    (None: the CPU; :func:`reference_device` says where a job's ranks would run)."""
     ref = Job(job.workload, "single", job.steps, TrainConfig(job.config.precision, job.config.optimizer, 1),
               track_peak=job.track_peak, checkpointing=job.checkpointing, checkpoint_every=job.checkpoint_every)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return run_rank(RankContext(0, 1, torch.device("cpu"), "none"), ref)
+        return run_rank(RankContext(0, 1, device or torch.device("cpu"), "none"), ref)
     finally:
         torch.set_num_threads(threads)
 
@@ -247,7 +259,7 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
     from .runtime.launch import launch
 
     if job.strategy == "single":
-        ranks = [run_reference(job)]
+        ranks = [run_reference(job, reference_device(backend, world_size))]
     else:
         for module in get_strategy(job.strategy).preload:  # inherited by forked ranks (spawned ones import again)
             with warnings.catch_warnings():  # torch's own deprecation notices from its compiler stack's imports
@@ -294,6 +306,6 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
                    options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every,
                    link, save_dir=save_dir, save_every=save_every, resume_from=resume_from)
-    ref = run_reference(job) if reference else None
+    ref = run_reference(job, reference_device(backend, world_size)) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
     return Report([result], reference=ref)

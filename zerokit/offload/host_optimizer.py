@@ -11,8 +11,8 @@ strategy with ``offload="optimizer"`` or ``"params"``. Its lifecycle, per step:
 2. **gradients out** (:meth:`grads_out`): the device's reduced gradient shard is copied
    into the host buffer (d2h), 16-bit as it is; a later micro-batch's shard of the same
    step is copied next to it and added on the host.
-3. **step** (:meth:`step`): the host casts the gradients to fp32 and runs torch's fastest
-   CPU optimizer — ``AdamW(fused=True)`` (``SGD(fused=True)`` for SGD; a spec carrying a
+3. **step** (:meth:`step`): the host casts the gradients to fp32 and runs, on a GPU machine
+   with this rank's share of the cores (:func:`host_threads`), torch's fastest CPU optimizer — ``AdamW(fused=True)`` (``SGD(fused=True)`` for SGD; a spec carrying a
    torch optimizer class is built with its own arguments, fused where torch has a fused
    kernel); the bench suite ``zerokit bench offload`` measures it against ``foreach`` and
    the for-loop.
@@ -34,6 +34,7 @@ On the CPU the copies are synchronous: bytes and copies are real, PCIe time is n
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence
 
 import torch
@@ -66,6 +67,16 @@ def build_optimizer(params, spec: OptimizerSpec, implementation: str = "fused") 
     raise ValueError(f"optimizer {spec.name!r}: the host optimizer steps adamw or sgd, or a torch optimizer class")
 
 
+def host_threads(device: torch.device) -> Optional[int]:
+    """CPU threads for the host step: on a GPU machine the cores idle while the GPUs compute, so each local rank
+    takes its share of them (``os.cpu_count() // LOCAL_WORLD_SIZE``, as DeepSpeed's CPU Adam runs on OpenMP's
+    threads); None on the CPU, where the cores are the ranks' compute and ``threads_per_rank`` decides."""
+    if device.type != "cuda":
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or max(torch.cuda.device_count(), 1)
+    return max(1, (os.cpu_count() or 1) // local)
+
+
 class HostOptimizer:
     """A torch optimizer stepping fp32 masters on the host for ``tensors`` that live on the device (or rest on the
     host where ``resident`` says so)."""
@@ -83,6 +94,8 @@ class HostOptimizer:
                           torch.device("cpu"))
         #: the side stream of the copies (CUDA only): the rank's device's, whatever the first tensor's is
         self.stream = streams.side_stream(device)
+        #: threads for the host step (None: the process's setting; see :func:`host_threads`)
+        self.threads = host_threads(device)
         self._after_compute([t for t, resting in zip(self.tensors, self.resident) if not resting])
         copies = [t.detach() if resting else to_host(t.detach(), f"master {i}", self.stream)
                   for i, (t, resting) in enumerate(zip(self.tensors, self.resident))]
@@ -145,7 +158,13 @@ class HostOptimizer:
         self._sync()
         for master, g, arrived in zip(self.masters, self.host_grads, self._arrived):
             master.grad = (g if g.dtype == torch.float32 else g.float()) if arrived else None
-        self.optimizer.step()
+        threads = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        try:
+            self.optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
         for master in self.masters:
             master.grad = None
         self._arrived = [False] * len(self.tensors)

@@ -21,8 +21,8 @@ The traffic is counted by :mod:`.recording`; memory is read from the module's pa
 (and ``ds_tensor`` partitions), ``p.grad`` and the torch optimizer's states. Gradient
 buffers DeepSpeed keeps privately are not seen.
 
-``deepspeed-zero2-offload``: ``"offload_optimizer": {"device": "cpu", "pin_memory": false}``
-(ZeRO-Offload), the peer of ``zero2`` with ``offload="optimizer"``. The client torch
+``deepspeed-zero2-offload``: ``"offload_optimizer": {"device": "cpu", "pin_memory": …}``
+(ZeRO-Offload; pinned on a GPU, as zerokit's offload there; not on the CPU, where pinning needs CUDA), the peer of ``zero2`` with ``offload="optimizer"``. The client torch
 optimizer steps the fp32 partitions on the host (``"zero_force_ds_cpu_optimizer": false``:
 DeepSpeed would otherwise insist on its own DeepSpeedCPUAdam, a C++ op compiled on first
 use); the optimizer's states are counted as host memory.
@@ -105,7 +105,7 @@ class DeepSpeedPeer(Peer):
             "wall_clock_breakdown": False,
         }
         if self.cpu_offload:  # ZeRO-Offload, with the client torch optimizer stepping on the host
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": ctx.device.type == "cuda"}
             ds_config["zero_force_ds_cpu_optimizer"] = False
         with comm.phase("setup"), ledgered_torch_collectives(self.name):
             deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)

@@ -18,7 +18,8 @@ Lifecycle:
    reduce-scattered into the gradient shards (``p.grad`` is a sharded DTensor);
 4. **step**: a plain torch optimizer steps the local shards.
 
-``fsdp2-zero3-offload`` adds ``CPUOffloadPolicy(pin_memory=False)``: the sharded parameters,
+``fsdp2-zero3-offload`` adds ``CPUOffloadPolicy(pin_memory=…)`` — pinned on a GPU, as zerokit's
+offload pins its host buffers there (pinned memory needs CUDA, so not on the CPU): the sharded parameters,
 their gradients and the optimizer states (so the step) live on the host, each group's
 shards are copied to the device before its all-gather and the gradient shards back after
 the reduce-scatter. On a CPU-only machine the device *is* the host: FSDP2's copies are
@@ -65,7 +66,7 @@ class FSDP2(Peer):
     """fully_shard on zerokit's units, then on the root; ``reshard_after_forward`` set by the subclass."""
 
     reshard_after_forward = True
-    #: CPUOffloadPolicy(pin_memory=False): shards, gradients and optimizer states on the host
+    #: CPUOffloadPolicy: shards, gradients and optimizer states on the host (pinned on a GPU)
     cpu_offload = False
     options = {"unit_size": UNIT_SIZE_OPTION}
 
@@ -84,7 +85,8 @@ class FSDP2(Peer):
         if config.precision == "bf16-mixed":
             model.float()  # bf16 values, exactly: FSDP2 keeps the fp32 shards and computes in bf16
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        offload = CPUOffloadPolicy(pin_memory=False) if self.cpu_offload else OffloadPolicy()
+        pin = ctx.device.type == "cuda"  # as zerokit's offload: pinned host buffers wherever a GPU copies them
+        offload = CPUOffloadPolicy(pin_memory=pin) if self.cpu_offload else OffloadPolicy()
         with comm.phase("setup"), ledgered_torch_collectives(self.name):
             for unit in form_units(model, unit_size, set()):  # children before parents
                 if unit.module is not model:
@@ -174,7 +176,7 @@ class FSDP2Zero3(FSDP2):
 
 @register
 class FSDP2Zero3Offload(FSDP2Zero3):
-    """fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=False)): ZeRO-3 with the shards and the step on the
+    """fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=<on a GPU>)): ZeRO-3 with the shards and the step on the
     host; the peer of ``zero3`` with ``offload="params"``."""
 
     name = "fsdp2-zero3-offload"

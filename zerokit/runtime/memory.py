@@ -14,13 +14,23 @@ and a storage resized to 0 — a released shard — costs nothing.
 Host categories (``host_params``, ``host_grads``, ``host_optimizer``) hold the model states
 that :mod:`zerokit.offload` keeps on the host. They are read the same way, after the
 device's, and counted apart: ``total`` and the peak are the device's, ``host_total`` the
-host's.
+host's. A ledger made for a ``device`` counts in a device category only the storages on
+that device: a model state found elsewhere is the host's (torch's non-fused Adam keeps
+its ``step`` scalars on the host while the parameters are on a GPU), and a buffer or
+activation elsewhere is not the device's memory.
+
+On CUDA each sample also reads the caching allocator (``torch.cuda.memory_allocated``):
+``allocator_at_peak`` is its count at the ledger's peak sample, ``allocator_gap_max`` the
+largest allocated − ledger over the samples and ``allocator_gap_where`` where. The gap is
+what the ledger does not name — transients such as the logits' gradient, the fp32 copies
+of 16-bit gradients, cuBLAS's workspace (:func:`zerokit.theory.step_transients` sizes
+them) — reported next to the ledger, never folded into it.
 """
 from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -59,7 +69,9 @@ class _Saved:
 class MemoryLedger:
     """Current and peak bytes per category on one rank."""
 
-    def __init__(self):
+    def __init__(self, device: Optional[torch.device] = None):
+        #: the rank's device: only its storages count in the device categories (None: every storage counts)
+        self.device = device
         self._sources: dict = {c: [] for c in CATEGORIES + HOST_CATEGORIES}
         self._saved: list = []
         self.peak_total = 0
@@ -69,6 +81,11 @@ class MemoryLedger:
         self.peak_by_category = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
         self.samples = 0
         self._hooks: list = []
+        #: measured by the allocator (CUDA only, else None): bytes allocated at the ledger's peak sample, and the
+        #: largest allocated − ledger total over the samples, with where it was sampled
+        self.allocator_at_peak: Optional[int] = None
+        self.allocator_gap_max: Optional[int] = None
+        self.allocator_gap_where = ""
 
     # -- where to look ----------------------------------------------------------------
     def track(self, category: str, source: TensorSource) -> None:
@@ -139,19 +156,28 @@ class MemoryLedger:
                 if t is not None:
                     yield t
 
+    def _elsewhere(self, key) -> bool:
+        """Whether a storage (by its key) is off this ledger's device."""
+        if self.device is None:
+            return False
+        device = key[1]
+        return device.type != self.device.type or (self.device.index is not None and device.index != self.device.index)
+
     def current(self) -> dict:
         """Bytes per category now, each storage counted once; ``total`` on the device, ``host_total`` on the host."""
         seen: set = set()
-        out = {}
+        out = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
         for category in CATEGORIES + HOST_CATEGORIES:
-            total = 0
             for t in self._tensors(category):
                 key, nbytes = _storage_key(t)
                 if nbytes == 0 or key in seen:
                     continue
                 seen.add(key)
-                total += nbytes
-            out[category] = total
+                if category in CATEGORIES and self._elsewhere(key):
+                    if f"host_{category}" in out:  # a model state held off the device: the host's
+                        out[f"host_{category}"] += nbytes
+                    continue
+                out[category] += nbytes
         out["total"] = sum(out[c] for c in CATEGORIES)
         out["host_total"] = sum(out[c] for c in HOST_CATEGORIES)
         return out
@@ -163,6 +189,7 @@ class MemoryLedger:
     def sample(self, where: str = "") -> int:
         """Read the current bytes and keep the peak; returns the current total."""
         now = self.current()
+        allocated = _allocated(self.device)
         self.samples += 1
         for c in CATEGORIES + HOST_CATEGORIES:
             self.peak_by_category[c] = max(self.peak_by_category[c], now[c])
@@ -170,6 +197,9 @@ class MemoryLedger:
             self.peak_total = now["total"]
             self.peak_breakdown = {c: now[c] for c in CATEGORIES}
             self.peak_where = where
+            self.allocator_at_peak = allocated
+        if allocated is not None and (self.allocator_gap_max is None or allocated - now["total"] > self.allocator_gap_max):
+            self.allocator_gap_max, self.allocator_gap_where = allocated - now["total"], where
         return now["total"]
 
     def reset_peak(self) -> None:
@@ -177,6 +207,8 @@ class MemoryLedger:
         self.peak_breakdown = {c: 0 for c in CATEGORIES}
         self.peak_where = ""
         self.peak_by_category = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
+        self.allocator_at_peak = self.allocator_gap_max = None
+        self.allocator_gap_where = ""
 
     # -- sampling points --------------------------------------------------------------
     def instrument(self, model: torch.nn.Module) -> None:
@@ -199,8 +231,22 @@ class MemoryLedger:
         self._hooks.clear()
 
 
+def _allocated(device: Optional[torch.device]) -> Optional[int]:
+    """The caching allocator's bytes in use on a CUDA ``device``; None elsewhere."""
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return None
+
+
+def reset_cuda_peak(device: torch.device) -> None:
+    """Start torch's peak count again (after setup, so that it covers what the ledger samples: the steps)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def cuda_peak_bytes(device: torch.device):
-    """torch's own count of the peak, to cross-check the ledger on CUDA; None elsewhere."""
+    """torch's own count of the peak since :func:`reset_cuda_peak`, to cross-check the ledger on CUDA; None
+    elsewhere."""
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated(device))
     return None

@@ -33,7 +33,8 @@ from .parallelism import (  # noqa: F401
 from .activations import (  # noqa: F401
     activation_bytes_per_layer, checkpointed_blocks, optimal_checkpoint_segments,
     activation_bytes_per_layer_sequence_parallel, transformer_layer_activation_bytes,
-    embedding_activation_bytes, output_activation_bytes, CHECKPOINTING, checkpointed_activation_bytes)
+    embedding_activation_bytes, output_activation_bytes, CHECKPOINTING, checkpointed_activation_bytes,
+    CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES_HOPPER, step_transients)
 from .transformer import (  # noqa: F401
     ParamTensor, MLPS, NORMS, POSITIONS, transformer_parameters, transformer_param_count, training_flops_per_token,
     model_flops_utilization)

@@ -120,3 +120,28 @@ def checkpointed_activation_bytes(n: int, layer_bytes: float, boundary_bytes: fl
     else:
         raise ValueError(f"policy={policy!r} is not a checkpointing policy; allowed: {', '.join(CHECKPOINTING)}")
     return in_flight * -(-n // k) * boundary_bytes + k * layer_bytes
+
+
+#: cuBLAS's workspace per handle and stream under torch's default ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:2:16:8``:
+#: two 4096 KiB chunks and eight 16 KiB ones; ``:4096:8:16:8`` on Hopper), taken from the caching allocator the
+#: first time a matmul runs on a stream (torch's aten/src/ATen/cuda/CublasHandlePool.cpp)
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_WORKSPACE_BYTES_HOPPER = 4096 * 1024 * 8 + 16 * 1024 * 8
+
+
+def step_transients(batch_size: int, seq_len: int, vocab: int, stepped_numel: int, precision: str = "fp32",
+                    hopper: bool = False) -> dict:
+    """Estimates of what a training step allocates on a GPU that no ledger category holds (bytes, by name).
+
+    - ``logits' gradient``: B·T·V elements in the parameters' dtype, made by the loss's backward and alive until
+      the output layer's backward has used it (at the step's peak in a small model);
+    - ``fp32 copies of 16-bit gradients``: in bf16 mixed precision the optimizer step casts each stepped
+      gradient to fp32 for its fp32 master, 4·``stepped_numel`` at once; nothing in fp32;
+    - ``cuBLAS workspace``: :data:`CUBLAS_WORKSPACE_BYTES` (Hopper: ``_HOPPER``) per stream that ran a matmul.
+
+    These name the gap between the ledger and ``torch.cuda.memory_allocated``; they are not added to the ledger.
+    """
+    b = 2 if precision == "bf16-mixed" else 4
+    return {"logits' gradient": batch_size * seq_len * vocab * b,
+            "fp32 copies of 16-bit gradients": 4 * stepped_numel if precision == "bf16-mixed" else 0,
+            "cuBLAS workspace": CUBLAS_WORKSPACE_BYTES_HOPPER if hopper else CUBLAS_WORKSPACE_BYTES}
