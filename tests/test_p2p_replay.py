@@ -58,14 +58,35 @@ WORK = dict(vocab=32, seq_len=8, d_model=16, n_layer=4, n_head=2, batch_size=8)
 
 
 @pytest.mark.parametrize("schedule,stages", [
-    ("gpipe", 2), ("1f1b", 2), ("zb-h1", 2), ("1f1b", 4),
-    pytest.param("interleaved", 2, marks=pytest.mark.xfail(
-        strict=True, raises=P2PDeadlock,
-        reason="interleaved 1F1B posts a SEND alone before a compute action while its peer waits in a send: a "
-               "cycle on NCCL that pairing adjacent SEND/RECV does not remove (open)")),
-])
+    ("gpipe", 2), ("1f1b", 2), ("zb-h1", 2), ("1f1b", 4), ("interleaved", 2), ("interleaved", 4)])
 def test_the_pipeline_executors_point_to_point_order_cannot_deadlock_on_nccl(schedule, stages):
-    job = make_job(zerokit.tiny_gpt(**WORK), "pp", stages, 1, "fp32", "sgd", 0.1, 4,
-                   {"schedule": schedule, "chunks": 2 if schedule == "interleaved" else 1})
+    chunks = 2 if schedule == "interleaved" else 1
+    job = make_job(zerokit.tiny_gpt(**dict(WORK, n_layer=max(4, stages * chunks))), "pp", stages, 1, "fp32", "sgd",
+                   0.1, 4, {"schedule": schedule, "chunks": chunks})
     posted = zerokit.launch(_pipeline, stages, job)
     assert replay(dict(enumerate(posted))) > 0
+
+
+def _planned(sched):
+    """Every rank's posted calls as the executor posts them from the plan (no processes)."""
+    from zerokit.pipeline_parallel.p2p_plan import posting_plan, receiver_stage
+
+    posted = {}
+    for r in range(sched.ranks):
+        calls = []
+        for _, group in sorted(posting_plan(sched, r).items()):
+            calls.append([(kind, sched.rank_of(receiver_stage(m) if kind == "send" else m[1]), 1) for kind, m in group])
+        posted[r] = calls
+    return posted
+
+
+@pytest.mark.parametrize("name,chunks", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2),
+                                         ("interleaved", 3)])
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (3, 6), (4, 8), (4, 4), (8, 16)])
+def test_the_posting_plan_of_every_schedule_cannot_deadlock_on_nccl(name, chunks, p, m):
+    from zerokit.pipeline_parallel.schedules import schedule
+
+    sched = schedule(name, p, m, chunks)
+    messages = sum(1 for row in sched.actions for a in row if a.kind.startswith("SEND")
+                   and sched.rank_of(a.stage) != sched.rank_of(a.stage + (1 if a.kind == "SEND_F" else -1)))
+    assert replay(_planned(sched)) == 2 * messages

@@ -11,9 +11,10 @@ code that does. Lifecycle:
    exchanges shapes the same way). The RNG state is restored afterwards.
 3. :meth:`Executor.step` per training step: walks this rank's actions in order. ``F``
    runs a stage (the last stage adds the micro-batch's loss / m), ``B`` is a full
-   backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``RECV_*`` posts a
-   receive and waits for it, ``SEND_*`` posts a send (waited for at the end of the
-   step). Two stages on the same rank (interleaving on one rank) hand tensors over in
+   backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``SEND_*`` posts a
+   send (waited for at the end of the step) and ``RECV_*`` waits for a receive, each posted
+   where :mod:`.p2p_plan` says — grouped with the receives that come before it in the
+   pair's one order of messages, so that NCCL's one stream per pair cannot deadlock. Two stages on the same rank (interleaving on one rank) hand tensors over in
    memory. Every action is recorded with its start and end (``spans``, marks of
    :mod:`zerokit.runtime.clock`: CUDA events on a GPU; :meth:`Executor.timed_spans` reads
    them as seconds from the step's start): the measured timeline has the same shape as
@@ -33,6 +34,7 @@ import torch.nn as nn
 
 from ..runtime import clock, comm
 from .actions import Action, Schedule
+from .p2p_plan import message_of, posting_plan, receiver_stage
 from .split_backward import WeightOutputs, input_backward, weight_backward
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32]
@@ -61,6 +63,9 @@ class Executor:
         self.spans: List[tuple] = []
         self._t0 = None
         self._local: Dict[tuple, torch.Tensor] = {}
+        #: what to post at each send/receive action (p2p_plan), and the messages received and not yet taken
+        self._plan = posting_plan(schedule, pp_rank)
+        self._inbox: Dict[tuple, tuple] = {}
 
     # -- shapes -------------------------------------------------------------------------
     def _peer(self, stage: int) -> int:
@@ -120,18 +125,17 @@ class Executor:
         self._loss = 0.0
         self._t0 = clock.mark()
         actions = self.schedule.actions[self.pp_rank]
-        i = 0
-        while i < len(actions):
+        for i, a in enumerate(actions):
             start = clock.mark()
-            if self._fusable(actions, i):  # a send and the receive right after it, from the same peer: one group
-                self._send_and_receive(actions[i], actions[i + 1])
-                end = clock.mark()
-                self.spans += [(a, start, end) for a in actions[i:i + 2]]
-                i += 2
-                continue
-            self._run(actions[i])
-            self.spans.append((actions[i], start, clock.mark()))
-            i += 1
+            if i in self._plan:  # a send or receive: post what the plan groups here (p2p_plan: NCCL's order)
+                self._post(self._plan[i])
+            if a.kind in self._RECV:
+                self._take(a)
+            elif a.kind not in self._SEND:
+                self._run(a)
+            self.spans.append((a, start, clock.mark()))
+            if self.memory is not None:
+                self.memory.sample(f"pipeline {a}")
         for work in self._sends:
             work.wait()
         self._sends = []
@@ -142,16 +146,8 @@ class Executor:
 
     def _run(self, a: Action) -> None:
         kind = a.kind
-        if kind == "RECV_F":
-            self._entry(a)["input"] = self._receive(a.stage - 1, a, "activation")
-        elif kind == "RECV_B":
-            self._entry(a)["grad"] = self._receive(a.stage, a, "gradient")
-        elif kind == "F":
+        if kind == "F":
             self._forward(a)
-        elif kind == "SEND_F":
-            self._send(self._entry(a)["output"].detach(), a.stage + 1, a, "activation")
-        elif kind == "SEND_B":
-            self._send(self._entry(a).pop("input_grad"), a.stage - 1, a, "gradient")
         elif kind == "B":
             self._backward(a, full=True)
         elif kind == "I":
@@ -161,8 +157,6 @@ class Executor:
             weight_backward(entry.pop("pending"), entry["root"], entry["root_grad"],
                             self.weight_outputs[a.stage].orphans)
             self._stash.pop((a.stage, a.micro))
-        if self.memory is not None:
-            self.memory.sample(f"pipeline {a}")
 
     def _entry(self, a: Action) -> dict:
         return self._stash.setdefault((a.stage, a.micro), {})
@@ -219,56 +213,53 @@ class Executor:
                 entry["input_grad"] = input_grad
                 self._stash[(a.stage, a.micro)] = entry  # kept until SEND_B
 
-    # -- point to point -----------------------------------------------------------------
-    def _receive(self, stage: int, a: Action, what: str) -> torch.Tensor:
-        buffer, peer = self._receive_buffer(stage, what)
-        with comm.phase("forward" if what == "activation" else "backward"):
-            comm.irecv(buffer, peer, self.group, tag=f"{what} {a}").wait()
-        return buffer
+    # -- point to point: as p2p_plan says, so that NCCL's one stream per pair cannot deadlock --------------------
+    _SEND = ("SEND_F", "SEND_B")
+    _RECV = ("RECV_F", "RECV_B")
 
-    def _receive_buffer(self, stage: int, what: str):
-        shape, dtype = self.shapes[stage]
-        return (torch.empty(shape, dtype=dtype, device=self.device),
-                self._peer(stage if what == "activation" else stage + 1))
+    def _post(self, group: list) -> None:
+        """Post a plan's group — receives posted early, then possibly this action's send — as one
+        ``batch_isend_irecv`` (a single operation alone); received messages wait in the inbox for their RECV."""
+        ops, receiving = [], []
+        for kind, message in group:
+            what = "activation" if message[0] == "F" else "gradient"
+            if kind == "send":
+                send = Action(message[1], "SEND_F" if message[0] == "F" else "SEND_B", message[2])
+                entry = self._entry(send)
+                tensor = entry["output"].detach() if message[0] == "F" else entry.pop("input_grad")
+                ops.append(("send", tensor.contiguous(), self._peer(receiver_stage(message)), f"{what} {send}"))
+            else:
+                recv = Action(receiver_stage(message), "RECV_F" if message[0] == "F" else "RECV_B", message[2])
+                # an activation has the sending stage's output shape; a gradient the receiving stage's output shape
+                shape, dtype = self.shapes[message[1] if message[0] == "F" else recv.stage]
+                buffer = torch.empty(shape, dtype=dtype, device=self.device)
+                ops.append(("recv", buffer, self._peer(message[1]), f"{what} {recv}"))
+                receiving.append((message, buffer))
+        with comm.phase("forward" if group[-1][1][0] == "F" else "backward"):
+            if len(ops) == 1:
+                kind, tensor, peer, tag = ops[0]
+                works = [(comm.isend if kind == "send" else comm.irecv)(tensor, peer, self.group, tag=tag)]
+            else:
+                works = comm.batch_isend_irecv(ops, self.group)
+        for (kind, _, _, _), work, (_, message) in zip(ops, works, group):
+            if kind == "send":
+                self._sends.append(work)
+                self._sent(Action(message[1], "SEND_F" if message[0] == "F" else "SEND_B", message[2]),
+                           "activation" if message[0] == "F" else "gradient")
+        recv_works = [w for (kind, _, _, _), w in zip(ops, works) if kind == "recv"]
+        for (message, buffer), work in zip(receiving, recv_works):
+            self._inbox[message] = (buffer, work)
 
-    def _send(self, tensor: torch.Tensor, to_stage: int, a: Action, what: str) -> None:
-        with comm.phase("forward" if what == "activation" else "backward"):
-            self._sends.append(comm.isend(tensor.contiguous(), self._peer(to_stage), self.group,
-                                          tag=f"{what} {a}"))
-        self._sent(a, what)
-
-    # NCCL gives a pair of ranks one stream, and its operations run in the order they were posted: 1F1B's SEND_F
-    # then RECV_B on one rank against SEND_B then RECV_F on its peer is a cycle when each is posted alone (each
-    # send queued behind a receive its peer has not reached). torch's pipelining posts such neighbours as one
-    # batch_isend_irecv; so does this executor, for every SEND directly followed by a RECV from the same peer.
-    # zerokit.runtime.p2p_replay finds GPipe, 1F1B and ZB-H1 free of cycles so; interleaved still has one.
-    _SEND = {"SEND_F": (+1, "activation"), "SEND_B": (-1, "gradient")}
-    _RECV = {"RECV_F": (-1, "activation"), "RECV_B": (0, "gradient")}
-
-    def _fusable(self, actions: List[Action], i: int) -> bool:
-        if i + 1 >= len(actions) or actions[i].kind not in self._SEND or actions[i + 1].kind not in self._RECV:
-            return False
-        send, recv = actions[i], actions[i + 1]
-        to_stage = send.stage + self._SEND[send.kind][0]
-        from_stage = recv.stage + self._RECV[recv.kind][0]
-        peer_of_recv = self._peer(from_stage if recv.kind == "RECV_F" else from_stage + 1)
-        return not self._local_to(to_stage) and self._peer(to_stage) == peer_of_recv
-
-    def _send_and_receive(self, send: Action, recv: Action) -> None:
-        step, what = self._SEND[send.kind]
-        entry = self._entry(send)
-        tensor = entry["output"].detach() if send.kind == "SEND_F" else entry.pop("input_grad")
-        got = self._RECV[recv.kind][1]
-        buffer, peer = self._receive_buffer(recv.stage + self._RECV[recv.kind][0], got)
-        with comm.phase("forward" if what == "activation" else "backward"):
-            send_work, recv_work = comm.batch_isend_irecv(
-                [("send", tensor.contiguous(), self._peer(send.stage + step), f"{what} {send}"),
-                 ("recv", buffer, peer, f"{got} {recv}")], self.group)
-        self._sends.append(send_work)
-        self._sent(send, what)
-        with comm.phase("forward" if got == "activation" else "backward"):
-            recv_work.wait()
-        self._entry(recv)["input" if recv.kind == "RECV_F" else "grad"] = buffer
+    def _take(self, a: Action) -> None:
+        """A RECV: wait for its message (posted by now, here or earlier) and hand it to the stage. From a stage on
+        this rank nothing crosses: the forward or backward finds the tensor in memory."""
+        message = message_of(a)
+        if self._local_to(message[1]):
+            return
+        buffer, work = self._inbox.pop(message)
+        with comm.phase("forward" if a.kind == "RECV_F" else "backward"):
+            work.wait()
+        self._entry(a)["input" if a.kind == "RECV_F" else "grad"] = buffer
 
     def _sent(self, a: Action, what: str) -> None:
         entry = self._stash.get((a.stage, a.micro))
