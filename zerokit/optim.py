@@ -56,11 +56,14 @@ class OptimizerSpec:
                 return self.optimizer_class(params, **dict(self.kwargs))
             except TypeError as e:
                 raise ValueError(f"{self.optimizer_class.__name__}(**{dict(self.kwargs)}) failed: {e}") from None
+        params = list(params)
+        # zerokit's choice: torch's fused kernel on a GPU (one launch for every tensor; Adam's step stays on the
+        # device), the for-loop on the CPU (the reference's arithmetic, tensor by tensor)
+        kernel = {"fused": True} if params and params[0].is_cuda else {"foreach": False}
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps,
-                                     weight_decay=self.weight_decay, foreach=False)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                               foreach=False)
+                                     weight_decay=self.weight_decay, **kernel)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, **kernel)
 
 
 class MasterOptimizer:

@@ -35,6 +35,22 @@ print(course.machine_summary(world_sizes=(1, 2, 4)))
 # With a single GPU, one-rank cells could use it and every multi-rank cell of the course
 # runs on CPU ranks — the numbers (bytes, memory) are the same; only times differ.
 #
+# **With GPUs** (one per rank) every lesson runs on them, unchanged: each rank is a process
+# on its own GPU (`ctx.device` is `cuda:r`), the collectives are NCCL's. What you will see
+# differently:
+#
+# - **bytes are the same, times are not**: communication is far faster next to compute than
+#   between processes sharing this laptop's cores, so every sentence about speed in the course
+#   reads the run it sits under, not a figure typed in advance;
+# - **a GPU call returns once its work is queued**: zerokit times collectives and spans with
+#   CUDA events on the stream, not with the host's clock (`zerokit.runtime.clock`);
+# - **memory is cross-checked by torch's allocator**: lesson 02 puts the ledger next to
+#   `torch.cuda.max_memory_allocated` and names the gap;
+# - **an emulated link is refused on NCCL** (it would slow the CPU thread, not the GPU
+#   stream), and the failure labs of lesson 14 run on CPU ranks on any machine: on NCCL a
+#   rank that dies leaves the others hanging until NCCL's watchdog fires, rather than failing
+#   at once as on gloo.
+#
 # ## A rank
 #
 # A **rank** is one process of the job, numbered `0 … world_size − 1`. `zerokit.launch(fn, N)`

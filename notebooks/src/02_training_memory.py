@@ -21,7 +21,8 @@ from zerokit import course, plot, theory
 from zerokit.course.saved_tensors import bytes_by_module, saved_tensors
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
-work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+SIZE = dict(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+work = zerokit.tiny_gpt(**SIZE)
 psi = work.param_count()
 tensors = len(list(work.build_model().parameters()))
 print(f"{work.description}\nΨ = {psi:,} parameters in {tensors} tensors")
@@ -117,6 +118,33 @@ course.table(rows)
 
 # %%
 course.peak_bars(zerokit.Report([runs["fp32"].result, runs["bf16-mixed"].result])).figure
+
+# %% [markdown]
+# **The ledger next to the allocator.** The ledger names the bytes it finds in the tensors it
+# is told about. On a GPU, torch's caching allocator counts every byte handed out, named or
+# not: `torch.cuda.max_memory_allocated`. The two differ by what the ledger does not hold —
+# the logits' gradient while the loss's backward runs, the fp32 copies of bf16 gradients in the
+# optimizer step, cuBLAS's workspace — which `theory.step_transients` sizes. On CPU ranks there
+# is no allocator to ask, and the cell says so.
+
+# %%
+rows = []
+for precision, report in runs.items():
+    rank0 = report.result.ranks[0]
+    if rank0.cuda_peak_bytes is None:
+        continue
+    # each of the 2 ranks computes half the batch
+    transients = theory.step_transients(SIZE["batch_size"] // 2, SIZE["seq_len"], SIZE["vocab"], psi, precision)
+    rows.append({"precision": precision, "ledger peak B": rank0.peak_bytes,
+                 "allocated at the ledger's peak B": rank0.allocator_at_peak,
+                 "torch max allocated B": rank0.cuda_peak_bytes,
+                 "largest gap B (measured)": rank0.allocator_gap_max, "where": rank0.allocator_gap_where,
+                 **{f"{name} B (theory)": v for name, v in transients.items()}})
+if rows:
+    course.table(rows)
+else:
+    print("these ranks ran on the CPU (gloo): no CUDA allocator to compare; on GPU ranks this cell shows "
+          "torch.cuda.max_memory_allocated next to the ledger")
 
 # %% [markdown]
 # ## Which tensor is which term

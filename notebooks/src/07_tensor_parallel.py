@@ -54,8 +54,8 @@ def column_then_row(ctx, t):
     ctx.set_mesh({"dp": 1, "tp": t, "pp": 1})
     group = ctx.mesh.group("tp")
     torch.manual_seed(0)
-    ref = nn.Sequential(nn.Linear(H, 4 * H), nn.GELU(), nn.Linear(4 * H, H))
-    x = torch.randn(B, S, H, requires_grad=True)
+    ref = nn.Sequential(nn.Linear(H, 4 * H), nn.GELU(), nn.Linear(4 * H, H)).to(ctx.device)  # a GPU under NCCL
+    x = torch.randn(B, S, H).to(ctx.device).requires_grad_()
     ref(x).square().sum().backward()
     col = tp.ColumnParallelLinear.from_linear(ref[0], group)
     row = tp.RowParallelLinear.from_linear(ref[2], group)

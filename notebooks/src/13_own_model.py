@@ -204,7 +204,7 @@ def wrap(setup, model, optimizer):
 
 def train(ctx, setup, optimizer):
     torch.manual_seed(0)
-    model = GPT(config)
+    model = GPT(config).to(ctx.device)                 # ctx.device: this rank's GPU under NCCL, else the CPU
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model, backward, step, zero_grad, measured = wrap(setup, model, optimizer)   # ← the setup's one line
@@ -212,7 +212,7 @@ def train(ctx, setup, optimizer):
     mine = slice(ctx.rank * per, (ctx.rank + 1) * per)
     losses = []
     for s in range(STEPS):
-        x, y = batch(s)
+        x, y = (t.to(ctx.device) for t in batch(s))
         zero_grad()
         with zerokit.measure(*measured) as m:
             loss = F.cross_entropy(model(x[mine]).flatten(0, 1), y[mine].flatten())

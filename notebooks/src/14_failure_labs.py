@@ -10,7 +10,8 @@
 # hanging for half an hour?
 #
 # **What you will see.** Each bug as a short function, launched on 2 ranks through
-# `zerokit.launch` (gloo on the CPU, timeouts of seconds), the error zerokit raises caught and
+# `zerokit.launch` (gloo on the CPU on any machine, GPUs or not — these are gloo's failures; what
+# NCCL does differently comes at the end — timeouts of seconds), the error zerokit raises caught and
 # printed, then read: the rank, the op, its call number and phase, and where every other rank
 # was. The debug switches that turn a hang into an immediate error (`heartbeat_s`,
 # `check_collectives`, `check_replicas`), the communication a forgotten `no_sync` costs
@@ -73,7 +74,7 @@ def healthy(ctx):
     return [float(p.detach().sum()) for p in model.parameters()]
 
 
-replicas = zerokit.launch(healthy, WORLD, timeout_s=20)
+replicas = zerokit.launch(healthy, WORLD, backend="gloo", timeout_s=20)
 print("healthy run: both ranks end with the same parameters:", replicas[0] == replicas[1])
 
 # %% [markdown]
@@ -274,8 +275,8 @@ print(forgot.reading())
 
 # %%
 psi = sum(p.numel() for p in make_model().parameters())
-with_no_sync = zerokit.launch(accumulate, WORLD, forget_on=(), timeout_s=20)[0]
-forgotten_everywhere = zerokit.launch(accumulate, WORLD, forget_on=(0, 1), timeout_s=20)[0]
+with_no_sync = zerokit.launch(accumulate, WORLD, forget_on=(), backend="gloo", timeout_s=20)[0]
+forgotten_everywhere = zerokit.launch(accumulate, WORLD, forget_on=(0, 1), backend="gloo", timeout_s=20)[0]
 formula = theory.comm_bytes_per_step(0, psi, WORLD, 4, micro_batches=2)
 course.table([{"loop": "no_sync on the first micro-batch", "ring bytes per step (ledger)": with_no_sync,
                "theory (DDP, no_sync)": formula},
@@ -338,7 +339,8 @@ assert with_no_sync == formula and forgotten_everywhere == 2 * formula, (with_no
 #   `timeout_s`), and use `heartbeat_s` to stop a stall before that;
 # - `TORCH_NCCL_DUMP_ON_TIMEOUT=1` / the flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`)
 #   record each rank's last collectives — the same *which op, which call number* as the
-#   status slots here;
+#   status slots here. On NCCL a call returns once its collective is queued, so zerokit's
+#   report there names the collective each rank **last enqueued**, not one it is inside;
 # - mismatches are not detected by NCCL at all: `TORCH_DISTRIBUTED_DEBUG=DETAIL` (or
 #   `check_collectives`) is how to get lab 3's message instead of garbage or a hang.
 #

@@ -102,11 +102,13 @@ def _named(text: str, rank: int) -> Tuple[str, int, str]:
 
 
 def run_lab(name: str, fn: Callable, world_size: int = 2, **launch_kwargs) -> Diagnosis:
-    """Run ``fn`` on ``world_size`` ranks through zerokit.launch and read the error it ends with."""
+    """Run ``fn`` on ``world_size`` ranks through zerokit.launch (gloo unless ``backend=`` says otherwise) and read
+    the error it ends with."""
     from ..runtime.errors import RankFailed, RankTimeout
     from ..runtime.launch import launch
 
     launch_kwargs.setdefault("timeout_s", 10.0)
+    launch_kwargs.setdefault("backend", "gloo")  # the labs are gloo's failures, on CPU ranks on any machine
     captured = io.StringIO()
     start = time.perf_counter()
     try:
