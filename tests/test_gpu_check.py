@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+#: in make test's second pass, alone: its 8-rank and torchrun checks would otherwise compete with the first pass
+pytestmark = pytest.mark.serial
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 
 
