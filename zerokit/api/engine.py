@@ -40,8 +40,29 @@ def rank_context(who: str) -> RankContext:
     return current()
 
 
+def wrapper_kind(module) -> str:
+    """What data-parallel wrapper ``module`` is (torch's DDP, zerokit's, FSDP2's ``fully_shard``), or ""."""
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    from .ddp import DistributedDataParallel
+
+    if isinstance(module, TorchDDP):
+        return "torch's DistributedDataParallel"
+    if isinstance(module, DistributedDataParallel):
+        return "zerokit.DistributedDataParallel"
+    fsdp = getattr(torch.distributed, "fsdp", None)
+    if fsdp is not None and isinstance(module, getattr(fsdp, "FSDPModule", ())):
+        return "FSDP2's fully_shard"
+    return ""
+
+
 def mark_wrapped(module: torch.nn.Module, who: str) -> None:
-    """Refuse a module some zerokit wrapper (or engine) already owns."""
+    """Refuse a module some zerokit wrapper (or engine) already owns, or a data-parallel wrapper itself: each reduces
+    the gradients, so two of them would reduce every gradient twice."""
+    kind = wrapper_kind(module)
+    if kind:
+        raise ValueError(f"{who}: the module is already wrapped by {kind}, which reduces its gradients; a second "
+                         f"wrapper would reduce them again. Pass the original model (the wrapper's .module), once")
     owner = getattr(module, "_zerokit_wrapped_by", None)
     if owner is not None:
         raise ValueError(f"{who}: this module is already wrapped by {owner}; wrap the original module once "
@@ -64,6 +85,7 @@ class Engine:
         #: optimizer steps taken
         self.global_steps = 0
         self._no_sync = None
+        self._optimizer = None
 
     # -- the model ------------------------------------------------------------------------
     @property
@@ -72,8 +94,16 @@ class Engine:
 
     @property
     def optimizer(self):
-        """The torch optimizer stepping this rank's tensors (fp32 masters of its shards under ZeRO)."""
-        return getattr(self.strategy, "optimizer", None)
+        """DeepSpeed's ``engine.optimizer``: a ``torch.optim.Optimizer`` whose ``param_groups`` are those of the torch
+        optimizer stepping this rank's tensors (fp32 masters of its shards under ZeRO), so torch's LR schedulers drive
+        it; its ``step()`` is :meth:`step` (:mod:`.optimizer_face`)."""
+        if self._optimizer is None:
+            from .optimizer_face import EngineOptimizer
+
+            held = getattr(self.strategy, "optimizer", None)
+            inner = getattr(held, "optimizer", held)
+            self._optimizer = EngineOptimizer(self, inner) if isinstance(inner, torch.optim.Optimizer) else held
+        return self._optimizer
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True for the micro-batch whose backward reduces the gradients (the A-th of a step)."""
@@ -107,7 +137,15 @@ class Engine:
             ctx.__exit__(None, None, None)
 
     def step(self) -> None:
-        """At the accumulation boundary: the optimizer step (then ``zero_grad``); otherwise nothing."""
+        """At the accumulation boundary: the optimizer step (then ``zero_grad``); otherwise nothing. It goes through
+        ``engine.optimizer.step()``, so an LR scheduler on ``engine.optimizer`` sees the step."""
+        optimizer = self.optimizer
+        if hasattr(optimizer, "_engine"):
+            optimizer.step()
+        else:
+            self._step()
+
+    def _step(self) -> None:
         if self.micro_steps % self.gradient_accumulation_steps:
             return
         if self.micro_steps == 0:

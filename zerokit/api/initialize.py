@@ -13,10 +13,16 @@ config=ds_config)`` — the seed's snippet with ``deepspeed`` replaced by ``zero
    (:mod:`zerokit.zero.config`: stage 0 is ``ddp``, 1–3 ``zero1``–``zero3``) and
    ``gradient_clipping`` (0 only). Any other key is refused by name; the seed's
    ``"pipeline"`` block is refused with what DeepSpeed's real API is;
-2. rank 0's parameters are broadcast (every rank starts equal), then the strategy is
+2. ``model_parameters`` as DeepSpeed takes it: ``model.parameters()`` (frozen ones among
+   them), or groups of them; a parameter of another model, or a trainable one left out, is
+   refused; a module some data-parallel wrapper already holds is refused (its gradients
+   would be reduced twice);
+3. rank 0's parameters are broadcast (every rank starts equal), then the strategy is
    built on the model and wrapped in an :class:`~.engine.Engine`.
 
-Returns ``(engine, engine.optimizer, None, None)`` like DeepSpeed (no dataloader, no scheduler).
+Returns ``(engine, engine.optimizer, None, None)`` like DeepSpeed (no dataloader, no
+scheduler); ``engine.optimizer`` is a ``torch.optim.Optimizer`` whose ``step`` is the
+engine's, so torch's LR schedulers drive it (:mod:`.optimizer_face`).
 """
 from __future__ import annotations
 
@@ -56,12 +62,38 @@ def batch_sizes(config: dict, world: int) -> tuple:
             raise ValueError(f"config train_batch_size={total} is not divisible by gradient_accumulation_steps "
                              f"({accumulation}) × data-parallel degree ({world})")
         micro = total // (accumulation * world)
-    accumulation = accumulation or (total // (micro * world) if total and micro else 1)
+    if accumulation is None and total is not None and micro is not None:
+        if total % (micro * world):
+            raise ValueError(f"config train_batch_size={total} is not divisible by train_micro_batch_size_per_gpu "
+                             f"({micro}) × data-parallel degree ({world}) = {micro * world}: DeepSpeed derives "
+                             f"gradient_accumulation_steps from it; give a train_batch_size that is a multiple of "
+                             f"{micro * world}, or gradient_accumulation_steps")
+        accumulation = total // (micro * world)
+    accumulation = accumulation or 1
     if total is not None and micro is not None and total != micro * accumulation * world:
         raise ValueError(f"config train_batch_size={total} != train_micro_batch_size_per_gpu ({micro}) × "
                          f"gradient_accumulation_steps ({accumulation}) × data-parallel degree ({world}) = "
                          f"{micro * accumulation * world}")
     return micro, accumulation
+
+
+def check_model_parameters(model: torch.nn.Module, model_parameters) -> None:
+    """DeepSpeed's ``model_parameters``: what the optimizer steps — parameters or param groups, frozen ones among them
+    as ``model.parameters()`` gives them (a frozen parameter has no gradient: nothing to step). Refused: a parameter
+    that is not the model's, or a trainable one left out (zerokit steps every trainable parameter)."""
+    given = []
+    for item in model_parameters:
+        given += list(item["params"]) if isinstance(item, dict) else [item]
+    ids = {id(p) for p in given}
+    owned = {id(p) for p in model.parameters()}
+    if ids - owned:
+        raise ValueError(f"zerokit.initialize(model_parameters=…): {len(ids - owned)} of them are not parameters of "
+                         f"model; pass model.parameters() (or groups of them)")
+    left_out = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids]
+    if left_out:
+        raise ValueError(f"zerokit.initialize(model_parameters=…) leaves out trainable parameters {left_out[:5]}: "
+                         f"zerokit steps every trainable parameter; freeze one with requires_grad=False instead of "
+                         f"leaving it out")
 
 
 def optimizer_spec(config: dict, optimizer):
@@ -119,11 +151,7 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     options = from_deepspeed(zero)
     stage = zero["zero_optimization"]["stage"]
     if model_parameters is not None:
-        given = {id(p) for p in model_parameters}
-        trainable = {id(p) for p in model.parameters() if p.requires_grad}
-        if given != trainable:
-            raise ValueError("zerokit.initialize(model_parameters=…) must be the model's trainable parameters "
-                             "(freeze a parameter with requires_grad=False instead of leaving it out)")
+        check_model_parameters(model, model_parameters)
     precision = "bf16-mixed" if config.get("bf16", {}).get("enabled", False) else "fp32"
     mark_wrapped(model, "zerokit.initialize")
     if precision == "bf16-mixed":

@@ -16,7 +16,11 @@ optimizer states of 1/N of the parameters. It is zerokit's ``zero1`` strategy
 4. ``consolidate_state_dict(to=0)`` gathers every shard's optimizer states, and
    ``state_dict()`` on that rank returns them per parameter, in torch's layout.
 
-``param_groups`` are the inner optimizers' groups, so learning-rate schedulers work.
+It is a ``torch.optim.Optimizer`` (:mod:`.optimizer_face`): ``param_groups`` are the inner
+optimizers' groups, one per given group with its own hyperparameters, so torch's LR
+schedulers drive it; ``add_param_group`` adds one (on every rank). Frozen parameters
+(``requires_grad=False``) are accepted, as torch's optimizers accept them: broadcast from
+the first rank at construction, so the replicas agree, and never stepped.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch.nn as nn
 from ..runtime import comm
 from .ddp import broadcast_from_first, precision_of
 from .engine import rank_context
+from .optimizer_face import OptimizerFace
 
 
 class _Holder(nn.Module):
@@ -48,34 +53,55 @@ def _groups(params) -> List[dict]:
     return [{"params": params}]
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(OptimizerFace):
     """ZeRO-1 over ``optimizer_class``; see the module docstring."""
 
     def __init__(self, params: Iterable, optimizer_class: type = torch.optim.AdamW, **defaults):
+        self.ctx = rank_context("zerokit.ShardedOptimizer")
+        self.optimizer_class, self._given_defaults = optimizer_class, defaults
+        self.param_groups_given: List[dict] = []
+        self.order: List[nn.Parameter] = []
+        #: per given group, the ZeRO-1 strategy stepping its trainable parameters (None: every one is frozen)
+        self.group_strategies: List = []
+        self._consolidated: Optional[dict] = None
+        for group in _groups(params):
+            self.add_param_group(group)
+        super().__init__(lambda: [s.optimizer.optimizer for s in self.strategies])
+        self.defaults = {**self.defaults, **defaults}
+
+    @property
+    def strategies(self) -> list:
+        return [s for s in self.group_strategies if s is not None]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group (a collective: every rank adds the same), as torch's optimizers and ZeroRedundancyOptimizer do:
+        its trainable parameters get their own ZeRO-1 layout and inner optimizer with the group's hyperparameters;
+        frozen ones are broadcast from the group's first rank, so the replicas agree, and never stepped."""
         from ..optim import OptimizerSpec
         from ..strategies.base import TrainConfig
         from ..zero.stage1 import ZeroStage1
 
-        ctx = rank_context("zerokit.ShardedOptimizer")
-        self.param_groups_given = _groups(params)
-        self.order: List[nn.Parameter] = [p for g in self.param_groups_given for p in g["params"]]
-        frozen = [i for i, p in enumerate(self.order) if not p.requires_grad]
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise ValueError("ShardedOptimizer.add_param_group(param_group=…) needs a dict with 'params'")
+        group = dict(param_group, params=[param_group["params"]] if isinstance(param_group["params"], torch.Tensor)
+                     else list(param_group["params"]))
+        known = {id(p) for p in self.order}
+        if any(id(p) in known for p in group["params"]):
+            raise ValueError("ShardedOptimizer: some parameters appear in more than one parameter group")
+        self.param_groups_given.append(group)
+        self.order += group["params"]
+        frozen = [p for p in group["params"] if not p.requires_grad]
         if frozen:
-            raise ValueError(f"ShardedOptimizer(params=…): parameters {frozen[:5]} (by position) have "
-                             f"requires_grad=False; give the optimizer only the parameters it steps")
-        self.strategies = []
-        for group in self.param_groups_given:
-            holder = _Holder(group["params"])
-            broadcast_from_first(holder, ctx)
-            kwargs = {**defaults, **{k: v for k, v in group.items() if k != "params"}}
-            spec = OptimizerSpec.of_class(optimizer_class, **kwargs)
-            self.strategies.append(ZeroStage1(holder, ctx, TrainConfig(precision_of(holder), spec)))
-        self._consolidated: Optional[dict] = None
-        self.ctx = ctx
-
-    @property
-    def param_groups(self) -> List[dict]:
-        return [g for s in self.strategies for g in s.optimizer.optimizer.param_groups]
+            broadcast_from_first(_Holder(frozen), self.ctx)
+        trained = [p for p in group["params"] if p.requires_grad]
+        strategy = None
+        if trained:
+            holder = _Holder(trained)
+            broadcast_from_first(holder, self.ctx)
+            spec = OptimizerSpec.of_class(self.optimizer_class, **{**self._given_defaults, **{
+                k: v for k, v in group.items() if k != "params"}})
+            strategy = ZeroStage1(holder, self.ctx, TrainConfig(precision_of(holder), spec))
+        self.group_strategies.append(strategy)
 
     def step(self, closure=None) -> None:
         if closure is not None:
@@ -122,8 +148,41 @@ class ShardedOptimizer:
             raise RuntimeError("ShardedOptimizer.state_dict(): call consolidate_state_dict(to=…) on every rank "
                                "first; the full states are then on that rank only")
         groups, start = [], 0
-        for given, inner in zip(self.param_groups_given, self.param_groups):
+        for given, strategy in zip(self.param_groups_given, self.group_strategies):
             n = len(given["params"])
-            groups.append({**{k: v for k, v in inner.items() if k != "params"}, "params": list(range(start, start + n))})
+            hyper = strategy.optimizer.optimizer.param_groups[0] if strategy is not None else {
+                **self.defaults, **given}
+            groups.append({**{k: v for k, v in hyper.items() if k != "params"}, "params": list(range(start, start + n))})
             start += n
         return {"state": self._consolidated, "param_groups": groups}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict` (the consolidated one, given on every rank, as ZeroRedundancyOptimizer takes it):
+        each rank keeps its shard of each state and each group's hyperparameters."""
+        if not isinstance(state_dict, dict) or {"state", "param_groups"} - set(state_dict):
+            raise ValueError("ShardedOptimizer.load_state_dict(state_dict=…) needs {'state': …, 'param_groups': …}, "
+                             "from state_dict() after consolidate_state_dict()")
+        if len(state_dict["param_groups"]) != len(self.param_groups_given):
+            raise ValueError(f"ShardedOptimizer.load_state_dict: {len(state_dict['param_groups'])} param groups saved, "
+                             f"{len(self.param_groups_given)} here")
+        states = state_dict["state"]
+        index = {id(p): i for i, p in enumerate(self.order)}
+        for saved, strategy in zip(state_dict["param_groups"], self.group_strategies):
+            if strategy is None:
+                continue
+            inner = strategy.optimizer
+            inner.optimizer.param_groups[0].update({k: v for k, v in saved.items() if k != "params"})
+            n, me = strategy.world, strategy.rank  # the dp group's size and this rank's place in it
+            for unit, master in zip(strategy.units, inner.masters):
+                first = states.get(index[id(unit.params[0])], {})
+                restored = {}
+                for key, value in first.items():
+                    if not torch.is_tensor(value) or value.dim() == 0:
+                        restored[key] = value.clone() if torch.is_tensor(value) else value
+                        continue
+                    full = torch.zeros(unit.padded_numel, dtype=value.dtype, device=master.device)
+                    for p, view in zip(unit.params, unit.views(full)):
+                        view.copy_(states[index[id(p)]][key].reshape(view.shape))
+                    restored[key] = full.view(n, -1)[me].clone()
+                inner.optimizer.state[master] = restored

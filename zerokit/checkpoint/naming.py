@@ -40,6 +40,15 @@ def full_shape(local_shape, spec: Optional[dict], tp: int) -> list:
     return shape
 
 
+def persistent_buffers(model):
+    """(name, buffer) of the buffers ``model.state_dict()`` holds: not the non-persistent ones (a causal mask a module
+    rebuilds), which a strict ``load_state_dict`` would call unexpected."""
+    for prefix, module in model.named_modules():
+        for name, b in module._buffers.items():
+            if b is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), b
+
+
 def tied_names(model) -> Dict[str, str]:
     """{alias: name} of parameters shared by several modules (``named_parameters`` lists each once)."""
     canonical = {p: n for n, p in model.named_parameters()}

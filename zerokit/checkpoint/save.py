@@ -33,7 +33,7 @@ import torch.distributed as dist
 from ..runtime import comm
 from . import files
 from .layout import local_state, optimizer_name, segments
-from .naming import full_shape, naming_of, spec_of
+from .naming import full_shape, naming_of, persistent_buffers, spec_of
 
 
 def strategy_of(obj):
@@ -42,6 +42,12 @@ def strategy_of(obj):
         raise TypeError(f"zerokit.checkpoint: {type(obj).__name__} is stepped by your own torch optimizer, whose "
                         f"states zerokit does not hold; checkpoint an engine from zerokit.initialize, or save "
                         f"model.state_dict() and optimizer.state_dict() with torch.save")
+    if hasattr(obj, "consolidate_state_dict") and hasattr(obj, "strategies"):  # zerokit.ShardedOptimizer
+        raise TypeError("zerokit.checkpoint: a ShardedOptimizer knows its parameters by position, not by the model's "
+                        "names; save it as torch's ZeroRedundancyOptimizer is saved: optimizer.consolidate_state_dict"
+                        "(to=0) on every rank, then on rank 0 torch.save({'model': model.state_dict(), 'optimizer': "
+                        "optimizer.state_dict()}, path); or train through zerokit.initialize, whose engine "
+                        "zerokit.checkpoint saves in any layout")
     strategy = getattr(obj, "strategy", obj)
     if not hasattr(strategy, "model") or not hasattr(strategy, "stage"):
         raise TypeError(f"zerokit.checkpoint: expected a zerokit Engine or strategy, got {type(obj).__name__}")
@@ -132,7 +138,7 @@ def save(directory, engine_or_strategy, step=None, data_position=None) -> Path:
     if strategy.rank == 0:  # dp rank 0 of each (pp, tp) replica: what every dp rank holds the same
         payload["frozen"] = {naming.name(p, n): p.detach().cpu().clone() for n, p in model.named_parameters()
                              if not p.requires_grad}
-        payload["buffers"] = {naming.name(b, n): b.detach().cpu().clone() for n, b in model.named_buffers()}
+        payload["buffers"] = {naming.name(b, n): b.detach().cpu().clone() for n, b in persistent_buffers(model)}
     files.write_file(tmp / files.shard_name(rank, world), payload)
     replicas = [None] * world
     mine = _replica(strategy, naming)

@@ -2,7 +2,8 @@
 
 ``full_state_dict(strategy)`` is a collective: with ZeRO-3 every rank takes part in
 gathering each unit (phase "setup", so the training ledger is unchanged); rank 0 gets
-``{name: tensor}`` on the CPU in the model's dtype, the other ranks ``None``.
+the model's ``state_dict()`` (tied names and persistent buffers included) on the CPU in
+the model's dtype, the other ranks ``None``.
 ``load_full_state_dict(strategy, state_dict)`` is a collective too: rank 0's dict is
 broadcast (the others may pass ``None``), and each rank keeps what it holds under its
 stage — whole parameters (DDP, ZeRO-1/2), or only its shard of each unit (ZeRO-3) —
@@ -11,6 +12,7 @@ it: a loaded model starts them afresh.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Dict, Optional
 
 import torch
@@ -24,26 +26,27 @@ def _is_distributed() -> bool:
 
 
 def full_state_dict(strategy) -> Optional[Dict[str, torch.Tensor]]:
-    """Every parameter, whole, on rank 0 (CPU, the model's dtype); None on the other ranks."""
+    """The unwrapped model's ``state_dict()``, whole, on rank 0 (CPU, the model's dtype) — a tied parameter under each
+    of its names, the persistent buffers, no non-persistent one — so ``model.load_state_dict(…, strict=True)``
+    takes it; None on the other ranks."""
     gathered = getattr(strategy, "gathered", None)
-    with comm.phase("setup"):
-        if gathered is not None:
-            with gathered():
-                state = {n: p.detach().cpu().clone() for n, p in strategy.model.named_parameters()}
-        else:
-            state = {n: p.detach().cpu().clone() for n, p in strategy.model.named_parameters()}
+    with comm.phase("setup"), (gathered() if gathered is not None else nullcontext()):
+        state = {n: t.detach().cpu().clone() for n, t in strategy.model.state_dict().items()}
     return state if strategy.ctx.rank == 0 else None
 
 
 def _broadcast_state(strategy, state_dict) -> Dict[str, torch.Tensor]:
-    """Rank 0's tensors on every rank, shaped and typed like the model's parameters."""
+    """Rank 0's tensors on every rank, shaped and typed like the model's parameters and persistent buffers. Rank 0's
+    dict is the model's ``state_dict()`` layout: every parameter (a tied one under any of its names), persistent
+    buffers optional."""
     model = strategy.model
     out = {}
     if strategy.ctx.rank == 0:
         names = {n for n, _ in model.named_parameters()}
         if state_dict is None:
             raise ValueError("load_full_state_dict: rank 0 must pass the state dict")
-        missing, unexpected = sorted(names - set(state_dict)), sorted(set(state_dict) - names)
+        known = set(model.state_dict()) | names
+        missing, unexpected = sorted(names - set(state_dict)), sorted(set(state_dict) - known)
         if missing or unexpected:
             raise ValueError(f"load_full_state_dict: missing {missing[:5]}, unexpected {unexpected[:5]}")
     group = strategy.group

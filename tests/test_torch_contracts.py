@@ -1,0 +1,201 @@
+"""Your own model, your own loop, on torch's and DeepSpeed's contracts: the calls those accept, accepted and meaning
+the same, or refused before any work with what to do instead.
+
+One model zerokit never saw (``Odd``: ``nn.MultiheadAttention``, odd sizes, an embedding tied to the head, a frozen
+bias, a buffer and a non-persistent one), ranks seeded differently, each rank on its slice of the batch, compared
+with a non-parallel copy after every step. One launch per world size carries every check (a launch costs more than
+the checks).
+"""
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zerokit
+
+V, D, T, B, STEPS = 13, 6, 5, 6, 3
+
+
+class Odd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.attn = nn.MultiheadAttention(D, 2, batch_first=True)
+        self.proj = nn.Linear(D, 7)
+        self.proj.bias.requires_grad_(False)  # a frozen bias
+        self.out = nn.Linear(7, D)
+        self.head = nn.Linear(D, V, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.register_buffer("scale", torch.tensor(0.5))
+        self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), 1), persistent=False)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        a, _ = self.attn(x, x, x, attn_mask=self.mask, need_weights=False)
+        return self.head(self.out(torch.tanh(self.proj(x + a))) * self.scale)
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+
+
+def loss_of(model, x, y):
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def groups(model, wd=0.1):
+    """Two groups, as people write them: decay on matrices, none on biases and norms."""
+    trained = [p for p in model.parameters()]
+    return [{"params": [p for p in trained if p.dim() > 1]},
+            {"params": [p for p in trained if p.dim() <= 1], "weight_decay": 0.0}]
+
+
+def max_diff(a, b):
+    return max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _contracts(ctx):
+    out = {}
+    rank, n = ctx.rank, ctx.world_size
+    per = B // n
+    mine = slice(rank * per, (rank + 1) * per)
+
+    # -- ShardedOptimizer: a frozen parameter, param groups, ranks seeded differently, an LR scheduler ------------
+    torch.manual_seed(0)
+    reference = Odd()
+    torch.manual_seed(rank)  # every rank builds another model: the optimizer broadcasts rank 0's
+    model = Odd()
+    ref_opt = torch.optim.SGD(groups(reference), lr=0.1, momentum=0.9, weight_decay=0.1)
+    opt = zerokit.ShardedOptimizer(groups(model), torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.1)
+    out["is an Optimizer"] = isinstance(opt, torch.optim.Optimizer)
+    sched, ref_sched = (torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (opt, ref_opt))
+    diffs = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss_of(model, x[mine], y[mine]).backward()
+        opt.step()
+        sched.step()
+        ref_opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        ref_opt.step()
+        ref_sched.step()
+        diffs.append(max_diff(model, reference))
+    out["sharded diffs"] = diffs
+    out["lrs"] = [g["lr"] for g in opt.param_groups]
+    frozen = model.proj.bias.detach().clone()
+    every = [torch.empty_like(frozen) for _ in range(n)]
+    dist.all_gather(every, frozen)
+    out["frozen equal on every rank"] = all(torch.equal(every[0], t) for t in every)
+
+    # -- its states out and back in, torch's way ---------------------------------------------------------------
+    opt.consolidate_state_dict(to=0)
+    state = [opt.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(state, src=0)
+    torch.manual_seed(0)
+    again = Odd()
+    opt2 = zerokit.ShardedOptimizer(groups(again), torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.1)
+    opt2.load_state_dict(state[0])
+    opt2.consolidate_state_dict(to=0)
+    if rank == 0:
+        back = opt2.state_dict()
+        out["state round trip"] = (back["param_groups"] == state[0]["param_groups"] and all(
+            torch.equal(back["state"][i]["momentum_buffer"], s["momentum_buffer"])
+            for i, s in state[0]["state"].items()))
+    try:
+        zerokit.checkpoint.save(tempfile.mkdtemp(), opt)
+    except TypeError as e:
+        out["checkpoint.save(sharded optimizer)"] = str(e)
+
+    # -- initialize: model_parameters with a frozen one, an LR scheduler on engine.optimizer, a strict reload -----
+    torch.manual_seed(0)
+    reference = Odd()
+    torch.manual_seed(rank)
+    model = Odd()
+    engine, optimizer, _, _ = zerokit.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_micro_batch_size_per_gpu": per, "gradient_clipping": 0, "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    diffs = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        engine.backward(loss_of(engine, x[mine], y[mine]))
+        engine.step()
+        sched.step()
+        ref_opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        ref_opt.step()
+        ref_sched.step()
+        with engine.gathered():
+            diffs.append(max_diff(engine.module, reference))
+    out["engine diffs"] = diffs
+    out["engine lr"] = optimizer.param_groups[0]["lr"]
+    full = engine.full_state_dict()
+    if rank == 0:
+        fresh = Odd()
+        fresh.load_state_dict(full, strict=True)
+        out["strict reload"] = max_diff(fresh, reference)
+
+    # -- double wrapping: refused, with the reason ---------------------------------------------------------------
+    refused = {}
+    for name, make in {
+        "DDP(DDP(m))": lambda: zerokit.DistributedDataParallel(zerokit.DistributedDataParallel(Odd())),
+        "DDP(torch DDP(m))": lambda: zerokit.DistributedDataParallel(torch.nn.parallel.DistributedDataParallel(Odd())),
+        "initialize(DDP(m))": lambda: zerokit.initialize(model=zerokit.DistributedDataParallel(Odd()),
+                                                         config={"zero_optimization": {"stage": 1}}),
+    }.items():
+        try:
+            make()
+        except ValueError as e:
+            refused[name] = str(e)
+    out["refused"] = refused
+    return out
+
+
+@pytest.fixture(scope="module")
+def on_two_ranks():
+    return zerokit.launch(_contracts, 2)
+
+
+def test_sharded_optimizer_takes_frozen_parameters_groups_and_a_scheduler_like_torch(on_two_ranks):
+    for r in on_two_ranks:
+        assert r["is an Optimizer"] and r["frozen equal on every rank"]
+        assert max(r["sharded diffs"]) < 1e-6, r["sharded diffs"]  # SGD: the same sums in another order
+        assert r["lrs"] == [0.1 * 0.5 ** STEPS] * 2
+
+
+def test_sharded_optimizer_state_dict_round_trips_and_checkpoint_save_says_how(on_two_ranks):
+    assert on_two_ranks[0]["state round trip"]
+    assert "consolidate_state_dict" in on_two_ranks[0]["checkpoint.save(sharded optimizer)"]
+
+
+def test_initialize_keeps_model_parameters_with_a_frozen_one_and_drives_a_scheduler(on_two_ranks):
+    for r in on_two_ranks:
+        assert max(r["engine diffs"]) < 1e-6, r["engine diffs"]
+        assert r["engine lr"] == pytest.approx(0.1 * 0.5 ** STEPS)
+    assert on_two_ranks[0]["strict reload"] < 1e-6  # tied names, persistent buffers only: strict=True loads it
+
+
+def test_double_wrapping_is_refused_with_the_reason(on_two_ranks):
+    refused = on_two_ranks[0]["refused"]
+    assert set(refused) == {"DDP(DDP(m))", "DDP(torch DDP(m))", "initialize(DDP(m))"}
+    assert all("reduce them again" in message for message in refused.values()), refused
+
+
+def _batch_message(ctx):
+    try:
+        zerokit.initialize(model=Odd(), config={"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4})
+    except ValueError as e:
+        return str(e)
+
+
+def test_a_batch_size_that_does_not_divide_says_so_on_three_ranks():
+    message = zerokit.launch(_batch_message, 3)[0]
+    assert "train_batch_size=8 is not divisible by train_micro_batch_size_per_gpu (4) × data-parallel degree (3)" \
+        in message and "(0)" not in message
