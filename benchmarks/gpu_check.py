@@ -394,7 +394,8 @@ for kind in ("DistributedDataParallel", "stage 1", "stage 2", "stage 3"):
         forward, backward, step, gathered = wrapped, (lambda loss: loss.backward()), opt.step, None
     else:
         wrapped, _, _, _ = zerokit.initialize(model=model, config={
-            "optimizer": {"type": "SGD", "params": {"lr": lr}}, "zero_optimization": {"stage": int(kind[-1])}})
+            "optimizer": {"type": "SGD", "params": {"lr": lr}}, "zero_optimization": {"stage": int(kind[-1])},
+            "gradient_clipping": 0})                 # the single-process copy does not clip (DeepSpeed's default: 1)
         forward, backward, step = wrapped, wrapped.backward, wrapped.step
         gathered = wrapped.gathered if kind == "stage 3" else None
     ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)

@@ -82,6 +82,8 @@ def _run(ctx, kind, optimizer, steps=3):
         step()
         ref_opt.zero_grad()
         loss_fn(reference(x), y).backward()
+        if kind.startswith("stage"):  # the config has no gradient_clipping: DeepSpeed (and initialize) clip at 1.0
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
         ref_opt.step()
         if kind == "stage3":
             with engine.gathered():
@@ -160,14 +162,17 @@ SEED_ZERO = {"stage": 3, "allgather_partitions": True, "allgather_bucket_size": 
              "overlap_comm": True, "contiguous_gradients": True}
 
 
-def _seed_snippet(ctx, library):
+def _seed_snippet(ctx, library, clipping=0):
+    """The seed's loop; ``clipping`` None: the config has no gradient_clipping key (DeepSpeed's default applies)."""
     import os
     import warnings
 
     work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
     model = work.build_model()
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0,
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
               "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": dict(SEED_ZERO)}
+    if clipping is not None:
+        config["gradient_clipping"] = clipping
     if library == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         for key, value in (("RANK", ctx.rank), ("WORLD_SIZE", ctx.world_size), ("LOCAL_RANK", ctx.rank)):
@@ -209,11 +214,21 @@ def test_the_seeds_snippet_runs_with_zerokit_and_matches_deepspeed_and_the_refer
         assert a == pytest.approx(b, abs=1e-5)
 
 
+def test_without_a_gradient_clipping_key_zerokit_clips_at_deepspeeds_default_as_deepspeed_does():
+    pytest.importorskip("deepspeed")
+    ours, unclipped = zerokit.launch(_seed_snippet, 2, "zerokit", None), zerokit.launch(_seed_snippet, 2, "zerokit")
+    theirs = zerokit.launch(_seed_snippet, 2, "deepspeed", None)
+    assert abs(ours[0][-1] - unclipped[0][-1]) > 1e-4  # the default matters here: 10× the tolerance below
+    for a, b in zip(ours, theirs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
 def _ledgers(ctx, stage):
     work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
     model = work.build_model()
-    engine, _, _, _ = zerokit.initialize(model=model, config={
+    engine, _, _, _ = zerokit.initialize(model=model, config={  # zerokit.train does not clip: neither does this
         "train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "gradient_clipping": 0,
         "zero_optimization": {"stage": stage}})
     engine.zero_grad_after_step = False  # zerokit.train reads its ledgers after the step, before zero_grad
     for step in range(2):

@@ -66,6 +66,52 @@ class OptimizerSpec:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, **kernel)
 
 
+class GradientClipping:
+    """DeepSpeed's ``gradient_clipping`` (torch's ``clip_grad_norm_``): before the step, every gradient is scaled by
+    ``max_norm / (‖g‖ + 1e-6)`` when that is below 1, ‖g‖ the 2-norm of the whole model's gradient.
+
+    A rank steps tensors that are either shards (ZeRO: the rank holds its part, the group holds the whole) or
+    replicated (DDP, ZeRO-3's persistent parameters: every rank holds the same whole tensor). ‖g‖² is the sum of
+    the shards' squares over the data-parallel ``group`` (one all-reduce of one number, phase ``step``) plus the
+    replicated tensors' squares counted once. The padding of flat shards is zero and adds nothing."""
+
+    def __init__(self, max_norm: float, sharded: Sequence[bool], group=None):
+        """``group``: the data-parallel group the shards are spread over (None: the whole world)."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+            raise ValueError(f"gradient_clipping={max_norm!r} must be a positive number (0: no clipping)")
+        self.max_norm, self.sharded, self.group = float(max_norm), list(sharded), group
+        #: measured: the gradient norm before the last clipping
+        self.last_norm: Optional[float] = None
+
+    @torch.no_grad()
+    def __call__(self, grads: Sequence[Optional[torch.Tensor]]) -> None:
+        from .runtime import comm
+
+        present = [(g, s) for g, s in zip(grads, self.sharded) if g is not None]
+        if not present:
+            return
+        device = present[0][0].device
+        shard_sq = torch.zeros((), dtype=torch.float32, device=device)
+        whole_sq = torch.zeros((), dtype=torch.float32, device=device)
+        for g, sharded in present:
+            (shard_sq if sharded else whole_sq).add_(g.float().square().sum())
+        import torch.distributed as dist
+
+        if any(s for _, s in present) and dist.is_initialized() and comm._group_size(self.group) > 1:
+            from .runtime.context import backend_device
+
+            carried = shard_sq.to(backend_device(str(dist.get_backend(self.group))))  # NCCL: not a host tensor
+            with comm.phase("step"):
+                comm.all_reduce(carried, group=self.group, tag="gradient norm")
+            shard_sq = carried.to(device)
+        norm = (shard_sq + whole_sq).sqrt()
+        self.last_norm = float(norm)
+        coef = self.max_norm / (self.last_norm + 1e-6)
+        if coef < 1:
+            for g, _ in present:
+                g.mul_(coef)
+
+
 class MasterOptimizer:
     """A torch optimizer over ``tensors``, through fp32 master copies when they are 16-bit."""
 
@@ -79,12 +125,16 @@ class MasterOptimizer:
             self.masters = [t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t.detach())
                             for t in self.tensors]
         self.optimizer = spec.build(self.masters)
+        #: :class:`GradientClipping` applied to the fp32 gradients before each step (None: none)
+        self.clipping: Optional[GradientClipping] = None
 
     def step(self, grads: Sequence[torch.Tensor]) -> None:
         """One optimizer step with ``grads`` (one per tensor, any dtype; None skips it), then copy back."""
         previous = [master.grad for master in self.masters]
         for master, grad in zip(self.masters, grads):
             master.grad = grad if grad is None or grad.dtype == torch.float32 else grad.float()
+        if self.clipping is not None:  # on fp32 copies or on the gradients themselves: scaled in place either way
+            self.clipping([master.grad for master in self.masters])
         self.optimizer.step()
         for tensor, master, grad in zip(self.tensors, self.masters, previous):
             master.grad = grad  # a model parameter stepped as its own master keeps its .grad

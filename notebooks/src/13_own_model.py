@@ -171,6 +171,12 @@ print(f"{config}\nΨ = {psi:,} parameters: {psi - frozen:,} trained in {len(trai
 # accumulation steps, reduced at their boundary) and the step (`engine.step()`: on this
 # rank's shards). `zerokit.measure(...)` wraps each step and reads the ledgers: bytes per
 # category, measured from the tensors' storages, and the collectives issued inside.
+#
+# One default to know: a DeepSpeed config **without** `gradient_clipping` clips the
+# gradients' norm at 1.0 — DeepSpeed's default, and `zerokit.initialize`'s. DDP and
+# ZeroRedundancyOptimizer never clip. To compare every setup with one plain copy, the configs
+# below say `"gradient_clipping": 0`; leave the key out and the engine setups clip, as
+# DeepSpeed would.
 
 # %%
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1}), "adamw": (torch.optim.AdamW, {"lr": 3e-3})}
@@ -181,6 +187,7 @@ SEED_ZERO = {"stage": 3, "allgather_partitions": True, "allgather_bucket_size": 
 def ds_config(zero, optimizer):
     opt_class, hyper = OPTIMIZERS[optimizer]
     return {"train_micro_batch_size_per_gpu": BATCH // WORLD, "gradient_accumulation_steps": 1,
+            "gradient_clipping": 0,  # DeepSpeed's default is 1.0; the plain copy below does not clip
             "optimizer": {"type": opt_class.__name__, "params": hyper}, "zero_optimization": zero}
 
 

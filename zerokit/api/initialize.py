@@ -11,7 +11,8 @@ config=ds_config)`` — the seed's snippet with ``deepspeed`` replaced by ``zero
    because a ZeRO rank steps flat shards, not the model's parameters); ``bf16`` (the
    model is cast to bf16 and fp32 masters live in the optimizer); ``zero_optimization``
    (:mod:`zerokit.zero.config`: stage 0 is ``ddp``, 1–3 ``zero1``–``zero3``) and
-   ``gradient_clipping`` (0 only). Any other key is refused by name; the seed's
+   ``gradient_clipping`` — DeepSpeed's default, 1.0, when the key is absent; 0 turns it off
+   (:class:`zerokit.optim.GradientClipping`). Any other key is refused by name; the seed's
    ``"pipeline"`` block is refused with what DeepSpeed's real API is;
 2. ``model_parameters`` as DeepSpeed takes it: ``model.parameters()`` (frozen ones among
    them), or groups of them; a parameter of another model, or a trainable one left out, is
@@ -34,6 +35,8 @@ from .ddp import broadcast_from_first
 from .engine import Engine, mark_wrapped, rank_context
 
 STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+#: DeepSpeed's gradient_clipping when the config has none (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT)
+DEEPSPEED_GRADIENT_CLIPPING = 1.0
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 KNOWN = BATCH_KEYS + ("optimizer", "bf16", "fp16", "zero_optimization", "gradient_clipping")
@@ -146,8 +149,10 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     world = ctx.mesh.size("dp")
     _, accumulation = batch_sizes(config, world)
     spec = optimizer_spec(config, optimizer)
-    zero = {k: v for k, v in config.items() if k in ("zero_optimization", "gradient_clipping")}
-    zero.setdefault("zero_optimization", {"stage": 0})
+    clipping = config.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)
+    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
+        raise ValueError(f"config gradient_clipping={clipping!r} must be a number >= 0 (0: no clipping)")
+    zero = {"zero_optimization": config.get("zero_optimization", {"stage": 0}), "gradient_clipping": 0}
     options = from_deepspeed(zero)
     stage = zero["zero_optimization"]["stage"]
     if model_parameters is not None:
@@ -161,5 +166,7 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     if stage == 0:
         options = {}
     strategy = cls(model, ctx, TrainConfig(precision, spec, accumulation), **options)
+    if clipping > 0:
+        strategy.clip_gradients(clipping)
     engine = Engine(strategy, accumulation)
     return engine, engine.optimizer, None, None

@@ -96,6 +96,8 @@ class HostOptimizer:
         self.stream = streams.side_stream(device)
         #: threads for the host step (None: the process's setting; see :func:`host_threads`)
         self.threads = host_threads(device)
+        #: :class:`zerokit.optim.GradientClipping` before each step (None: none)
+        self.clipping = None
         self._after_compute([t for t, resting in zip(self.tensors, self.resident) if not resting])
         copies = [t.detach() if resting else to_host(t.detach(), f"master {i}", self.stream)
                   for i, (t, resting) in enumerate(zip(self.tensors, self.resident))]
@@ -158,6 +160,8 @@ class HostOptimizer:
         self._sync()
         for master, g, arrived in zip(self.masters, self.host_grads, self._arrived):
             master.grad = (g if g.dtype == torch.float32 else g.float()) if arrived else None
+        if self.clipping is not None:  # on the host's fp32 gradients (the norm's all-reduce: on the device group)
+            self.clipping([master.grad for master in self.masters])
         threads = torch.get_num_threads()
         if self.threads is not None:
             torch.set_num_threads(self.threads)

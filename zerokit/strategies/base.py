@@ -146,6 +146,21 @@ class Strategy:
         """How many tensors the optimizer steps (Adam keeps a step scalar for each)."""
         return 0
 
+    def stepped_sharded(self) -> list:
+        """For each tensor the optimizer steps: whether it is this rank's shard of a whole the data-parallel group
+        holds (True), or a whole tensor every rank holds the same (False) — what a gradient norm sums over."""
+        return [False] * len(self.optimizer.tensors)
+
+    def clip_gradients(self, max_norm: float) -> None:
+        """Clip the gradients to ``max_norm`` (their global 2-norm) before every step, as DeepSpeed's
+        ``gradient_clipping`` does (:class:`zerokit.optim.GradientClipping`)."""
+        from ..optim import GradientClipping
+
+        if self.ctx.mesh.size("tp") > 1 or self.ctx.mesh.size("pp") > 1:
+            raise ValueError("gradient clipping with tp or pp above 1 is not implemented: the norm would need the "
+                             "tp and pp groups too; set gradient_clipping to 0")
+        self.optimizer.clipping = GradientClipping(max_norm, self.stepped_sharded(), self.group)
+
     def theory_model_states(self, psi: int) -> theory.ModelStates:
         offload = getattr(self, "offload", None)  # a ZeRO strategy's zerokit.offload: device and host
         if offload is not None:

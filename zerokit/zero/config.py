@@ -102,8 +102,9 @@ def from_deepspeed(source: Union[str, Path, dict]) -> Dict[str, Any]:
                          f"{', '.join(TOP_LEVEL)}")
     clipping = config.get("gradient_clipping", 0)
     if clipping != 0:
-        raise ValueError(f"gradient_clipping={clipping!r}: zerokit never clips gradients; set it to 0 (DeepSpeed "
-                         f"clips at 1.0 by default, which would change the results)")
+        raise ValueError(f"gradient_clipping={clipping!r}: zerokit.train never clips gradients; set it to 0 (DeepSpeed "
+                         f"clips at 1.0 by default, which would change the results; zerokit.initialize clips as "
+                         f"DeepSpeed does)")
     zero = config.get("zero_optimization")
     if not isinstance(zero, dict):
         raise ValueError("DeepSpeed config: 'zero_optimization' must be an object with at least 'stage'")

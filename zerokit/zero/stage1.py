@@ -179,6 +179,9 @@ class ShardedDataParallel(Strategy):
     def flat_units(self):
         return [unit.numel for unit in self.units]
 
+    def stepped_sharded(self) -> list:
+        return [True] * len(self.units)  # every stepped tensor is this rank's shard of a unit
+
     def optimizer_tensors(self):
         return self.optimizer.step_scalars
 

@@ -343,6 +343,10 @@ class ZeroStage3(Strategy):
     def optimizer_tensors(self):
         return self.optimizer.step_scalars
 
+    def stepped_sharded(self) -> list:
+        """The units' shards, then the persistent parameters, held whole on every rank."""
+        return [True] * len(self.units) + ([False] if self.persistent is not None else [])
+
     def theory_comm_bytes(self, psi):
         b = theory.param_bytes_per_element(self.config.precision)
         return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches, units=self.flat_units(),
