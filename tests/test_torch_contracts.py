@@ -199,3 +199,23 @@ def test_a_batch_size_that_does_not_divide_says_so_on_three_ranks():
     message = zerokit.launch(_batch_message, 3)[0]
     assert "train_batch_size=8 is not divisible by train_micro_batch_size_per_gpu (4) × data-parallel degree (3)" \
         in message and "(0)" not in message
+
+
+def _groups_given_to_initialize(ctx):
+    model = Odd()
+    decay = torch.optim.AdamW(groups(model), lr=3e-4, weight_decay=0.1)  # the biases' group: weight_decay 0
+    try:
+        zerokit.initialize(model=model, optimizer=decay, config={"zero_optimization": {"stage": 2}})
+    except ValueError as e:
+        refused = str(e)
+    model = Odd()
+    same = torch.optim.AdamW(groups(model, wd=0.1), lr=3e-4, weight_decay=0.1)
+    same.param_groups[1]["weight_decay"] = 0.1
+    engine, optimizer, _, _ = zerokit.initialize(model=model, optimizer=same, config={"zero_optimization": {"stage": 2}})
+    return refused, {k: optimizer.param_groups[0][k] for k in ("lr", "weight_decay")}
+
+
+def test_initialize_takes_the_optimizers_groups_values_or_refuses_groups_that_differ():
+    refused, kept = zerokit.launch(_groups_given_to_initialize, 1)[0]
+    assert "differ in weight_decay ([0.1, 0.0])" in refused and "ShardedOptimizer" in refused
+    assert kept == {"lr": 3e-4, "weight_decay": 0.1}  # the groups' values, not AdamW's default 0.01

@@ -99,6 +99,24 @@ def check_model_parameters(model: torch.nn.Module, model_parameters) -> None:
                          f"leaving it out")
 
 
+#: the hyperparameters an optimizer given to initialize is rebuilt with (the rest are torch's kernel switches)
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "dampening", "amsgrad", "maximize")
+
+
+def _one_set_of_hyperparameters(optimizer: torch.optim.Optimizer) -> dict:
+    """The hyperparameters every param group of ``optimizer`` shares — its groups' values, not the constructor's
+    defaults — or a refusal naming the first that differs: a ZeRO rank steps flat shards with one set."""
+    groups = [{k: g[k] for k in HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
+    for key in groups[0]:
+        values = [g.get(key) for g in groups]
+        if any(v != values[0] for v in values):
+            raise ValueError(f"zerokit.initialize(optimizer=…): its param groups differ in {key} ({values}); zerokit "
+                             f"rebuilds the optimizer on flat shards with one set of hyperparameters, so a group's own "
+                             f"would be dropped. Use one group, or step your own optimizer with per-group settings "
+                             f"through zerokit.DistributedDataParallel (DDP) or zerokit.ShardedOptimizer (ZeRO-1)")
+    return groups[0]
+
+
 def optimizer_spec(config: dict, optimizer):
     from ..optim import OptimizerSpec
 
@@ -106,9 +124,7 @@ def optimizer_spec(config: dict, optimizer):
         raise ValueError("zerokit.initialize: give the optimizer either as optimizer=… or in the config's "
                          "'optimizer' block, not both (DeepSpeed refuses both too)")
     if isinstance(optimizer, torch.optim.Optimizer):
-        defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "betas", "eps", "weight_decay",
-                                                                         "momentum", "nesterov", "dampening")}
-        return OptimizerSpec.of_class(type(optimizer), **defaults)
+        return OptimizerSpec.of_class(type(optimizer), **_one_set_of_hyperparameters(optimizer))
     if optimizer is not None:
         raise ValueError(f"zerokit.initialize(optimizer={type(optimizer).__name__}): pass a torch.optim.Optimizer "
                          f"instance, or an 'optimizer' block in the config")
