@@ -155,6 +155,22 @@ def _contracts(ctx):
         except ValueError as e:
             refused[name] = str(e)
     out["refused"] = refused
+
+    # -- measure around torch's own DDP (its buckets, all-reduced in C++) and around ZeRO-3 with offload ---------
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(Odd())
+    sgd = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = batch(0)
+    with zerokit.measure(ddp, sgd) as m:
+        loss_of(ddp, x[mine], y[mine]).backward()
+        sgd.step()
+    out["measure torch ddp"] = (m.collectives, m.seconds)
+    engine, _, _, _ = zerokit.initialize(model=Odd(), config={
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}, "gradient_clipping": 0})
+    with zerokit.measure(engine) as m:
+        engine.backward(loss_of(engine, x[mine], y[mine]))
+        engine.step()
+    out["measure offload"] = (m.memory["host_optimizer"], m.table())
     return out
 
 
@@ -186,6 +202,16 @@ def test_double_wrapping_is_refused_with_the_reason(on_two_ranks):
     refused = on_two_ranks[0]["refused"]
     assert set(refused) == {"DDP(DDP(m))", "DDP(torch DDP(m))", "initialize(DDP(m))"}
     assert all("reduce them again" in message for message in refused.values()), refused
+
+
+def test_measure_sees_torch_ddps_buckets_host_bytes_and_the_blocks_time(on_two_ranks):
+    collectives, seconds = on_two_ranks[0]["measure torch ddp"]
+    trained = sum(p.numel() for p in Odd().parameters() if p.requires_grad)
+    assert sum(r["payload_bytes"] for r in collectives if r["op"] == "all_reduce" and r["phase"] == "backward") \
+        == 4 * trained  # every trainable parameter's gradient, once, in fp32
+    assert seconds > 0
+    host, table = on_two_ranks[0]["measure offload"]
+    assert host > 0 and "host (measured, MiB)" in table and "block time (measured)" in table
 
 
 def _batch_message(ctx):

@@ -10,19 +10,54 @@ Lifecycle: on entry a :class:`~zerokit.runtime.memory.MemoryLedger` is told wher
 object keeps its tensors (an engine or wrapper says it itself; a torch optimizer gives
 its states; a module its parameters, gradients and buffers), every module's forward and
 every gradient samples it, and saved activations are watched; the communication ledger
-is marked. On exit the ledgers are read: bytes per category now and at the peak
-(measured from tensor storages), and the collectives issued inside the block per axis,
-phase and op (calls and payload measured; ring cost by formula on those payloads).
+is marked. torch's own wrappers are seen too: a torch DDP's buckets are routed through
+zerokit's ledgered all-reduce hook (the default hook's arithmetic), and FSDP2's and
+ZeroRedundancyOptimizer's torch.distributed calls are recorded while the block runs. On
+exit the ledgers are read: the block's time (measured on the device's timeline), bytes
+per category now and at the peak (measured from tensor storages; offloaded model states
+on the host apart), and the collectives issued inside the block per axis, phase and op
+(calls and payload measured; ring cost by formula on those payloads).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
 
-from ..runtime import comm
-from ..runtime.memory import CATEGORIES, MemoryLedger
+from ..peers.recording import ledgered_torch_collectives
+from ..runtime import clock, comm
+from ..runtime.memory import CATEGORIES, HOST_CATEGORIES, MemoryLedger
+
+
+def _torch_side(obj) -> bool:
+    """A torch wrapper or optimizer whose collectives zerokit.comm does not issue (torch DDP, FSDP2, ZeRO-1's
+    ZeroRedundancyOptimizer): measure records torch.distributed's calls while the block runs."""
+    from .engine import wrapper_kind
+
+    kind = wrapper_kind(obj) if isinstance(obj, torch.nn.Module) else ""
+    if kind and not kind.startswith("zerokit"):
+        return True
+    if isinstance(obj, torch.nn.Module):
+        fsdp = getattr(torch.distributed, "fsdp", None)
+        return fsdp is not None and any(isinstance(m, getattr(fsdp, "FSDPModule", ())) for m in obj.modules())
+    return type(obj).__name__ == "ZeroRedundancyOptimizer"
+
+
+def _route_torch_ddp(obj) -> None:
+    """torch's DDP all-reduces its buckets in C++, out of Python's sight: route them through zerokit's ledgered
+    all-reduce hook — the default hook's arithmetic (divide by N, all-reduce) — once, if it has no hook of its own."""
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    if isinstance(obj, TorchDDP) and not getattr(obj, "_zerokit_ledgered", False):
+        from ..peers.torch_ddp import _ledgered_allreduce_hook
+
+        try:
+            obj.register_comm_hook(None, _ledgered_allreduce_hook)
+        except RuntimeError as e:  # a hook of the user's: its collectives stay unseen, and the table says so
+            obj._zerokit_ledgered = f"(torch DDP's buckets: your comm hook's collectives are not recorded: {e})"
+            return
+        obj._zerokit_ledgered = True
 
 
 class Measurement:
@@ -33,13 +68,23 @@ class Measurement:
         self.memory: dict = {}
         self.peak: dict = {}
         self.collectives: list = []
+        #: measured: the block's seconds, on the device's timeline (zerokit.runtime.clock)
+        self.seconds: float = 0.0
+        #: what the table could not see (a torch DDP with a comm hook of the user's)
+        self.notes: list = []
 
     def table(self) -> str:
-        lines = ["memory (measured, MiB)   " + " ".join(f"{c:>11}" for c in CATEGORIES) + f"{'total':>11}"]
+        lines = [f"block time (measured): {self.seconds * 1e3:.1f} ms",
+                 "memory (measured, MiB)   " + " ".join(f"{c:>11}" for c in CATEGORIES) + f"{'total':>11}"]
         for label, row in (("now", self.memory), ("peak of each", self.peak)):
             total = row.get("total", sum(row.get(c, 0) for c in CATEGORIES))
             lines.append(f"{label:<25}" + " ".join(f"{row.get(c, 0) / 2**20:>11.3f}" for c in CATEGORIES)
                          + f"{total / 2**20:>11.3f}")
+        host = [c for c in HOST_CATEGORIES if self.memory.get(c) or self.peak.get(c)]
+        if host:  # offloaded model states: on the host, not in the device's total
+            lines.append("host (measured, MiB)     " + " ".join(f"{c:>15}" for c in host))
+            for label, row in (("now", self.memory), ("peak of each", self.peak)):
+                lines.append(f"{label:<25}" + " ".join(f"{row.get(c, 0) / 2**20:>15.3f}" for c in host))
         lines.append("")
         lines.append(f"{'axis':<6}{'phase':<10}{'op':<16}{'calls':>6}{'payload B (measured)':>22}"
                      f"{'ring cost B (formula)':>23}")
@@ -48,6 +93,7 @@ class Measurement:
                          f"{r['ring_cost_bytes']:>23,.0f}")
         if not self.collectives:
             lines.append("(no collectives inside the block)")
+        lines += self.notes
         return "\n".join(lines)
 
     def plot(self, ax=None):
@@ -94,15 +140,23 @@ def measure(*objects) -> Iterator[Measurement]:
     m = Measurement()
     for obj in objects:
         _track(m.ledger, obj)
+    torch_side = any(_torch_side(obj) for obj in objects)
+    for obj in objects:
+        _route_torch_ddp(obj)
+    m.notes = [obj._zerokit_ledgered for obj in objects if isinstance(getattr(obj, "_zerokit_ledgered", None), str)]
     for module in {id(x): x for x in map(_modules, objects) if x is not None}.values():
         m.ledger.instrument(module)
     ledger = comm.ledger()
     start = len(ledger.records)
     m.ledger.sample("start")
+    began = clock.mark()
     try:
-        with m.ledger.watch_activations():
+        # torch's own wrappers issue their collectives through torch.distributed: record them while the block runs
+        recording = ledgered_torch_collectives("measure") if torch_side else nullcontext()
+        with m.ledger.watch_activations(), recording:
             yield m
     finally:
+        m.seconds = clock.elapsed(began, clock.mark())
         m.ledger.sample("end")
         m.ledger.remove_hooks()
         m.memory = m.ledger.current()

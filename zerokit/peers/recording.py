@@ -23,6 +23,7 @@ the same context under ``comm.phase("setup")``, so its broadcasts are counted ap
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from contextlib import contextmanager
@@ -66,9 +67,15 @@ _RECORDED_AS = {"all_reduce": "all_reduce", "broadcast": "broadcast", "all_gathe
                 "reduce_scatter": "reduce_scatter"}
 
 
+def _from_zerokit_comm() -> bool:
+    """Whether the caller is zerokit.runtime.comm itself (it records its own calls: a second record would count the
+    bytes twice when a torch library and zerokit's collectives share the block, as under zerokit.measure)."""
+    return sys._getframe(2).f_globals.get("__name__") == "zerokit.runtime.comm"
+
+
 def _recording(op: str, original, tag: str):
     def wrapper(*args, **kwargs):
-        if getattr(_inside, "active", False):
+        if getattr(_inside, "active", False) or _from_zerokit_comm():
             return original(*args, **kwargs)
         tensor, nbytes = _payload(op, args, kwargs)
         group = kwargs.get("group", args[2] if op == "broadcast" and len(args) > 2 else None)
@@ -96,7 +103,7 @@ def _recording(op: str, original, tag: str):
 def _recording_p2p(original, tag: str):
     """``batch_isend_irecv`` (torch's pipelining): one ``send`` or ``recv`` record per operation in the batch."""
     def wrapper(ops, *args, **kwargs):
-        if getattr(_inside, "active", False):
+        if getattr(_inside, "active", False) or _from_zerokit_comm():
             return original(ops, *args, **kwargs)
         for op in ops:
             kind = "send" if "send" in getattr(op.op, "__name__", "") else "recv"
@@ -114,7 +121,7 @@ def _recording_p2p(original, tag: str):
 def _recording_point(op: str, original, tag: str):
     """``isend`` / ``irecv`` called one by one (torch's pipelining does for batches of one direction)."""
     def wrapper(tensor, *args, **kwargs):
-        if getattr(_inside, "active", False):
+        if getattr(_inside, "active", False) or _from_zerokit_comm():
             return original(tensor, *args, **kwargs)
         group = kwargs.get("group", args[1] if len(args) > 1 else None)
         comm.new_record("send" if op == "isend" else "recv", tensor, tensor.numel() * tensor.element_size(),

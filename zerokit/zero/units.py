@@ -96,6 +96,12 @@ def repeated_blocks(model: nn.Module) -> Set[str]:
     return blocks
 
 
+#: modules that read their submodules' parameters without calling the submodules (``nn.MultiheadAttention`` passes
+#: ``out_proj.weight`` to a functional kernel): a unit hooked on such a child would never be gathered, so the
+#: children's parameters belong to the parent's unit
+READS_CHILDREN_PARAMETERS = (nn.MultiheadAttention,)
+
+
 def form_units(model: nn.Module, unit_size, skip: set) -> List[UnitSpec]:
     """(module, label, parameters) per unit, children before parents, shared parameters at their common ancestor.
 
@@ -122,7 +128,12 @@ def form_units(model: nn.Module, unit_size, skip: set) -> List[UnitSpec]:
     def visit(module: nn.Module, label: str, is_root: bool) -> list:
         pending = list(at.get(label, []))
         for name, child in module.named_children():
-            pending += visit(child, f"{label}.{name}" if label else name, False)
+            child_label = f"{label}.{name}" if label else name
+            if isinstance(module, READS_CHILDREN_PARAMETERS):  # never a unit of its own: its forward never runs
+                pending += [p for where, ps in at.items() if where == child_label or where.startswith(child_label + ".")
+                            for p in ps]
+            else:
+                pending += visit(child, child_label, False)
         if is_unit(label, pending, is_root):
             units.append(UnitSpec(module, label or type(module).__name__, pending))
             return []
