@@ -171,6 +171,31 @@ def _contracts(ctx):
         engine.backward(loss_of(engine, x[mine], y[mine]))
         engine.step()
     out["measure offload"] = (m.memory["host_optimizer"], m.table())
+
+    # -- ShardedOptimizer under a DDP wrapper, zerokit's or torch's: the wrapper reduces, the optimizer does not ----
+    for name, wrap in (("zerokit", zerokit.DistributedDataParallel), ("torch", torch.nn.parallel.DistributedDataParallel)):
+        torch.manual_seed(0)
+        reference = Odd()
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        torch.manual_seed(0)
+        model = wrap(Odd())
+        opt = zerokit.ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+        zerokit.comm.ledger().reset()
+        diffs = []
+        for step in range(STEPS):
+            x, y = batch(step)
+            opt.zero_grad()
+            with zerokit.comm.phase("backward"):
+                loss_of(model, x[mine], y[mine]).backward()
+            if name == "zerokit":
+                model.finish_gradient_synchronization()  # after a synchronised backward: nothing left to reduce
+            opt.step()
+            ref_opt.zero_grad()
+            loss_of(reference, x, y).backward()
+            ref_opt.step()
+            diffs.append(max_diff(model.module, reference))
+        ops = {r.op for r in zerokit.comm.ledger().records if r.phase != "setup"}
+        out[f"under {name} DDP"] = (diffs, sorted(ops))
     return out
 
 
@@ -212,6 +237,14 @@ def test_measure_sees_torch_ddps_buckets_host_bytes_and_the_blocks_time(on_two_r
     assert seconds > 0
     host, table = on_two_ranks[0]["measure offload"]
     assert host > 0 and "host (measured, MiB)" in table and "block time (measured)" in table
+
+
+@pytest.mark.parametrize("wrapper", ["zerokit", "torch"])
+def test_sharded_optimizer_under_ddp_steps_the_wrappers_average_without_reducing_again(on_two_ranks, wrapper):
+    for r in on_two_ranks:
+        diffs, ops = r[f"under {wrapper} DDP"]
+        assert max(diffs) < 1e-6, diffs
+        assert "reduce_scatter" not in ops and "all_gather" in ops, ops  # the wrapper's reduction, ZeRO-1's gather
 
 
 def _batch_message(ctx):

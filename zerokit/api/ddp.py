@@ -61,6 +61,8 @@ class DistributedDataParallel(nn.Module):
                                           first_bucket_mb=first_bucket_mb, overlap=overlap,
                                           find_unused_parameters=find_unused_parameters)
         object.__setattr__(self, "strategy", strategy)  # not a submodule: parameters() stays the module's
+        for p in strategy.params:  # a ShardedOptimizer over them steps what this wrapper reduced (no second reduction)
+            p._zerokit_reduced_by = "zerokit.DistributedDataParallel"
 
     def forward(self, *args, **kwargs):
         with comm.phase("forward"):

@@ -8,9 +8,12 @@ optimizer states of 1/N of the parameters. It is zerokit's ``zero1`` strategy
    every rank starts equal), the parameters are laid out in flat units padded to a
    multiple of N, and the given optimizer class is built on this rank's fp32 shards;
 2. ``loss.backward()``: the gradients accumulate into the flat buffers and each unit is
-   reduce-scattered to its owner as it fills (ZeRO-1 reduces the gradients itself, so
-   the model is *not* also wrapped in DDP — torch's ZeroRedundancyOptimizer leaves that
-   to DDP's all-reduce; zerokit's is ZeRO's reduce-scatter + all-gather, the same bytes);
+   reduce-scattered to its owner as it fills (alone, ZeRO-1 reduces the gradients itself:
+   ZeRO's reduce-scatter + all-gather, the bytes of DDP's all-reduce). Over the parameters
+   of a ``zerokit.DistributedDataParallel`` it reduces nothing — the wrapper averaged them,
+   as torch's ZeroRedundancyOptimizer leaves the reduction to DDP — and steps the averaged
+   gradients as they are; the same over the parameters of a torch
+   ``DistributedDataParallel`` (found among the live torch DDP modules at construction);
 3. ``step()``: each rank steps its shards, then all-gathers the updated parameters;
    ``zero_grad()`` zeroes the flat gradient buffers;
 4. ``consolidate_state_dict(to=0)`` gathers every shard's optimizer states, and
@@ -44,6 +47,16 @@ class _Holder(nn.Module):
             self.register_parameter(f"p{i}", p)
 
 
+def _in_torch_ddp() -> set:
+    """ids of the parameters of every live torch ``DistributedDataParallel`` (torch's reducer keeps no mark on a
+    parameter, so the modules are looked up among the objects the garbage collector tracks)."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    return {id(p) for obj in gc.get_objects() if isinstance(obj, TorchDDP) for p in obj.module.parameters()}
+
+
 def _groups(params) -> List[dict]:
     params = list(params)
     if not params:
@@ -63,6 +76,8 @@ class ShardedOptimizer(OptimizerFace):
         self.order: List[nn.Parameter] = []
         #: per given group, the ZeRO-1 strategy stepping its trainable parameters (None: every one is frozen)
         self.group_strategies: List = []
+        #: the strategies whose gradients a data-parallel wrapper already averaged (zerokit.DistributedDataParallel)
+        self._reduced_by_wrapper: set = set()
         self._consolidated: Optional[dict] = None
         for group in _groups(params):
             self.add_param_group(group)
@@ -96,11 +111,23 @@ class ShardedOptimizer(OptimizerFace):
         trained = [p for p in group["params"] if p.requires_grad]
         strategy = None
         if trained:
+            in_torch_ddp = _in_torch_ddp()
+            reduced = {getattr(p, "_zerokit_reduced_by", "") or ("torch's DistributedDataParallel" if id(p) in
+                                                                 in_torch_ddp else "") for p in trained}
+            if len(reduced) > 1:
+                raise ValueError(f"ShardedOptimizer: a param group mixes parameters a data-parallel wrapper reduces "
+                                 f"({sorted(r for r in reduced if r)}) with others; wrap the whole model once")
             holder = _Holder(trained)
             broadcast_from_first(holder, self.ctx)
             spec = OptimizerSpec.of_class(self.optimizer_class, **{**self._given_defaults, **{
                 k: v for k, v in group.items() if k != "params"}})
             strategy = ZeroStage1(holder, self.ctx, TrainConfig(precision_of(holder), spec))
+            if reduced != {""}:  # the wrapper averages the gradients: step them as they are, as ZeroRedundancyOptimizer
+                for hook in strategy._hooks:
+                    hook.remove()
+                for p in trained:
+                    p.grad = None
+                self._reduced_by_wrapper.add(id(strategy))
         self.group_strategies.append(strategy)
 
     def step(self, closure=None) -> None:
@@ -109,11 +136,19 @@ class ShardedOptimizer(OptimizerFace):
                              "backward before step()")
         with comm.phase("step"):
             for strategy in self.strategies:
+                if id(strategy) in self._reduced_by_wrapper:  # averaged already: into the flat buffer as they are
+                    with torch.no_grad():
+                        for p, view in strategy.grad_views.items():
+                            view.copy_(p.grad) if p.grad is not None else view.zero_()
                 strategy.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for strategy in self.strategies:
-            strategy.zero_grad()
+            if id(strategy) in self._reduced_by_wrapper:  # the wrapper owns p.grad: torch's zero_grad
+                for p in strategy.params:
+                    p.grad = None
+            else:
+                strategy.zero_grad()
 
     def track_memory(self, ledger) -> None:
         for strategy in self.strategies:

@@ -71,7 +71,9 @@ class OverlappedDataParallel(DataParallel):
         #: parameters that received a gradient in any micro-batch of this step
         self._seen: set = set()
         self.reducer = Reducer([len(b.params) for b in self.buckets.buckets], self._launch,
-                               before_finish=self._fill_missing)
+                               before_finish=self._fill_missing, after_finish=self._reduced)
+        #: gradients accumulated under no_sync and not reduced yet
+        self._unreduced = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.params]
 
     # -- during backward -----------------------------------------------------------
@@ -80,6 +82,7 @@ class OverlappedDataParallel(DataParallel):
         self._seen.add(p)
         self.buckets.attach_view(p)  # first gradient of the step: copied into its slot, then accumulated there
         if not self._sync:
+            self._unreduced = True
             return
         bucket = self.buckets.where[p][0]
         if not self.reducer.ready(bucket, p):  # a second gradient in one backward (reentrant checkpointing, say)
@@ -109,8 +112,13 @@ class OverlappedDataParallel(DataParallel):
 
     def finish_gradient_synchronization(self):
         """Every bucket of the gradients accumulated under ``no_sync``, reduced now (what the end of a
-        synchronised backward does)."""
-        self.reducer.finish()
+        synchronised backward does); after a synchronised backward there is nothing left to reduce, and nothing
+        happens."""
+        if self._unreduced:
+            self.reducer.finish()
+
+    def _reduced(self) -> None:
+        self._unreduced = False
 
     def zero_grad(self):
         """Gradients to None, as torch does: the first gradient of the next step is copied into its slot
