@@ -278,3 +278,45 @@ def test_initialize_takes_the_optimizers_groups_values_or_refuses_groups_that_di
     refused, kept = zerokit.launch(_groups_given_to_initialize, 1)[0]
     assert "differ in weight_decay ([0.1, 0.0])" in refused and "ShardedOptimizer" in refused
     assert kept == {"lr": 3e-4, "weight_decay": 0.1}  # the groups' values, not AdamW's default 0.01
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(D, 2, batch_first=True)
+        self.mlp = nn.Linear(D, D)
+
+    def forward(self, x):
+        a, _ = self.attn(x, x, x)  # need_weights left at its default, True: torch's explicit path, no SDPA
+        return x + self.mlp(torch.tanh(a))
+
+
+class Blocks(nn.Module):
+    """A user's stack of blocks around nn.MultiheadAttention."""
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+        self.head = nn.Linear(D, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("policy", ["every", "selective"])
+def test_activation_checkpointing_on_a_users_model_with_multihead_attention(policy):
+    torch.manual_seed(0)
+    plain = Blocks()
+    torch.manual_seed(0)
+    model = Blocks()
+    handle = zerokit.apply_checkpointing(model, policy)
+    x, y = batch(0)
+    loss_of(plain, x, y).backward()
+    loss_of(model, x, y).backward()
+    assert max(float((p.grad - q.grad).abs().max()) for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
+    assert handle.recomputed_forwards == 3  # one per block (selective: each block's nn.MultiheadAttention)
+    zerokit.remove_checkpointing(model)

@@ -20,9 +20,11 @@ from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_d
 from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
 from .runtime.link import Link
 from .runtime.replicas import ReplicasDiverged, check_replicas
+from .checkpointing import apply_checkpointing, remove_checkpointing  # activation checkpointing on any model
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "grade",
-           "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged"]
+           "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
+           "remove_checkpointing"]
 __version__ = "0.1.0"

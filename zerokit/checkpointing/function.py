@@ -109,6 +109,10 @@ class Frame:
         tensors = [t for t in flat if torch.is_tensor(t)]
         self._inputs = [(_Kept(t.detach(), hooks), t.requires_grad) if torch.is_tensor(t) else (t, None)
                         for t in flat]
+        #: for each input, the position of its first occurrence: one tensor passed twice (self-attention's
+        #: query, key and value) is one tensor again in the recompute, where a callee may test ``q is k``
+        first: dict = {}
+        self._same_as = [first.setdefault(id(t), i) if torch.is_tensor(t) else i for i, t in enumerate(flat)]
         self.rng = RNGState(tensors)
         self._autocast = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
         self._meta: List[tuple] = []
@@ -153,8 +157,10 @@ class Frame:
 
     def _recompute(self) -> None:
         flat = []
-        for value, requires_grad in self._inputs:
-            if requires_grad is None:
+        for i, (value, requires_grad) in enumerate(self._inputs):
+            if self._same_as[i] != i:
+                flat.append(flat[self._same_as[i]])
+            elif requires_grad is None:
                 flat.append(value)
             else:
                 flat.append(value.get().detach().requires_grad_(requires_grad))

@@ -24,7 +24,9 @@ Policies:
 - ``selective``: inside each block only the attention core — every
   ``scaled_dot_product_attention`` call, softmax(QKᵀ)V — is recomputed; the linear layers'
   outputs and everything else are kept (Korthikanti et al. 2205.05198 §5, the 5·a·s²·b term).
-  A block that calls no attention is refused.
+  ``nn.MultiheadAttention`` computes its core inside one torch function together with its
+  four projections; zerokit recomputes that whole function (its projections too: a choice,
+  since torch gives no smaller piece to cut). A block that calls no attention is refused.
 - ``torch-every`` / ``torch-selective``: the peers, torch's own non-reentrant checkpoint per
   block (:mod:`.torch_peers`).
 
@@ -103,8 +105,14 @@ def check_for_model(model: nn.Module, policy, every=None) -> List[List[str]]:
     return groups
 
 
+#: nn.MultiheadAttention's whole computation, one function (its projections and its core together)
+_MHA = torch.nn.functional.multi_head_attention_forward
+
+
 class _AttentionCores(TorchFunctionMode):
-    """Inside one block's forward: every scaled_dot_product_attention call runs checkpointed."""
+    """Inside one block's forward: every scaled_dot_product_attention call runs checkpointed, and every
+    ``nn.MultiheadAttention`` call (torch computes its core inside one function, with its projections: zerokit's
+    choice is to recompute that whole function)."""
 
     def __init__(self, owner: "Checkpointing", label: str):
         super().__init__()
@@ -112,11 +120,11 @@ class _AttentionCores(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not _SDPA:
+        if func is not _SDPA and func is not _MHA:
             return func(*args, **kwargs)
         self.calls += 1
-        return checkpoint(func, *args, label=f"the attention core of block {self.label!r}", counter=self.owner,
-                          **kwargs)
+        what = "the attention core" if func is _SDPA else "the nn.MultiheadAttention"
+        return checkpoint(func, *args, label=f"{what} of block {self.label!r}", counter=self.owner, **kwargs)
 
 
 class _Open:
@@ -232,7 +240,8 @@ class Checkpointing(Counter):
         with mode:
             out = orig(*args, **kwargs)
         if not mode.calls:
-            raise ValueError(f"checkpointing='selective': block {name!r} calls no scaled_dot_product_attention, so "
+            raise ValueError(f"checkpointing='selective': block {name!r} calls no scaled_dot_product_attention or "
+                             f"nn.MultiheadAttention, so "
                              f"it has no attention core to recompute; use checkpointing='every' for this model")
         return out
 
