@@ -320,3 +320,67 @@ def test_activation_checkpointing_on_a_users_model_with_multihead_attention(poli
     assert max(float((p.grad - q.grad).abs().max()) for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
     assert handle.recomputed_forwards == 3  # one per block (selective: each block's nn.MultiheadAttention)
     zerokit.remove_checkpointing(model)
+
+
+# -- zerokit.fully_shard: FSDP2's convention, your own optimizer ----------------------------------------------------
+ADAM_STEP = 3.16  # AdamW's largest step per element in units of lr, (1 − β1)/√(1 − β2) (Kingma & Ba §2.1)
+
+
+def named_groups(model, decay=0.1):
+    """Param groups by name, as people write them for AdamW: no decay on biases, norms and embeddings."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if n.endswith("weight") and "emb" not in n], "weight_decay": decay},
+            {"params": [p for n, p in named if not (n.endswith("weight") and "emb" not in n)], "weight_decay": 0.0}]
+
+
+def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
+    rank, n = ctx.rank, ctx.world_size
+    per = B // n
+    mine = slice(rank * per, (rank + 1) * per)
+    torch.manual_seed(0)
+    reference = make()
+    torch.manual_seed(rank)  # ranks start different: each call broadcasts rank 0's
+    model = make()
+    for block in blocks_of(model):
+        assert zerokit.fully_shard(block, reshard_after_forward=reshard_after_forward) is block
+    zerokit.fully_shard(model, reshard_after_forward=reshard_after_forward)
+    build = {"sgd": lambda m: torch.optim.SGD(named_groups(m), lr=0.1, momentum=0.9),
+             "adamw": lambda m: torch.optim.AdamW(named_groups(m), lr=1e-3)}[optimizer]
+    opt, ref_opt = build(model), build(reference)
+    out = {"held": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "whole": sum(p.numel() for p in reference.parameters() if p.requires_grad), "diffs": []}
+    for step in range(STEPS):
+        x, y = batch(step)
+        cut = mine.start + per // 2  # two micro-batches, gradients accumulating between them, as torch's do
+        for part in (slice(mine.start, cut), slice(cut, mine.stop)):
+            rows = part.stop - part.start
+            (loss_of(model, x[part], y[part]) * rows / per).backward()  # together: the mean over this rank's rows
+        opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        ref_opt.step()
+        full = model.full_state_dict()
+        if rank == 0:
+            fresh = make()
+            fresh.load_state_dict(full, strict=True)
+            out["diffs"].append(max_diff(fresh, reference))
+    out["names"] = sorted(n for n, _ in model.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    return out
+
+
+@pytest.mark.parametrize("n,make,blocks_of,optimizer,reshard", [
+    (3, Blocks, lambda m: list(m.blocks), "sgd", True),
+    (2, Blocks, lambda m: list(m.blocks), "adamw", False),
+    (2, Odd, lambda m: [m.attn], "sgd", True),   # tied embedding and head, a frozen bias, buffers, MHA
+])
+def test_fully_shard_trains_with_your_optimizer_like_one_process(n, make, blocks_of, optimizer, reshard):
+    ranks = zerokit.launch(_fully_sharded, n, make, blocks_of, optimizer, reshard)
+    diffs = ranks[0]["diffs"]
+    # SGD: the same sums in another order; AdamW: its largest step, both ways, per step (Kingma & Ba)
+    bound = 1e-6 if optimizer == "sgd" else 2 * ADAM_STEP * 1e-3 * STEPS
+    assert max(diffs) <= bound, diffs
+    whole = ranks[0]["whole"]
+    assert sum(r["held"] for r in ranks) == whole  # the shards partition the trainable parameters
+    assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
+    assert all(r["names"] for r in ranks)  # the parameters keep their names: groups by name work

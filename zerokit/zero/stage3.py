@@ -101,11 +101,16 @@ class ZeroStage3(Strategy):
         "offload": offload_option(3),
     }
 
-    def __init__(self, model, ctx, config, **options):
+    def __init__(self, model, ctx, config, exclude: frozenset = frozenset(), **options):
+        """``exclude``: ids of parameters another instance manages (``zerokit.fully_shard``'s blocks, sharded by
+        their own calls): left out of this one's units, hooks and replica check."""
         super().__init__(model, ctx, config, **options)
-        params = check_trainable(model, self.name)
+        params = [p for p in check_trainable(model, self.name) if id(p) not in exclude]
+        if not params:
+            raise ValueError(f"strategy {self.name!r}: every trainable parameter of this module is sharded already")
         check_world_size(sum(p.numel() for p in params), self.world)
-        check_replicas_match(model, self.group, ctx.device)
+        if not exclude:  # with exclude, the caller broadcast what this instance holds (the rest differs by rank)
+            check_replicas_match(model, self.group, ctx.device)
         self.params = params
         self.names = {p: n for n, p in model.named_parameters()}
         threshold = int(self.opts["param_persistence_threshold"])
@@ -114,7 +119,7 @@ class ZeroStage3(Strategy):
         if persistent:
             self.persistent = FlatUnit(persistent, 1, 0, -1, [self.names[p] for p in persistent])
         self.units: List[Unit] = []
-        frozen = {p for p in model.parameters() if not p.requires_grad}  # held whole, like buffers
+        frozen = {p for p in model.parameters() if not p.requires_grad or id(p) in exclude}  # held whole / elsewhere
         for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent) | frozen)):
             flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params])
             self.units.append(Unit(spec, flat))

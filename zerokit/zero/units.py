@@ -44,7 +44,10 @@ def non_negative_elements(value) -> bool:
 
 
 def unit_size_allowed(value) -> bool:
-    """``unit_size``: the string "block", or 0, or a positive whole number of elements."""
+    """``unit_size``: the string "block", or 0, or a positive whole number of elements, or a frozenset of module
+    names (``zerokit.fully_shard``'s marked modules; the root is always a unit)."""
+    if isinstance(value, frozenset):
+        return all(isinstance(name, str) for name in value)
     return value == BLOCK if isinstance(value, str) else non_negative_elements(value)
 
 
@@ -121,6 +124,8 @@ def form_units(model: nn.Module, unit_size, skip: set) -> List[UnitSpec]:
             return False
         if is_root:
             return True
+        if isinstance(unit_size, frozenset):  # the modules fully_shard was called on
+            return label in unit_size
         if unit_size == BLOCK:
             return label in blocks
         return sum(p.numel() for p in pending) >= unit_size
