@@ -384,3 +384,67 @@ def test_fully_shard_trains_with_your_optimizer_like_one_process(n, make, blocks
     assert sum(r["held"] for r in ranks) == whole  # the shards partition the trainable parameters
     assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
     assert all(r["names"] for r in ranks)  # the parameters keep their names: groups by name work
+
+
+# -- zerokit.parallelize_module: torch's convention, nn.MultiheadAttention by heads ---------------------------------
+class TPNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(14, 8)
+        self.attn = nn.MultiheadAttention(8, 4, batch_first=True)
+        self.fc1, self.fc2 = nn.Linear(8, 12), nn.Linear(12, 8)
+        self.head = nn.Linear(8, 14)
+        self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), 1), persistent=False)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        a, weights = self.attn(x, x, x, attn_mask=self.mask)  # need_weights at its default: True
+        x = x + a
+        self.last_weights = weights
+        return self.head(x + self.fc2(torch.tanh(self.fc1(x))))
+
+
+def _tensor_parallel(ctx):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    torch.manual_seed(0)
+    reference = TPNet()
+    torch.manual_seed(ctx.rank)  # rank 0's model is broadcast before sharding
+    model = TPNet()
+    zerokit.parallelize_module(model, None, {"emb": RowwiseParallel(), "attn": "attention",
+                                             "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, weights = [], []
+    for step in range(STEPS):
+        x, y = batch(step)  # the whole batch on every tp rank
+        y = y % 14
+        pair = []
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            loss = F.cross_entropy(m(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            o.step()
+            pair.append(float(loss))
+        losses.append(pair)
+        weights.append(float((model.last_weights - reference.last_weights).abs().max()))
+    refused = ""
+    try:
+        zerokit.parallelize_module(TPNet(), None, {"fc1": ColwiseParallel(use_local_output=False)})
+    except ValueError as e:
+        refused = str(e)
+    return losses, weights, max_diff_named(model, reference, ("head.weight", "head.bias")), refused
+
+
+def max_diff_named(a, b, names):
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return max(float((pa[n] - pb[n]).abs().max()) for n in names)
+
+
+def test_parallelize_module_takes_torchs_styles_and_multihead_attention_by_heads():
+    ranks = zerokit.launch(_tensor_parallel, 2)
+    for losses, weights, head_diff, refused in ranks:
+        assert all(abs(ours - theirs) < 1e-6 for ours, theirs in losses), losses
+        assert max(weights) < 1e-6, weights  # the heads' averaged attention weights, as torch returns them
+        assert head_diff < 1e-6, head_diff  # a replicated parameter after every step's update
+        assert "use_local_output" in refused
+    assert ranks[0][0] == ranks[1][0]  # every tp rank computes the same loss

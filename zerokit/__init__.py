@@ -21,10 +21,11 @@ from .runtime import link as links  # zerokit.links.LINKS: the emulated links by
 from .runtime.link import Link
 from .runtime.replicas import ReplicasDiverged, check_replicas
 from .checkpointing import apply_checkpointing, remove_checkpointing  # activation checkpointing on any model
+from .tensor_parallel import parallelize_module  # tensor parallelism on any model, torch's convention
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "fully_shard", "grade",
            "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
-           "remove_checkpointing"]
+           "remove_checkpointing", "parallelize_module"]
 __version__ = "0.1.0"

@@ -7,7 +7,8 @@ modules for column-/row-/vocabulary-parallel ones cut from the unsharded weights
 the loss of vocabulary-sharded logits is :func:`vocab_parallel_cross_entropy`; after
 backward, sequence parallelism sums the gradients of the replicated parameters that saw
 sequence shards (:func:`allreduce_sequence_parallel_gradients`); :func:`full_parameters`
-rebuilds the whole model's tensors for parity checks.
+rebuilds the whole model's tensors for parity checks. In your own loop,
+:func:`parallelize_module` takes torch's convention (a plan of module names, torch's styles too).
 """
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -15,6 +16,8 @@ from .mappings import (copy_to_tensor_parallel_region, gather_from_sequence_para
                        gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region)
 from .plan import STYLES, Plan, apply_plan, check_plan, plan_layout, plan_loss, tiny_gpt_plan
+from .parallelize import parallelize_module
+from .attention import TensorParallelMultiheadAttention
 from .sharding import (Shard, allreduce_sequence_parallel_gradients, communicated_widths, full_gradients,
                        full_parameters,
                        parameter_counts, parameter_layout, register_sequence_parallel_gradient_hooks,
@@ -27,6 +30,7 @@ g_sp = gather_from_sequence_parallel_region
 g_bar = reduce_scatter_to_sequence_parallel_region
 
 __all__ = ["Plan", "STYLES", "apply_plan", "check_plan", "plan_layout", "plan_loss", "tiny_gpt_plan",
+           "parallelize_module", "TensorParallelMultiheadAttention",
            "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
            "Shard", "communicated_widths", "parameter_layout", "parameter_counts", "full_parameters", "full_gradients",
            "sequence_parallel_parameters", "allreduce_sequence_parallel_gradients",

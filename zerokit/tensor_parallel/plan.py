@@ -18,7 +18,8 @@ tied embedding and head) stays one shared, sharded parameter. The styles:
   on sequence shards under sequence parallelism; its parameters' gradients are summed
   over ``tp`` after backward (:func:`.sharding.allreduce_sequence_parallel_gradients`);
 - ``sequence_slice``: a module whose output holds the whole sequence on dimension −2
-  (position embeddings): under sequence parallelism it is cut to this rank's slice.
+  (position embeddings): under sequence parallelism it is cut to this rank's slice;
+- ``attention``: an ``nn.MultiheadAttention``, by whole heads (:mod:`.attention`).
 
 The last two do nothing without sequence parallelism.
 """
@@ -31,13 +32,14 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch.nn as nn
 
+from .attention import TensorParallelMultiheadAttention
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .mappings import group_rank, group_size
 from .sharding import Shard, mark_sequence_parallel
 
 STYLES = ("colwise", "rowwise", "colwise_qkv", "vocab_embedding", "vocab_head", "sequence_parallel",
-          "sequence_slice")
+          "sequence_slice", "attention")
 _LINEAR = ("colwise", "rowwise", "colwise_qkv", "vocab_head")
 LOSSES = (None, "vocab_parallel")
 HEAD_ATTRIBUTES = ("n_head", "num_heads", "n_heads")
@@ -106,7 +108,7 @@ def match(model: nn.Module, plan: Plan) -> Dict[str, Tuple[str, str]]:
 def _placements(module: nn.Module, style: Optional[str]) -> Dict[str, Optional[Shard]]:
     """How a style lays out the module's own parameters: a :class:`Shard`, or None (replicated)."""
     shard = {"colwise": Shard(0), "vocab_head": Shard(0), "colwise_qkv": Shard(0, 3), "vocab_embedding": Shard(0),
-             "rowwise": Shard(1)}.get(style)
+             "rowwise": Shard(1), "attention": Shard(0, 3)}.get(style)
     out = {name: shard for name, _ in module.named_parameters(recurse=False)}
     if style == "rowwise" and "bias" in out:
         out["bias"] = None  # added once, after the reduction
@@ -142,6 +144,8 @@ def _check_sizes(model: nn.Module, name: str, module: nn.Module, style: str, tp:
             need(heads, "heads")
     elif style == "vocab_embedding":
         need(module.num_embeddings, "num_embeddings (vocabulary)")
+    elif style == "attention":
+        need(module.num_heads, "num_heads")
 
 
 def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = None) -> Dict[str, Tuple[str, str]]:
@@ -150,7 +154,7 @@ def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = N
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive integer")
     matched = match(model, plan)
-    want = {"vocab_embedding": nn.Embedding, **{s: nn.Linear for s in _LINEAR}}
+    want = {"vocab_embedding": nn.Embedding, "attention": nn.MultiheadAttention, **{s: nn.Linear for s in _LINEAR}}
     for name, (pattern, style) in matched.items():
         module = model.get_submodule(name)
         if style in want and not isinstance(module, want[style]):
@@ -213,6 +217,10 @@ def apply_plan(model: nn.Module, plan: Plan, group=None) -> nn.Module:
             new = RowParallelLinear.from_linear(module, group, sequence_parallel=sp, memo=memo, tag=name)
         elif style == "vocab_embedding":
             new = VocabParallelEmbedding.from_embedding(module, group, sequence_parallel=sp, memo=memo, tag=name)
+        elif style == "attention":
+            if sp:
+                raise ValueError(f"plan: {name} (attention) under sequence_parallel=True is not implemented")
+            new = TensorParallelMultiheadAttention(module, group, memo=memo, tag=name)
         else:
             if sp:
                 for p in module.parameters():
