@@ -448,3 +448,65 @@ def test_parallelize_module_takes_torchs_styles_and_multihead_attention_by_heads
         assert head_diff < 1e-6, head_diff  # a replicated parameter after every step's update
         assert "use_local_output" in refused
     assert ranks[0][0] == ranks[1][0]  # every tp rank computes the same loss
+
+
+# -- zerokit.pipeline: your own model split into stages, stepped in your own loop ----------------------------------
+class Lift(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+def sequential(lifts=4):
+    return nn.Sequential(nn.Embedding(V, D), *[Lift() for _ in range(lifts)], nn.Linear(D, V))
+
+
+def _pipelined(ctx, schedule, chunks, split_points):
+    lifts = 4 if chunks == 1 else 6  # interleaving: every rank's chunks the same number of pieces
+    torch.manual_seed(0)
+    reference = sequential(lifts)
+    torch.manual_seed(0)  # every rank builds the same model; each keeps its stages
+    pipe = zerokit.pipeline(sequential(lifts), split_points=split_points, schedule=schedule, micro_batches=2,
+                            loss_fn=lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten()), chunks=chunks)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    names, whole = pipe.driver.names, dict(reference.named_parameters())
+    out = {"losses": [], "ref": [], "diffs": []}
+    for step in range(STEPS):
+        x, y = batch(step)
+        losses = []
+        out["losses"].append(pipe.step(x, target=y, losses=losses))
+        out.setdefault("micro", []).append(losses)
+        opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        loss = loss_of(reference, x, y)
+        loss.backward()
+        ref_opt.step()
+        out["ref"].append(float(loss))
+        out["diffs"].append(max(float((p - whole[names[id(p)]]).abs().max()) for p in pipe.parameters()))
+    return out
+
+
+@pytest.mark.parametrize("schedule,chunks,split_points", [("1f1b", 1, ["3"]), ("gpipe", 1, None),
+                                                          ("interleaved", 2, ["2", "4", "6"])])
+def test_pipeline_of_your_own_model_trains_like_one_process(schedule, chunks, split_points):
+    ranks = zerokit.launch(_pipelined, 2, schedule, chunks, split_points)
+    for r in ranks:
+        assert max(r["diffs"]) < 1e-6, r["diffs"]  # SGD: the same sums, micro-batch by micro-batch
+        assert r["losses"] == pytest.approx(r["ref"], abs=1e-6)  # the step's mean loss, on every rank
+    assert len(ranks[1]["micro"][0]) == 2 and not ranks[0]["micro"][0]  # losses=: the last stage's micro-batches
+
+
+def _not_pieces(ctx):
+    try:
+        zerokit.pipeline(Odd(), loss_fn=F.cross_entropy)
+    except ValueError as e:
+        return str(e)
+
+
+def test_pipeline_refuses_a_model_it_cannot_read_as_pieces():
+    assert "pipeline_pieces()" in zerokit.launch(_not_pieces, 2)[0]

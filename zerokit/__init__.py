@@ -10,7 +10,7 @@ from .runtime.context import RankContext, current
 from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
 from .planner import plan
-from .api import DistributedDataParallel, Engine, ShardedOptimizer, fully_shard, initialize, measure
+from .api import DistributedDataParallel, Engine, ShardedOptimizer, fully_shard, initialize, measure, pipeline
 from .pipeline_parallel import schedule, simulate
 from .report import Report
 from .train import train
@@ -27,5 +27,5 @@ __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankConte
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "fully_shard", "grade",
            "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
-           "remove_checkpointing", "parallelize_module"]
+           "remove_checkpointing", "parallelize_module", "pipeline"]
 __version__ = "0.1.0"

@@ -12,6 +12,8 @@ from .engine import Engine
 from .fully_shard import fully_shard
 from .initialize import initialize
 from .measure import Measurement, measure
+from .pipeline import PipelineSchedule, pipeline
 from .sharded_optimizer import ShardedOptimizer
 
-__all__ = ["DistributedDataParallel", "ShardedOptimizer", "Engine", "fully_shard", "initialize", "measure", "Measurement"]
+__all__ = ["DistributedDataParallel", "ShardedOptimizer", "Engine", "fully_shard", "initialize", "measure", "Measurement",
+           "pipeline", "PipelineSchedule"]
