@@ -510,3 +510,34 @@ def _not_pieces(ctx):
 
 def test_pipeline_refuses_a_model_it_cannot_read_as_pieces():
     assert "pipeline_pieces()" in zerokit.launch(_not_pieces, 2)[0]
+
+
+def _scheduled(ctx, block):
+    torch.manual_seed(0)
+    engine, optimizer, _, scheduler = zerokit.initialize(model=Odd(), config={
+        "train_micro_batch_size_per_gpu": B // ctx.world_size, "gradient_clipping": 0, "scheduler": block,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.5}}, "zero_optimization": {"stage": 1}})
+    lrs = [optimizer.param_groups[0]["lr"]]
+    per = B // ctx.world_size
+    for step in range(6):
+        x, y = batch(step)
+        engine.backward(loss_of(engine, x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]))
+        engine.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+    return lrs
+
+
+def test_deepspeeds_scheduler_block_steps_with_the_engine_as_deepspeed_computes_it():
+    warm = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.1, "warmup_num_steps": 4,
+                                           "warmup_type": "linear"}}
+    decay = {"type": "WarmupDecayLR", "params": {**warm["params"], "total_num_steps": 6}}
+    assert zerokit.launch(_scheduled, 2, warm)[0] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.1])
+    assert zerokit.launch(_scheduled, 2, decay)[0] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
+    deepspeed = pytest.importorskip("deepspeed.runtime.lr_schedules")  # DeepSpeed's own, on a plain optimizer
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
+    theirs = deepspeed.WarmupDecayLR(opt, **decay["params"])
+    lrs = [opt.param_groups[0]["lr"]]
+    for _ in range(6):
+        theirs.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])

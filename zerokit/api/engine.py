@@ -86,6 +86,8 @@ class Engine:
         self.global_steps = 0
         self._no_sync = None
         self._optimizer = None
+        #: DeepSpeed's ``scheduler`` block (zerokit.initialize), stepped after every optimizer step; None: none
+        self.lr_scheduler = None
 
     # -- the model ------------------------------------------------------------------------
     @property
@@ -152,6 +154,8 @@ class Engine:
             raise RuntimeError("engine.step() before any engine.backward(loss): nothing to step")
         with comm.phase("step"):
             self.strategy.step()
+        if self.lr_scheduler is not None:  # as DeepSpeed's engine: the config's scheduler after every step
+            self.lr_scheduler.step()
         self.global_steps += 1
         self.micro_steps = 0
         if self.zero_grad_after_step:

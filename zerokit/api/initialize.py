@@ -21,8 +21,10 @@ config=ds_config)`` — the seed's snippet with ``deepspeed`` replaced by ``zero
 3. rank 0's parameters are broadcast (every rank starts equal), then the strategy is
    built on the model and wrapped in an :class:`~.engine.Engine`.
 
-Returns ``(engine, engine.optimizer, None, None)`` like DeepSpeed (no dataloader, no
-scheduler); ``engine.optimizer`` is a ``torch.optim.Optimizer`` whose ``step`` is the
+Returns ``(engine, engine.optimizer, None, lr_scheduler)`` like DeepSpeed (no dataloader;
+the scheduler of the config's ``scheduler`` block, WarmupLR or WarmupDecayLR
+(:mod:`.lr_schedules`), stepped by the engine after every optimizer step, or None);
+``engine.optimizer`` is a ``torch.optim.Optimizer`` whose ``step`` is the
 engine's, so torch's LR schedulers drive it (:mod:`.optimizer_face`).
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-KNOWN = BATCH_KEYS + ("optimizer", "bf16", "fp16", "zero_optimization", "gradient_clipping")
+KNOWN = BATCH_KEYS + ("optimizer", "bf16", "fp16", "zero_optimization", "gradient_clipping", "scheduler")
 PIPELINE = ("'pipeline' is not a DeepSpeed config key: DeepSpeed's pipeline parallelism is built in code, "
             "deepspeed.pipe.PipelineModule(layers=…, num_stages=2, partition_method='parameters') passed as the "
             "model, with the engine's train_batch(); in zerokit it is zerokit.train(…, parallel={'pp': 2}, "
@@ -185,4 +187,7 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     if clipping > 0:
         strategy.clip_gradients(clipping)
     engine = Engine(strategy, accumulation)
-    return engine, engine.optimizer, None, None
+    from .lr_schedules import scheduler_from_config
+
+    engine.lr_scheduler = scheduler_from_config(config.get("scheduler"), engine.optimizer)
+    return engine, engine.optimizer, None, engine.lr_scheduler
