@@ -12,7 +12,8 @@
 # **What you will see.** A nanoGPT-style GPT defined in this notebook, trained by a plain
 # loop on 2 ranks; one line switches it from DDP (`zerokit.DistributedDataParallel`) to
 # ZeRO-1 (`zerokit.ShardedOptimizer`), ZeRO-2 and ZeRO-3 (`zerokit.initialize` with a
-# DeepSpeed config) and finally the seed's own stage-3 block. After each: the losses next to
+# DeepSpeed config), ZeRO-3 the FSDP2 way (`zerokit.fully_shard`, your own optimizer) and
+# finally the seed's own stage-3 block. After each: the losses next to
 # a single-process copy, and the params, gradients and optimizer states of each rank —
 # measured by `zerokit.measure` around a step — next to `theory.model_state_bytes`. And
 # what the seed's `"pipeline"` block gets.
@@ -165,6 +166,7 @@ print(f"{config}\nΨ = {psi:,} parameters: {psi - frozen:,} trained in {len(trai
 # | DDP | `model = zerokit.DistributedDataParallel(model)`, then your optimizer as usual |
 # | ZeRO-1 | `opt = zerokit.ShardedOptimizer(params, torch.optim.AdamW, lr=…)` (torch's `ZeroRedundancyOptimizer` interface) |
 # | ZeRO-2, ZeRO-3 | `engine, _, _, _ = zerokit.initialize(model=model, model_parameters=params, config=ds_config)` |
+# | ZeRO-3, FSDP2's way | `zerokit.fully_shard(block)` for each block, then `zerokit.fully_shard(model)`; your optimizer on `model.parameters()`, now this rank's shards |
 #
 # `initialize` is DeepSpeed's entry point with `deepspeed` replaced by `zerokit`; as in
 # DeepSpeed, the engine takes over the backward (`engine.backward(loss)`: divided by the
@@ -202,6 +204,11 @@ def wrap(setup, model, optimizer):
         opt = opt_class(trainable(model), **hyper)
     elif setup == "ZeRO-1":
         opt = zerokit.ShardedOptimizer(trainable(model), opt_class, **hyper)
+    elif setup == "fully_shard":                       # FSDP2's convention: the blocks, then the root
+        for block in model.transformer.h:
+            zerokit.fully_shard(block)
+        zerokit.fully_shard(model)
+        opt = opt_class(trainable(model), **hyper)     # your optimizer, on this rank's shards
     else:
         engine, _, _, _ = zerokit.initialize(model=model, model_parameters=trainable(model),
                                              config=ds_config(CONFIGS[setup], optimizer))
@@ -254,7 +261,7 @@ def single(optimizer):
     return losses
 
 
-SETUPS = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "seed's config"]
+SETUPS = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "fully_shard", "seed's config"]
 reference = {opt: single(opt) for opt in OPTIMIZERS}
 runs = {(setup, opt): zerokit.launch(train, WORLD, setup, opt) for setup in SETUPS for opt in OPTIMIZERS}
 
@@ -282,10 +289,12 @@ for setup in SETUPS:
 assert reference["sgd"][-1] < reference["sgd"][0] and reference["adamw"][-1] < reference["adamw"][0]  # it learns
 
 # %% [markdown]
-# Five setups, one training: with SGD and with AdamW the losses agree with the single
+# Six setups, one training: with SGD and with AdamW the losses agree with the single
 # process to fp32 rounding — the ranks add their halves' gradients in another order than
 # one process does, and that is all. Sharding changes where the states live, not the
-# arithmetic.
+# arithmetic. `fully_shard` and `initialize` at stage 3 are one mechanism (zerokit's
+# `zero3`) behind two faces: FSDP2's, where your own optimizer steps the shards (so Adam keeps
+# a `step` per parameter, not per flat unit), and DeepSpeed's, where the engine does.
 #
 # ## What each rank holds
 #
@@ -303,12 +312,15 @@ assert reference["sgd"][-1] < reference["sgd"][0] and reference["adamw"][-1] < r
 blocks = [sum(p.numel() for p in block.parameters()) for block in model.transformer.h]
 trained = psi - frozen
 LAYOUT = {"DDP": (0, None), "ZeRO-1": (1, [trained]), "ZeRO-2": (2, [trained]),
-          "ZeRO-3": (3, blocks + [trained - sum(blocks)]), "seed's config": (3, blocks + [trained - sum(blocks)])}
+          "ZeRO-3": (3, blocks + [trained - sum(blocks)]), "fully_shard": (3, blocks + [trained - sum(blocks)]),
+          "seed's config": (3, blocks + [trained - sum(blocks)])}
 
 
 def formula(setup):
     stage, units = LAYOUT[setup]
-    tensors = len(trainable(model)) if units is None else len(units)
+    # Adam's step scalars: one per tensor it steps — your optimizer steps every (sharded) parameter under
+    # DDP and fully_shard, zerokit's engine one flat shard per unit
+    tensors = len(trainable(model)) if units is None or setup == "fully_shard" else len(units)
     return theory.model_state_bytes(stage, psi, WORLD, "fp32", "adamw", units=units, optimizer_tensors=tensors,
                                     frozen_numel=frozen)
 
@@ -414,6 +426,21 @@ except ValueError as error:
     refusal = str(error)
 print(refusal)
 assert "PipelineModule" in refusal and "ZeRO stage 0 or 1" in refusal
+
+# %% [markdown]
+# **Your model on the other axes.** Each has its own-loop call, with torch's convention:
+#
+# - *tensor parallelism*: `zerokit.parallelize_module(model, tp_mesh, {"blocks.*.mlp.c_fc":
+#   ColwiseParallel(), "blocks.*.mlp.c_proj": RowwiseParallel(), …})`, and the style
+#   `"attention"` for an `nn.MultiheadAttention` (split by whole heads). A hand-written
+#   attention like the one above reads its widths from the whole embedding (`C // n_head`);
+#   with t ranks each holds `n_head / t` heads, so its forward must use the local width —
+#   the same change torch's own tensor parallelism asks of it;
+# - *a pipeline*: `pipe = zerokit.pipeline(model, split_points=[…], schedule="1f1b",
+#   micro_batches=m, loss_fn=…)` on an `nn.Sequential` (or a model with `pipeline_pieces()`),
+#   `pipe.step(x, target=y)` on every rank, your optimizer on `pipe.parameters()`;
+# - *activation checkpointing*: `zerokit.apply_checkpointing(model, "every" | "selective")`
+#   on the repeated blocks, lesson 10's policies on your model.
 
 # %% [markdown]
 # ## Try it
