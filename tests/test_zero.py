@@ -308,10 +308,10 @@ def test_bench_zero_quick_run_writes_ratios(tmp_path):
 
     out = tmp_path / "zero.json"
     assert bench.main("zero", ["--world-sizes", "2", "--steps", "2", "--rounds", "1", "--no-deepspeed", "--quiet",
-                               "--only", "zero3", "fsdp2-zero3", "--json", str(out)]) == 0
+                               "--only", "zero3", "fsdp2-zero3", "fully-shard", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert set(data["ratios"]) == {"N=2 zero3/fsdp2-zero3"}
-    assert {row["label"] for row in data["rows"]} == {"zero3", "fsdp2-zero3"}
+    assert set(data["ratios"]) == {"N=2 zero3/fsdp2-zero3", "N=2 fully-shard/fsdp2-zero3"}
+    assert [row["label"] for row in data["rows"]] == ["zero3", "fsdp2-zero3", "fully-shard"]  # the peer runs once
     assert "load average" in data["machine"]
     with pytest.raises(SystemExit):
         bench.main("zero", ["--unit-size", "blocks"])

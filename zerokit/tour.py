@@ -92,6 +92,7 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
     for section, ours, peers in data_parallel:
         for n in world_sizes:
             add(section, ours, peers, n)
+    add("ZeRO-3", "fully-shard", [], world_sizes[0])  # zero3 behind FSDP2's face (its peer is in the rows above)
     add("tensor parallel", "tp", ["torch-tp"], 2, parallel={"tp": 2})
     p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
     add("pipeline", "pp", [f"torch-pp-{PIPELINE['schedule']}"], p, parallel={"pp": p},

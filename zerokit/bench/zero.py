@@ -9,6 +9,8 @@ GPT at each world size:
   ``deepspeed-zero2``;
 - ``zero3`` against ``fsdp2-zero3`` and ``deepspeed-zero3``, all three on the same units
   (zerokit's ``zero3`` units get ``fully_shard``; DeepSpeed gathers per module anyway);
+- ``fully-shard`` (``zerokit.fully_shard`` on every block and the root, a torch optimizer on
+  its shard parameters) against ``fsdp2-zero3``: FSDP2's own convention on both sides;
 - ``zero3`` with ``prefetch=False``: the exposed communication per step (seconds the
   compute thread was blocked on collectives, from the ledger) with and without prefetch.
 
@@ -32,7 +34,7 @@ from .table import conditions, load_average, machine, mib, ms, table, progress_l
 
 #: (zerokit's strategy, its peers)
 PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
-         ("zero3", ["fsdp2-zero3", "deepspeed-zero3"])]
+         ("zero3", ["fsdp2-zero3", "deepspeed-zero3"]), ("fully-shard", ["fsdp2-zero3"])]
 
 
 def configs(with_deepspeed: bool, unit_size="block", only=None):
@@ -41,9 +43,9 @@ def configs(with_deepspeed: bool, unit_size="block", only=None):
         return {"unit_size": unit_size} if name == "zero3" or name.startswith("fsdp2") else {}
 
     out = []
-    for ours, peers in PAIRS:
-        out.append((ours, ours, options(ours), None))
-        out += [(p, p, options(p), None) for p in peers if with_deepspeed or not p.startswith("deepspeed")]
+    for ours, peers in PAIRS:  # a peer in two pairs (fsdp2-zero3) runs once
+        out += [(name, name, options(name), None) for name in [ours, *peers]
+                if (with_deepspeed or not name.startswith("deepspeed")) and name not in [c[0] for c in out]]
     out.append(("zero3 prefetch=off", "zero3", {**options("zero3"), "prefetch": False}, None))
     return [c for c in out if only is None or c[0] in only]
 
@@ -58,8 +60,10 @@ def add_ratios(rows) -> dict:
             for peer in peers:
                 if ours in at and peer in at:
                     a, b = at[ours], at[peer]
-                    b["vs_ours"], b["peak_vs_ours"] = paired_ratio(a, [b]), peak_ratio(a, b)
-                    ratios[f"N={n} {ours}/{peer}"] = {"time": _round(b["vs_ours"]), "peak": _round(b["peak_vs_ours"])}
+                    time_ratio, peak = paired_ratio(a, [b]), peak_ratio(a, b)
+                    if "vs_ours" not in b:  # a peer in two pairs shows its first pair's in the table; both in ratios
+                        b["vs_ours"], b["peak_vs_ours"] = time_ratio, peak
+                    ratios[f"N={n} {ours}/{peer}"] = {"time": _round(time_ratio), "peak": _round(peak)}
         if "zero3" in at and "zero3 prefetch=off" in at:
             on, off = at["zero3"], at["zero3 prefetch=off"]
             ratios[f"N={n} zero3 exposed ms/step prefetch on/off"] = [round(1000 * on["exposed_s"], 2),
