@@ -366,6 +366,10 @@ def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
             fresh.load_state_dict(full, strict=True)
             out["diffs"].append(max_diff(fresh, reference))
     out["names"] = sorted(n for n, _ in model.named_parameters()) == sorted(n for n, _ in reference.named_parameters())
+    try:
+        zerokit.checkpoint.save(tempfile.mkdtemp(), model)
+    except TypeError as e:
+        out["checkpoint"] = str(e)
     return out
 
 
@@ -384,6 +388,7 @@ def test_fully_shard_trains_with_your_optimizer_like_one_process(n, make, blocks
     assert sum(r["held"] for r in ranks) == whole  # the shards partition the trainable parameters
     assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
     assert all(r["names"] for r in ranks)  # the parameters keep their names: groups by name work
+    assert "full_state_dict()" in ranks[0]["checkpoint"]  # zerokit.checkpoint says what to save instead
 
 
 # -- zerokit.parallelize_module: torch's convention, nn.MultiheadAttention by heads ---------------------------------

@@ -27,14 +27,17 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
    registrations are swapped to the whole parameters; after it, back to the shards.
 4. **backward** (your ``loss.backward()``): ``zero3`` reduce-scatters each unit's gradient
    into its gradient shard (the mean over the ranks); at its end every shard parameter's
-   ``.grad`` is its slice of that shard. Your ``optimizer.step()`` updates the shards in
-   place; the next forward gathers them. ``optimizer.zero_grad()`` (gradients to None) is
-   seen at the next forward, which starts a new accumulation; without it, gradients
-   accumulate as torch's do.
+   ``.grad`` is its slice of that shard, and nothing else holds the shard: your
+   ``optimizer.zero_grad()`` (gradients to None) frees it, as FSDP2's does. Your
+   ``optimizer.step()`` updates the shards in place; the next forward gathers them and, its
+   gradients gone, starts a new accumulation; without ``zero_grad`` gradients accumulate, as
+   torch's do.
 5. **``model.full_state_dict()``** (a collective): the unwrapped model's ``state_dict()``
    on rank 0, which ``load_state_dict(…, strict=True)`` takes.
 
-fp32 only for now: a ``mp_policy`` with a 16-bit compute dtype is refused, not dropped.
+fp32 only for now: a ``mp_policy`` with a 16-bit compute dtype, an offload policy and a
+persistence threshold are refused, not dropped. :class:`FullyShard` (``"fully-shard"``) is
+the same face inside ``zerokit.train``, for the tour and ``zerokit bench zero``.
 """
 from __future__ import annotations
 
@@ -46,10 +49,12 @@ import torch
 import torch.nn as nn
 
 from ..runtime import comm
+from ..strategies.base import Option, Strategy, boolean, register
 from .engine import rank_context, wrapper_kind
 
+
 class FullyShardedModule:
-    """The mixin ``fully_shard`` gives the root's class (as FSDP2's ``FSDPModule``)."""
+    """The mixin ``fully_shard`` gives every module it shards (as FSDP2's ``FSDPModule``)."""
 
     def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
         """The unwrapped model's ``state_dict()``, whole, on rank 0 (None elsewhere); a collective."""
@@ -195,7 +200,6 @@ class _Face:
 
 
 # -- the same face inside zerokit.train: measured side by side with zero3 and FSDP2 -------------------------------
-from ..strategies.base import Option, Strategy, boolean, register  # noqa: E402 - the train-loop face below
 
 
 @register

@@ -42,6 +42,11 @@ def strategy_of(obj):
         raise TypeError(f"zerokit.checkpoint: {type(obj).__name__} is stepped by your own torch optimizer, whose "
                         f"states zerokit does not hold; checkpoint an engine from zerokit.initialize, or save "
                         f"model.state_dict() and optimizer.state_dict() with torch.save")
+    if isinstance(obj, torch.nn.Module) and getattr(obj, "_zerokit_face", None) is not None:  # zerokit.fully_shard
+        raise TypeError("zerokit.checkpoint: a fully_shard model is stepped by your own optimizer, whose states are "
+                        "this rank's shards; save model.full_state_dict() (whole, on rank 0) with torch.save, and "
+                        "each rank's optimizer.state_dict() beside it (the same layout reloads it); or train through "
+                        "zerokit.initialize, whose engine zerokit.checkpoint saves in any layout")
     if hasattr(obj, "consolidate_state_dict") and hasattr(obj, "strategies"):  # zerokit.ShardedOptimizer
         raise TypeError("zerokit.checkpoint: a ShardedOptimizer knows its parameters by position, not by the model's "
                         "names; save it as torch's ZeroRedundancyOptimizer is saved: optimizer.consolidate_state_dict"
