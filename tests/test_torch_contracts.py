@@ -254,8 +254,8 @@ def _batch_message(ctx):
         return str(e)
 
 
-def test_a_batch_size_that_does_not_divide_says_so_on_three_ranks():
-    message = zerokit.launch(_batch_message, 3)[0]
+def test_a_batch_size_that_does_not_divide_says_so_on_three_ranks(on_three_ranks):
+    message = on_three_ranks[0]["batch message"]
     assert "train_batch_size=8 is not divisible by train_micro_batch_size_per_gpu (4) × data-parallel degree (3)" \
         in message and "(0)" not in message
 
@@ -274,8 +274,8 @@ def _groups_given_to_initialize(ctx):
     return refused, {k: optimizer.param_groups[0][k] for k in ("lr", "weight_decay")}
 
 
-def test_initialize_takes_the_optimizers_groups_values_or_refuses_groups_that_differ():
-    refused, kept = zerokit.launch(_groups_given_to_initialize, 1)[0]
+def test_initialize_takes_the_optimizers_groups_values_or_refuses_groups_that_differ(more_on_two_ranks):
+    refused, kept = more_on_two_ranks[0]["groups"]
     assert "differ in weight_decay ([0.1, 0.0])" in refused and "ShardedOptimizer" in refused
     assert kept == {"lr": 3e-4, "weight_decay": 0.1}  # the groups' values, not AdamW's default 0.01
 
@@ -373,13 +373,16 @@ def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
     return out
 
 
-@pytest.mark.parametrize("n,make,blocks_of,optimizer,reshard", [
-    (3, Blocks, lambda m: list(m.blocks), "sgd", True),
-    (2, Blocks, lambda m: list(m.blocks), "adamw", False),
-    (2, Odd, lambda m: [m.attn], "sgd", True),   # tied embedding and head, a frozen bias, buffers, MHA
-])
-def test_fully_shard_trains_with_your_optimizer_like_one_process(n, make, blocks_of, optimizer, reshard):
-    ranks = zerokit.launch(_fully_sharded, n, make, blocks_of, optimizer, reshard)
+FULLY_SHARD = {"blocks at 3, SGD": (3, Blocks, lambda m: list(m.blocks), "sgd", True),
+               "blocks at 2, AdamW, no reshard": (2, Blocks, lambda m: list(m.blocks), "adamw", False),
+               # tied embedding and head, a frozen bias, buffers, MHA
+               "odd at 2, SGD": (2, Odd, lambda m: [m.attn], "sgd", True)}
+
+
+@pytest.mark.parametrize("case", list(FULLY_SHARD))
+def test_fully_shard_trains_with_your_optimizer_like_one_process(case, on_three_ranks, more_on_two_ranks):
+    n, _, _, optimizer, _ = FULLY_SHARD[case]
+    ranks = [r["fully_shard"][case] for r in (on_three_ranks if n == 3 else more_on_two_ranks)]
     diffs = ranks[0]["diffs"]
     # SGD: the same sums in another order; AdamW: its largest step, both ways, per step (Kingma & Ba)
     bound = 1e-6 if optimizer == "sgd" else 2 * ADAM_STEP * 1e-3 * STEPS
@@ -445,8 +448,8 @@ def max_diff_named(a, b, names):
     return max(float((pa[n] - pb[n]).abs().max()) for n in names)
 
 
-def test_parallelize_module_takes_torchs_styles_and_multihead_attention_by_heads():
-    ranks = zerokit.launch(_tensor_parallel, 2)
+def test_parallelize_module_takes_torchs_styles_and_multihead_attention_by_heads(more_on_two_ranks):
+    ranks = [r["tensor parallel"] for r in more_on_two_ranks]
     for losses, weights, head_diff, refused in ranks:
         assert all(abs(ours - theirs) < 1e-6 for ours, theirs in losses), losses
         assert max(weights) < 1e-6, weights  # the heads' averaged attention weights, as torch returns them
@@ -496,10 +499,12 @@ def _pipelined(ctx, schedule, chunks, split_points):
     return out
 
 
-@pytest.mark.parametrize("schedule,chunks,split_points", [("1f1b", 1, ["3"]), ("gpipe", 1, None),
-                                                          ("interleaved", 2, ["2", "4", "6"])])
-def test_pipeline_of_your_own_model_trains_like_one_process(schedule, chunks, split_points):
-    ranks = zerokit.launch(_pipelined, 2, schedule, chunks, split_points)
+PIPELINES = [("1f1b", 1, ["3"]), ("gpipe", 1, None), ("interleaved", 2, ["2", "4", "6"])]
+
+
+@pytest.mark.parametrize("schedule,chunks,split_points", PIPELINES)
+def test_pipeline_of_your_own_model_trains_like_one_process(schedule, chunks, split_points, more_on_two_ranks):
+    ranks = [r["pipeline"][schedule] for r in more_on_two_ranks]
     for r in ranks:
         assert max(r["diffs"]) < 1e-6, r["diffs"]  # SGD: the same sums, micro-batch by micro-batch
         assert r["losses"] == pytest.approx(r["ref"], abs=1e-6)  # the step's mean loss, on every rank
@@ -513,8 +518,8 @@ def _not_pieces(ctx):
         return str(e)
 
 
-def test_pipeline_refuses_a_model_it_cannot_read_as_pieces():
-    assert "pipeline_pieces()" in zerokit.launch(_not_pieces, 2)[0]
+def test_pipeline_refuses_a_model_it_cannot_read_as_pieces(more_on_two_ranks):
+    assert "pipeline_pieces()" in more_on_two_ranks[0]["not pieces"]
 
 
 def _scheduled(ctx, block):
@@ -532,12 +537,15 @@ def _scheduled(ctx, block):
     return lrs
 
 
-def test_deepspeeds_scheduler_block_steps_with_the_engine_as_deepspeed_computes_it():
-    warm = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.1, "warmup_num_steps": 4,
-                                           "warmup_type": "linear"}}
-    decay = {"type": "WarmupDecayLR", "params": {**warm["params"], "total_num_steps": 6}}
-    assert zerokit.launch(_scheduled, 2, warm)[0] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.1])
-    assert zerokit.launch(_scheduled, 2, decay)[0] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
+WARM = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.1, "warmup_num_steps": 4,
+                                       "warmup_type": "linear"}}
+DECAY = {"type": "WarmupDecayLR", "params": {**WARM["params"], "total_num_steps": 6}}
+
+
+def test_deepspeeds_scheduler_block_steps_with_the_engine_as_deepspeed_computes_it(more_on_two_ranks):
+    decay = DECAY
+    assert more_on_two_ranks[0]["WarmupLR"] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.1])
+    assert more_on_two_ranks[0]["WarmupDecayLR"] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
     deepspeed = pytest.importorskip("deepspeed.runtime.lr_schedules")  # DeepSpeed's own, on a plain optimizer
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
     theirs = deepspeed.WarmupDecayLR(opt, **decay["params"])
@@ -546,3 +554,30 @@ def test_deepspeeds_scheduler_block_steps_with_the_engine_as_deepspeed_computes_
         theirs.step()
         lrs.append(opt.param_groups[0]["lr"])
     assert lrs == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
+
+
+# -- the launches: one per world size carries the checks above (a launch costs more than the checks) ---------------
+def _more(ctx):
+    out = {"groups": _groups_given_to_initialize(ctx), "WarmupLR": _scheduled(ctx, WARM),
+           "WarmupDecayLR": _scheduled(ctx, DECAY)}
+    out["fully_shard"] = {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 2}
+    out["tensor parallel"] = _tensor_parallel(ctx)
+    # last: zerokit.pipeline lays the ranks out on pp
+    out["pipeline"] = {schedule: _pipelined(ctx, schedule, chunks, split) for schedule, chunks, split in PIPELINES}
+    out["not pieces"] = _not_pieces(ctx)
+    return out
+
+
+def _three(ctx):
+    return {"batch message": _batch_message(ctx),
+            "fully_shard": {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 3}}
+
+
+@pytest.fixture(scope="module")
+def more_on_two_ranks():
+    return zerokit.launch(_more, 2)
+
+
+@pytest.fixture(scope="module")
+def on_three_ranks():
+    return zerokit.launch(_three, 3)
