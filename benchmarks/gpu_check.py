@@ -202,7 +202,7 @@ def mib(x) -> str:
 # --- one GPU (one rank) ---------------------------------------------------------------------
 #: with --dry the one-rank sweeps take one strategy per family (the CPU suite trains every strategy against the
 #: reference at 1 to 4 ranks already): the script's path is the same, in a fifth of the time CI would spend
-DRY_SWEEP = ("ddp", "zero1", "zero2", "zero3", "pp", "torch-ddp", "torch-zero1", "fsdp2-zero3", "deepspeed-zero2")
+DRY_SWEEP = ("ddp", "zero1", "zero2", "zero3", "pp", "fully-shard", "torch-ddp", "torch-zero1", "fsdp2-zero3")
 
 
 def one_rank(precision: str):
