@@ -581,3 +581,41 @@ def more_on_two_ranks():
 @pytest.fixture(scope="module")
 def on_three_ranks():
     return zerokit.launch(_three, 3)
+
+
+def _grid(ctx, wrapper):
+    ctx.set_mesh({"dp": 2, "tp": 2})
+    dp = ctx.mesh.coord("dp")
+    torch.manual_seed(0)
+    reference = TPNet()
+    torch.manual_seed(0)
+    model = TPNet()
+    zerokit.parallelize_module(model, None, {"attn": "attention", "fc1": "colwise", "fc2": "rowwise"})  # on tp
+    if wrapper == "ddp":
+        model = zerokit.DistributedDataParallel(model)  # on dp
+    else:
+        zerokit.fully_shard(model)
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)
+    per = B // 2
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        y = y % 14
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[dp * per:(dp + 1) * per]).flatten(0, 1), y[dp * per:(dp + 1) * per].flatten())
+        loss.backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref = F.cross_entropy(reference(x).flatten(0, 1), y.flatten())
+        ref.backward()
+        ref_opt.step()
+        both = torch.tensor([float(loss)])
+        dist.all_reduce(both, group=ctx.mesh.group("dp"))
+        losses.append((float(both) / 2, float(ref)))
+    return losses
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fully_shard"])
+def test_your_tensor_parallel_model_under_a_dp_wrapper_on_a_dp_by_tp_mesh(wrapper):
+    for rank in zerokit.launch(_grid, 4, wrapper):
+        assert all(abs(ours - theirs) < 1e-6 for ours, theirs in rank), rank
