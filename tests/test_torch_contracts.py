@@ -619,3 +619,27 @@ def _grid(ctx, wrapper):
 def test_your_tensor_parallel_model_under_a_dp_wrapper_on_a_dp_by_tp_mesh(wrapper):
     for rank in zerokit.launch(_grid, 4, wrapper):
         assert all(abs(ours - theirs) < 1e-6 for ours, theirs in rank), rank
+
+
+def _measure_fsdp2(ctx):
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    torch.manual_seed(0)
+    model = Blocks()
+    for block in model.blocks:
+        torch_fully_shard(block)
+    torch_fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch(0)
+    per = B // ctx.world_size
+    with zerokit.measure(model, opt) as m:
+        loss_of(model, x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]).backward()
+        opt.step()
+    return {r["op"]: r["calls"] for r in m.collectives}
+
+
+def test_measure_sees_fsdp2s_collectives():
+    calls = zerokit.launch(_measure_fsdp2, 2)[0]
+    units = 1 + len(Blocks().blocks)  # every block and the root
+    # one reduce-scatter per unit in backward; FSDP2's gathers are recorded too (before: "no collectives")
+    assert calls.get("reduce_scatter", 0) == units and calls.get("all_gather", 0) > 0, calls
