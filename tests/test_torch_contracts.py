@@ -333,7 +333,7 @@ def named_groups(model, decay=0.1):
             {"params": [p for n, p in named if not (n.endswith("weight") and "emb" not in n)], "weight_decay": 0.0}]
 
 
-def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
+def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True, threshold=0):
     rank, n = ctx.rank, ctx.world_size
     per = B // n
     mine = slice(rank * per, (rank + 1) * per)
@@ -342,8 +342,9 @@ def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
     torch.manual_seed(rank)  # ranks start different: each call broadcasts rank 0's
     model = make()
     for block in blocks_of(model):
-        assert zerokit.fully_shard(block, reshard_after_forward=reshard_after_forward) is block
-    zerokit.fully_shard(model, reshard_after_forward=reshard_after_forward)
+        assert zerokit.fully_shard(block, reshard_after_forward=reshard_after_forward,
+                                   param_persistence_threshold=threshold) is block
+    zerokit.fully_shard(model, reshard_after_forward=reshard_after_forward, param_persistence_threshold=threshold)
     build = {"sgd": lambda m: torch.optim.SGD(named_groups(m), lr=0.1, momentum=0.9),
              "adamw": lambda m: torch.optim.AdamW(named_groups(m), lr=1e-3)}[optimizer]
     opt, ref_opt = build(model), build(reference)
@@ -376,20 +377,23 @@ def _fully_sharded(ctx, make, blocks_of, optimizer, reshard_after_forward=True):
 FULLY_SHARD = {"blocks at 3, SGD": (3, Blocks, lambda m: list(m.blocks), "sgd", True),
                "blocks at 2, AdamW, no reshard": (2, Blocks, lambda m: list(m.blocks), "adamw", False),
                # tied embedding and head, a frozen bias, buffers, MHA
-               "odd at 2, SGD": (2, Odd, lambda m: [m.attn], "sgd", True)}
+               "odd at 2, SGD": (2, Odd, lambda m: [m.attn], "sgd", True),
+               # biases and in_proj_bias (< 20 elements) whole on every rank, stepped whole
+               "blocks at 2, SGD, persistence threshold": (2, Blocks, lambda m: list(m.blocks), "sgd", True, 20)}
 
 
 @pytest.mark.parametrize("case", list(FULLY_SHARD))
 def test_fully_shard_trains_with_your_optimizer_like_one_process(case, on_three_ranks, more_on_two_ranks):
-    n, _, _, optimizer, _ = FULLY_SHARD[case]
+    n, optimizer = FULLY_SHARD[case][0], FULLY_SHARD[case][3]
     ranks = [r["fully_shard"][case] for r in (on_three_ranks if n == 3 else more_on_two_ranks)]
     diffs = ranks[0]["diffs"]
     # SGD: the same sums in another order; AdamW: its largest step, both ways, per step (Kingma & Ba)
     bound = 1e-6 if optimizer == "sgd" else 2 * ADAM_STEP * 1e-3 * STEPS
     assert max(diffs) <= bound, diffs
     whole = ranks[0]["whole"]
-    assert sum(r["held"] for r in ranks) == whole  # the shards partition the trainable parameters
-    assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
+    if len(FULLY_SHARD[case]) == 5:  # without persistent parameters the shards partition the trainable ones
+        assert sum(r["held"] for r in ranks) == whole
+        assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
     assert all(r["names"] for r in ranks)  # the parameters keep their names: groups by name work
     assert "full_state_dict()" in ranks[0]["checkpoint"]  # zerokit.checkpoint says what to save instead
 

@@ -35,8 +35,10 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
 5. **``model.full_state_dict()``** (a collective): the unwrapped model's ``state_dict()``
    on rank 0, which ``load_state_dict(…, strict=True)`` takes.
 
-fp32 only for now: a ``mp_policy`` with a 16-bit compute dtype, an offload policy and a
-persistence threshold are refused, not dropped. :class:`FullyShard` (``"fully-shard"``) is
+``param_persistence_threshold`` (DeepSpeed's, a ``zero3`` option): parameters with fewer
+elements stay whole on every rank — your optimizer steps them whole, their gradients
+all-reduced. fp32 only for now: a ``mp_policy`` with a 16-bit compute dtype and an offload
+policy are refused, not dropped. :class:`FullyShard` (``"fully-shard"``) is
 the same face inside ``zerokit.train``, for the tour and ``zerokit bench zero``.
 """
 from __future__ import annotations
@@ -110,7 +112,8 @@ class _Face:
 
         #: the faces of the blocks sharded by earlier calls: theirs are not this one's
         self.inner = inner
-        managed = {id(face) for other in inner for face, *_ in other.faces}
+        managed = {id(face) for other in inner for face, *_ in other.faces} | {
+            id(p) for other in inner for p in other.persistent}  # a block's whole (persistent) ones are its own too
         own = [p for p in root.parameters() if id(p) not in managed]
         if any(p.dtype != torch.float32 for p in own):
             raise ValueError("zerokit.fully_shard: the model's parameters must be fp32 (fp32 only for now)")
@@ -133,8 +136,8 @@ class _Face:
                 face = nn.Parameter(unit.shard[lo:hi], requires_grad=True)
                 face_of[id(p)] = face
                 self.faces.append((face, unit.index, lo, hi))
-        if s.persistent is not None:
-            raise ValueError("zerokit.fully_shard(param_persistence_threshold=…) is not implemented yet; leave it 0")
+        #: parameters under ``param_persistence_threshold``: whole on every rank, stepped whole by your optimizer
+        self.persistent = list(s.persistent.params) if s.persistent is not None else []
         unit_of = {id(p): unit.index for unit in s.units for p in unit.flat.params}
         for module in root.modules():
             for name, p in list(module._parameters.items()):
@@ -165,12 +168,18 @@ class _Face:
         accumulation in zero3's shards; gradients still there are accumulated into (zero3 gets their shard back)."""
         if not torch.is_grad_enabled():
             return
-        if all(face.grad is None for face, *_ in self.faces):
-            self.strategy.zero_grad()
+        s = self.strategy
+        if all(face.grad is None for face, *_ in self.faces) and all(p.grad is None for p in self.persistent):
+            s.zero_grad()
             return
         for face, unit, _, _ in self.faces:
-            if face.grad is not None and self.strategy.grad_shards[unit] is None:
-                self.strategy.grad_shards[unit] = face.grad._base if face.grad._base is not None else face.grad
+            if face.grad is not None and s.grad_shards[unit] is None:
+                s.grad_shards[unit] = face.grad._base if face.grad._base is not None else face.grad
+        held = next((p.grad for p in self.persistent if p.grad is not None), None)
+        if held is not None and s.persistent_grad is None:  # the persistent gradients' flat buffer, back to zero3
+            s.persistent_grad = held._base
+            for p in self.persistent:
+                p.grad = None
 
     # -- backward --------------------------------------------------------------------
     def _after_backward(self) -> None:
@@ -180,6 +189,11 @@ class _Face:
             face.grad = shards[unit][lo:hi] if shards[unit] is not None else None
         if self.strategy.shard_buffer is None:  # the shard parameters' .grad hold the shards now, zero3 does not
             self.strategy.grad_shards = [None] * len(shards)
+        s = self.strategy
+        if s.persistent is not None and s.persistent_grad is not None:  # the persistent ones: whole, all-reduced
+            for p, view in zip(s.persistent.params, s.persistent.views(s.persistent_grad)):
+                p.grad = view
+            s.persistent_grad = None
 
     # -- whole parameters ------------------------------------------------------------
     @contextmanager
