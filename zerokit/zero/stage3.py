@@ -53,19 +53,16 @@ from torch.utils._pytree import tree_flatten
 from .. import theory
 from ..data_parallel.naive import check_replicas_match
 from ..data_parallel.reducer import Reducer
-from ..offload.zero_hooks import Offload, offload_option
+from ..offload.zero_hooks import Offload
 from ..runtime import comm
-from ..strategies.base import Option, Strategy, boolean, register
+from ..strategies.base import Strategy, register
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
 from .prefetch import Prefetcher
-from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, REFUSED, positive_elements, \
-    reduce_scatter_flat, stage_option
+from .stage1 import REFUSED, reduce_scatter_flat
+from .stage3_options import DEFAULT_PREFETCH_BUCKET, STAGE3_OPTIONS
 
 __all__ = ["ZeroStage3", "DEFAULT_PREFETCH_BUCKET", "UNIT_SIZE_OPTION", "non_negative_elements"]
-from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_negative_elements
-
-#: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)
-DEFAULT_PREFETCH_BUCKET = 50_000_000
+from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_negative_elements  # noqa: F401
 
 
 @register
@@ -77,29 +74,7 @@ class ZeroStage3(Strategy):
     name = "zero3"
     stage = 3
     pipeline_refusal = REFUSED
-    options = {
-        "stage": stage_option(3),
-        "unit_size": UNIT_SIZE_OPTION,
-        "prefetch": Option(True, boolean, "True (gather the next units while this one computes, from the second "
-                                          "step on) or False"),
-        "prefetch_bucket_size": Option(DEFAULT_PREFETCH_BUCKET, positive_elements,
-                                       f"{ELEMENTS}: the most elements in flight ahead of the current unit "
-                                       f"(stage3_prefetch_bucket_size)"),
-        "reshard_after_forward": Option(True, boolean, "True (free each unit after its forward, gather it again for "
-                                                       "backward: 3Ψ traffic) or False (keep it until its backward: "
-                                                       "2Ψ traffic, ZeRO-2-like memory)"),
-        "param_persistence_threshold": Option(0, non_negative_elements,
-                                              f"0 or {ELEMENTS}: parameters smaller than this stay gathered "
-                                              f"(stage3_param_persistence_threshold)"),
-        "reduce_bucket_size": Option(DEFAULT_REDUCE_BUCKET, positive_elements,
-                                     f"{ELEMENTS}: the most gradient elements whose reduce-scatter is in flight"),
-        "overlap_comm": Option(True, boolean, "True (asynchronous reduce-scatters during backward) or False "
-                                              "(each waited for at once)"),
-        "contiguous_gradients": Option(True, boolean, "True (all gradient shards in one flat buffer) or False "
-                                                      "(one shard tensor per unit)"),
-        "algorithm": ALGORITHM_OPTION,
-        "offload": offload_option(3),
-    }
+    options = STAGE3_OPTIONS
 
     def __init__(self, model, ctx, config, exclude: frozenset = frozenset(), **options):
         """``exclude``: ids of parameters another instance manages (``zerokit.fully_shard``'s blocks, sharded by
