@@ -28,13 +28,16 @@ from ..runtime import comm
 from .engine import mark_wrapped, rank_context
 
 
-def broadcast_from_first(module: nn.Module, ctx) -> None:
-    """Rank 0 of the data-parallel group's parameters and buffers, on every rank of it."""
-    group = ctx.mesh.group("dp")
-    src = ctx.mesh.ranks("dp")[0]
+def broadcast_from_first(module: nn.Module, ctx, group_and_src: Optional[tuple] = None,
+                         skip: frozenset = frozenset()) -> None:
+    """The first rank's parameters and buffers of ``module``, on every rank of the group: the mesh's data-parallel
+    group by default, or ``group_and_src`` = (group, first rank's global rank); ``skip``: ids of tensors to leave
+    alone (shards another ``fully_shard`` call holds, which differ by rank)."""
+    group, src = group_and_src if group_and_src is not None else (ctx.mesh.group("dp"), ctx.mesh.ranks("dp")[0])
     with torch.no_grad(), comm.phase("setup"):
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            comm.broadcast(t.data, src, group, tag=f"broadcast {name}")
+            if id(t) not in skip:
+                comm.broadcast(t.data, src, group, tag=f"broadcast {name}")
 
 
 def precision_of(module: nn.Module) -> str:

@@ -52,6 +52,7 @@ import torch.nn as nn
 
 from ..runtime import comm
 from ..strategies.base import Option, Strategy, boolean, register
+from .ddp import broadcast_from_first
 from .engine import rank_context, wrapper_kind
 
 
@@ -95,14 +96,6 @@ def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_pol
     return module
 
 
-def _broadcast(params, buffers, ctx) -> None:
-    """Rank 0's values of what this call shards (and the buffers), on every rank."""
-    group, src = ctx.mesh.group("dp"), ctx.mesh.ranks("dp")[0]
-    with torch.no_grad(), comm.phase("setup"):
-        for i, t in enumerate(list(params) + list(buffers)):
-            comm.broadcast(t.data, src, group, tag=f"fully_shard broadcast {i}")
-
-
 class _Face:
     """The shard parameters of a root built on ``zero3`` and the swaps around each unit's forward."""
 
@@ -117,7 +110,7 @@ class _Face:
         own = [p for p in root.parameters() if id(p) not in managed]
         if any(p.dtype != torch.float32 for p in own):
             raise ValueError("zerokit.fully_shard: the model's parameters must be fp32 (fp32 only for now)")
-        _broadcast(own, [b for b in root.buffers()], ctx)
+        broadcast_from_first(root, ctx, skip=frozenset(managed))  # rank 0's values of what this call shards
         # one unit: this module's parameters the blocks left; its gradient shard allocated per backward and held by the
         # shard parameters' .grad alone, so that zero_grad(set_to_none=True) frees it, as FSDP2's does
         options = dict({"contiguous_gradients": False}, **options, unit_size=frozenset())

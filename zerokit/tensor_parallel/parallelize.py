@@ -24,7 +24,6 @@ from typing import Union
 
 import torch.nn as nn
 
-from ..runtime import comm
 from .mappings import group_size
 from .plan import Plan, apply_plan, check_plan
 
@@ -50,10 +49,10 @@ def parallelize_module(module: nn.Module, device_mesh=None, parallelize_plan: Un
         raise ValueError("zerokit.parallelize_module(parallelize_plan=…) needs a dict {module name: style} (or a "
                          "zerokit.tensor_parallel.Plan)")
     check_plan(module, plan, group_size(group))
+    from ..api.ddp import broadcast_from_first
+
     src = ctx.mesh.ranks("tp")[0] if device_mesh is None and ctx.mesh.size("tp") > 1 else _first_rank(group)
-    with comm.phase("setup"):
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            comm.broadcast(t.data, src, group, tag=f"parallelize {name}")
+    broadcast_from_first(module, ctx, (group, src))
     return apply_plan(module, plan, group)
 
 
