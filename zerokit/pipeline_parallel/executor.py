@@ -220,7 +220,7 @@ class Executor:
     def _post(self, group: list) -> None:
         """Post a plan's group — receives posted early, then possibly this action's send — as one
         ``batch_isend_irecv`` (a single operation alone); received messages wait in the inbox for their RECV."""
-        ops, receiving = [], []
+        ops, receiving, sending = [], [], []
         for kind, message in group:
             what = "activation" if message[0] == "F" else "gradient"
             if kind == "send":
@@ -228,6 +228,7 @@ class Executor:
                 entry = self._entry(send)
                 tensor = entry["output"].detach() if message[0] == "F" else entry.pop("input_grad")
                 ops.append(("send", tensor.contiguous(), self._peer(receiver_stage(message)), f"{what} {send}"))
+                sending.append((send, what))
             else:
                 recv = Action(receiver_stage(message), "RECV_F" if message[0] == "F" else "RECV_B", message[2])
                 # an activation has the sending stage's output shape; a gradient the receiving stage's output shape
@@ -241,13 +242,10 @@ class Executor:
                 works = [(comm.isend if kind == "send" else comm.irecv)(tensor, peer, self.group, tag=tag)]
             else:
                 works = comm.batch_isend_irecv(ops, self.group)
-        for (kind, _, _, _), work, (_, message) in zip(ops, works, group):
-            if kind == "send":
-                self._sends.append(work)
-                self._sent(Action(message[1], "SEND_F" if message[0] == "F" else "SEND_B", message[2]),
-                           "activation" if message[0] == "F" else "gradient")
-        recv_works = [w for (kind, _, _, _), w in zip(ops, works) if kind == "recv"]
-        for (message, buffer), work in zip(receiving, recv_works):
+        self._sends += [work for op, work in zip(ops, works) if op[0] == "send"]
+        for send, what in sending:
+            self._sent(send, what)
+        for (message, buffer), work in zip(receiving, [w for op, w in zip(ops, works) if op[0] == "recv"]):
             self._inbox[message] = (buffer, work)
 
     def _take(self, a: Action) -> None:
