@@ -64,8 +64,10 @@ class FullyShardedModule:
         return self._zerokit_face.full_state_dict()
 
     def reshard(self) -> None:
-        """Free every gathered unit (after a forward without backward, under ``torch.no_grad()``)."""
-        self._zerokit_face.strategy._free_all()
+        """Free every gathered unit, the blocks' too (after a forward without backward, under ``torch.no_grad()``)."""
+        face = self._zerokit_face
+        for each in [*face.inner, face]:
+            each.strategy._free_all()
 
 
 def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_policy=None, offload_policy=None,
