@@ -333,7 +333,7 @@ def frozen_tied_gpt():
 @pytest.mark.parametrize("n", [2, 3])
 def test_frozen_parameters_are_held_whole_and_never_sharded_or_stepped(n):
     work = frozen_tied_gpt()
-    names = ["single", "zero1", "zero2", "zero3"]
+    names = ["single", "zero1", "zero2", "zero3", "fully-shard"]
     report = compare(work, n, names, steps=3, optimizer="sgd", lr=0.1,
                      options_for=lambda name: {"reduce_bucket_size": 5000} if name in ("zero1", "zero2") else {})
     start = work.build_model()
