@@ -398,6 +398,82 @@ def test_fully_shard_trains_with_your_optimizer_like_one_process(case, on_three_
     assert "full_state_dict()" in ranks[0]["checkpoint"]  # zerokit.checkpoint says what to save instead
 
 
+def _mixed_precision(ctx, make, blocks_of, dtype, reduce_dtype=None, threshold=0):
+    """``fully_shard(mp_policy=MixedPrecisionPolicy(…))``, zerokit's and torch's FSDP2, on the same loop: rank 0's
+    model, each rank its slice in two accumulating micro-batches, SGD with momentum and groups."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    rank, n = ctx.rank, ctx.world_size
+    per = B // n
+    mine = slice(rank * per, (rank + 1) * per)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
+    out = {}
+    for kind, shard in (("zerokit", lambda m: zerokit.fully_shard(m, mp_policy=policy,
+                                                                  param_persistence_threshold=threshold)),
+                        ("torch", lambda m: torch_fully_shard(m, mp_policy=policy))):
+        torch.manual_seed(0)
+        model = make()
+        for block in blocks_of(model):
+            shard(block)
+        shard(model)
+        opt = torch.optim.SGD(named_groups(model), lr=0.1, momentum=0.9)
+        losses, kept = [], set()
+        if kind == "zerokit":
+            out["start"] = model.full_state_dict()
+        for step in range(STEPS):
+            x, y = batch(step)
+            cut = mine.start + per // 2
+            for part in (slice(mine.start, cut), slice(cut, mine.stop)):
+                logits = model(x[part])
+                kept.add(str(logits.dtype))
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y[part].flatten()) * (part.stop - part.start) / per
+                loss.backward()
+                losses.append(float(loss))
+            kept |= {f"{p.dtype} {p.grad.dtype}" for p in model.parameters() if p.grad is not None}
+            opt.step()
+            opt.zero_grad()
+            if step == 0:  # the first step's result, whole
+                if kind == "zerokit":
+                    first = model.full_state_dict()
+                else:
+                    first = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        out[kind] = {"losses": losses, "dtypes": sorted(kept), "state": first if rank == 0 else None}
+    return out
+
+
+MIXED = {"odd at 2, bf16": (2, Odd, lambda m: [m.attn], torch.bfloat16),
+         "odd at 2, fp16": (2, Odd, lambda m: [m.attn], torch.float16),
+         "blocks at 2, bf16, persistence threshold": (2, lambda: Blocks(), lambda m: list(m.blocks), torch.bfloat16,
+                                                      None, 20),
+         "blocks at 3, bf16 compute, fp32 reduction": (3, lambda: Blocks(), lambda m: list(m.blocks), torch.bfloat16,
+                                                       torch.float32)}
+
+
+@pytest.mark.parametrize("case", list(MIXED))
+def test_fully_shard_mixed_precision_is_fsdp2s(case, on_three_ranks, more_on_two_ranks):
+    n, dtype = MIXED[case][0], MIXED[case][3]
+    ranks = [r["mixed"][case] for r in (on_three_ranks if n == 3 else more_on_two_ranks)]
+    for r in ranks:  # 16-bit outputs; the parameters your optimizer steps and their gradients fp32
+        assert r["zerokit"]["dtypes"] == r["torch"]["dtypes"] == sorted({str(dtype), "torch.float32 torch.float32"})
+    ours, theirs = ranks[0]["zerokit"]["state"], ranks[0]["torch"]["state"]
+    assert sorted(ours) == sorted(theirs) and all(ours[k].dtype == torch.float32 for k in ours)
+    # the first step: both cast the same fp32 weights to 16 bits, so each rank's local gradients start equal; they
+    # may then be summed in another order in 16 bits (a tied tensor's two uses, the ranks' contributions), and a
+    # 16-bit sum rounds by up to one unit of its summands — which SGD's first step (lr·gradient) scales: per tensor,
+    # within a few 16-bit units of its largest first update; plus a few fp32 units of the weight (the optimizer's
+    # own rounding on another layout: FSDP2 shards rows, zerokit flat units)
+    unit = torch.finfo(dtype).eps  # one 16-bit unit, relative
+    start = ranks[0]["start"]
+    for k in ours:
+        largest = float((theirs[k].cpu() - start[k]).abs().max())
+        assert ((ours[k] - theirs[k].cpu()).abs() <= 4 * unit * largest + 2 ** -20 * theirs[k].abs().cpu()).all(), k
+    # later steps: masters a few fp32 units apart can round to neighbouring 16-bit weights; the losses, computed
+    # from 16-bit logits, agree within one 16-bit unit of their size
+    for r in ranks:
+        assert all(abs(a - b) <= unit * abs(b) for a, b in zip(r["zerokit"]["losses"], r["torch"]["losses"])), r
+
+
 # -- zerokit.parallelize_module: torch's convention, nn.MultiheadAttention by heads ---------------------------------
 class TPNet(nn.Module):
     def __init__(self):
@@ -565,6 +641,7 @@ def _more(ctx):
     out = {"groups": _groups_given_to_initialize(ctx), "WarmupLR": _scheduled(ctx, WARM),
            "WarmupDecayLR": _scheduled(ctx, DECAY)}
     out["fully_shard"] = {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 2}
+    out["mixed"] = {case: _mixed_precision(ctx, *args[1:]) for case, args in MIXED.items() if args[0] == 2}
     out["tensor parallel"] = _tensor_parallel(ctx)
     # last: zerokit.pipeline lays the ranks out on pp
     out["pipeline"] = {schedule: _pipelined(ctx, schedule, chunks, split) for schedule, chunks, split in PIPELINES}
@@ -574,7 +651,8 @@ def _more(ctx):
 
 def _three(ctx):
     return {"batch message": _batch_message(ctx),
-            "fully_shard": {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 3}}
+            "fully_shard": {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 3},
+            "mixed": {case: _mixed_precision(ctx, *args[1:]) for case, args in MIXED.items() if args[0] == 3}}
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_every_strategy_trains_a_tied_gpt_like_the_reference(n):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_tied_gpt_in_bf16_mixed_precision_lands_within_a_bf16_ulp(n):
-    names = ["ddp", "zero1", "zero2", "zero3"]
+    names = ["ddp", "zero1", "zero2", "zero3", "fully-shard"]
     report = compare(tied_gpt(), n, ["single", *names], steps=3, precision="bf16-mixed", **SGD)
     for name in names:
         assert report[name].param_diff["max_rel"] <= 1e-3, (name, report[name].param_diff)  # 2^-11 at N=3

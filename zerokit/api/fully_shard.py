@@ -35,10 +35,19 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
 5. **``model.full_state_dict()``** (a collective): the unwrapped model's ``state_dict()``
    on rank 0, which ``load_state_dict(…, strict=True)`` takes.
 
+``mp_policy`` (FSDP2's ``MixedPrecisionPolicy``: ``param_dtype``, ``reduce_dtype``,
+``output_dtype``, ``cast_forward_inputs``): each gather casts the fp32 shard to ``param_dtype``
+(bf16 or fp16) and forward and backward compute in it; the gradients are reduce-scattered in
+``reduce_dtype`` (default ``param_dtype``) and land, as fp32, on the fp32 shard parameters your
+optimizer steps: fp32 master weights and fp32 gradients at rest, 16-bit only while a unit is
+gathered, as FSDP2 does. Frozen parameters and whole (persistent) ones get a ``param_dtype``
+copy for the forward, swapped in around the sharded module's forward; buffers are not cast
+(FSDP2 does not cast them either). fp16 without loss scaling can underflow: scale the loss
+yourself (torch's ``ShardedGradScaler``), as with FSDP2.
+
 ``param_persistence_threshold`` (DeepSpeed's, a ``zero3`` option): parameters with fewer
 elements stay whole on every rank — your optimizer steps them whole, their gradients
-all-reduced. fp32 only for now: a ``mp_policy`` with a 16-bit compute dtype and an offload
-policy are refused, not dropped. :class:`FullyShard` (``"fully-shard"``) is
+all-reduced. An offload policy is refused, not dropped. :class:`FullyShard` (``"fully-shard"``) is
 the same face inside ``zerokit.train``, for the tour and ``zerokit bench zero``.
 """
 from __future__ import annotations
@@ -75,10 +84,7 @@ def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_pol
     """Shard ``module`` FSDP2's way (see the module docstring); returns ``module``, changed in place."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"zerokit.fully_shard(module=…) needs an nn.Module, got {type(module).__name__}")
-    if mp_policy is not None and getattr(mp_policy, "param_dtype", None) not in (None, torch.float32):
-        raise ValueError(f"zerokit.fully_shard(mp_policy=…): compute dtype {mp_policy.param_dtype} is not "
-                         f"implemented yet (fp32 only); leave mp_policy out, or use zerokit.initialize with "
-                         f"\"bf16\": {{\"enabled\": true}}")
+    precision = _precision(mp_policy)
     if offload_policy is not None and type(offload_policy).__name__ != "OffloadPolicy":
         raise ValueError("zerokit.fully_shard(offload_policy=…) is not implemented yet; use zerokit.initialize with "
                          "\"offload_param\": {\"device\": \"cpu\"}")
@@ -92,16 +98,43 @@ def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_pol
         raise ValueError("zerokit.fully_shard: this module is sharded already; call fully_shard once per module")
     ctx = rank_context("zerokit.fully_shard")
     inner = [m._zerokit_face for m in module.modules() if getattr(m, "_zerokit_face", None) is not None]
-    face = _Face(module, ctx, inner, dict(reshard_after_forward=reshard_after_forward, **zero3_options))
+    face = _Face(module, ctx, inner, precision, dict(reshard_after_forward=reshard_after_forward, **zero3_options))
     module.__dict__["_zerokit_face"] = face
     module.__class__ = type(f"FullyShard{type(module).__name__}", (FullyShardedModule, type(module)), {})
     return module
 
 
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
+def _precision(mp_policy) -> dict:
+    """FSDP2's ``MixedPrecisionPolicy`` (or any object with its four fields) read and checked."""
+    fields = dict(param_dtype=None, reduce_dtype=None, output_dtype=None, cast_forward_inputs=True)
+    if mp_policy is None:
+        return fields
+    unknown = [f for f in fields if not hasattr(mp_policy, f)]
+    if unknown:
+        raise TypeError(f"zerokit.fully_shard(mp_policy=…) needs torch.distributed.fsdp.MixedPrecisionPolicy (fields "
+                        f"{', '.join(fields)}); got a {type(mp_policy).__name__} without {', '.join(unknown)}")
+    fields = {f: getattr(mp_policy, f) for f in fields}
+    for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+        if fields[name] not in (None, torch.float32, *_SIXTEEN_BIT):
+            raise ValueError(f"zerokit.fully_shard: mp_policy.{name}={fields[name]} is not allowed; give None, "
+                             f"torch.float32, torch.bfloat16 or torch.float16")
+    if fields["param_dtype"] == torch.float32:
+        fields["param_dtype"] = None  # the parameters' own dtype: no cast
+    if fields["reduce_dtype"] is not None and fields["param_dtype"] is None and fields["reduce_dtype"] != torch.float32:
+        raise ValueError(f"zerokit.fully_shard: mp_policy.reduce_dtype={fields['reduce_dtype']} with an fp32 compute "
+                         f"dtype is not implemented (gradients reduced in 16 bits from fp32 ones); set param_dtype too")
+    if fields["reduce_dtype"] == torch.float32 and fields["param_dtype"] is None:
+        fields["reduce_dtype"] = None
+    return fields
+
+
 class _Face:
     """The shard parameters of a root built on ``zero3`` and the swaps around each unit's forward."""
 
-    def __init__(self, root: nn.Module, ctx, inner: list, options: dict):
+    def __init__(self, root: nn.Module, ctx, inner: list, precision: dict, options: dict):
         from ..strategies.base import TrainConfig
         from ..zero.stage3 import ZeroStage3
 
@@ -116,7 +149,10 @@ class _Face:
         # one unit: this module's parameters the blocks left; its gradient shard allocated per backward and held by the
         # shard parameters' .grad alone, so that zero_grad(set_to_none=True) frees it, as FSDP2's does
         options = dict({"contiguous_gradients": False}, **options, unit_size=frozenset())
-        self.strategy = ZeroStage3(root, ctx, TrainConfig("fp32"), exclude=frozenset(managed), **options)
+        self.precision = precision
+        dtype = precision["param_dtype"]
+        self.strategy = ZeroStage3(root, ctx, TrainConfig("fp32"), exclude=frozenset(managed), param_dtype=dtype,
+                                   reduce_dtype=precision["reduce_dtype"], **options)
         self.root, self.ctx = root, ctx
         s = self.strategy
         #: per unit: (module, name, whole parameter, shard parameter) of every registration of its parameters
@@ -132,7 +168,16 @@ class _Face:
                 face_of[id(p)] = face
                 self.faces.append((face, unit.index, lo, hi))
         #: parameters under ``param_persistence_threshold``: whole on every rank, stepped whole by your optimizer
+        #: (under a 16-bit compute dtype, fp32 ones over zero3's persistent master; the model's are their cast)
         self.persistent = list(s.persistent.params) if s.persistent is not None else []
+        if dtype is not None and s.persistent is not None:
+            self.persistent = [nn.Parameter(view) for view in s.persistent.views(s.persistent_master)]
+        #: (module, name, at rest, during the forward) of the whole parameters a 16-bit forward needs a copy of:
+        #: persistent ones and frozen ones of this call's modules (not a block's, whose call swaps its own)
+        self.root_swaps: List[Tuple[nn.Module, str, nn.Parameter, nn.Parameter]] = []
+        cast = {id(p): face for p, face in zip(s.persistent.params, self.persistent)} if dtype is not None and \
+            s.persistent is not None else {}
+        blocks = {id(m) for other in inner for m in other.root.modules()}
         unit_of = {id(p): unit.index for unit in s.units for p in unit.flat.params}
         for module in root.modules():
             for name, p in list(module._parameters.items()):
@@ -140,16 +185,42 @@ class _Face:
                     pair = (module, name, p, face_of[id(p)])
                     self.swaps.setdefault(unit_of[id(p)], []).append(pair)
                     module._parameters[name] = face_of[id(p)]
+                elif p is not None and id(p) in cast:
+                    self.root_swaps.append((module, name, cast[id(p)], p))
+                    module._parameters[name] = cast[id(p)]
+                elif p is not None and dtype is not None and not p.requires_grad and id(module) not in blocks:
+                    copy = cast.setdefault(id(p), nn.Parameter(p.detach().to(dtype), requires_grad=False))
+                    self.root_swaps.append((module, name, p, copy))
         for unit in s.units:  # after zero3's own hooks: zero3 gathers first, then the module sees whole parameters
             s._hooks.append(unit.module.register_forward_pre_hook(
                 lambda m, args, i=unit.index: self._whole(i)))
             s._hooks.append(unit.module.register_forward_hook(
                 lambda m, args, out, i=unit.index: self._sharded(i)))
-        s._hooks.append(root.register_forward_pre_hook(lambda m, args: self._new_pass()))
+        s._hooks.append(root.register_forward_pre_hook(self._enter, with_kwargs=True))
+        s._hooks.append(root.register_forward_hook(self._leave))
         self._close = s.reducer.after_finish
         s.reducer.after_finish = self._after_backward
 
     # -- forward ---------------------------------------------------------------------
+    def _enter(self, module, args, kwargs):
+        """The sharded module's forward begins: 16-bit copies in, inputs cast; a new pass (:meth:`_new_pass`)."""
+        dtype = self.precision["param_dtype"]
+        if dtype is not None:
+            self.strategy.refresh_persistent()
+            for module_, name, _, during in self.root_swaps:
+                module_._parameters[name] = during
+        self._new_pass()
+        if dtype is not None and self.precision["cast_forward_inputs"]:
+            return _cast_floats((args, kwargs), dtype)
+        return None
+
+    def _leave(self, module, args, output):
+        for module_, name, rest, _ in self.root_swaps:
+            module_._parameters[name] = rest
+        if self.precision["output_dtype"] is not None:
+            return _cast_floats(output, self.precision["output_dtype"])
+        return None
+
     def _whole(self, unit: int) -> None:
         for module, name, whole, _ in self.swaps.get(unit, []):
             module._parameters[name] = whole
@@ -186,19 +257,28 @@ class _Face:
             self.strategy.grad_shards = [None] * len(shards)
         s = self.strategy
         if s.persistent is not None and s.persistent_grad is not None:  # the persistent ones: whole, all-reduced
-            for p, view in zip(s.persistent.params, s.persistent.views(s.persistent_grad)):
+            for p, view in zip(self.persistent, s.persistent.views(s.persistent_grad)):
                 p.grad = view
             s.persistent_grad = None
 
     # -- whole parameters ------------------------------------------------------------
     @contextmanager
     def whole(self):
-        """Every unit gathered — the blocks' too — and every registration the whole parameter (a collective)."""
+        """Every registration the whole parameter, gathered from the shards in their own dtype (fp32 under a 16-bit
+        compute dtype) — the blocks' too; a collective, for reading (a state dict), not for a forward."""
+        from ..zero.flat_buffer import all_gather_flat
+
         with contextlib.ExitStack() as stack:
             for face in [*self.inner, self]:
-                stack.enter_context(face.strategy.gathered())
-                for unit in face.swaps:
-                    face._whole(unit)
+                s = face.strategy
+                for unit in s.units:
+                    full = torch.empty(unit.flat.padded_numel, dtype=unit.shard.dtype, device=unit.flat.device)
+                    all_gather_flat(full, unit.shard, s.group, "torch", False, f"whole {unit.label}")
+                    # one Parameter per tensor: a tied one stays one (named_parameters lists it once)
+                    whole = {id(p): nn.Parameter(view, requires_grad=p.requires_grad)
+                             for p, view in zip(unit.flat.params, unit.flat.views(full))}
+                    for module, name, p, _ in face.swaps.get(unit.index, []):
+                        module._parameters[name] = whole[id(p)]
                 stack.callback(lambda face=face: [face._sharded(unit) for unit in face.swaps])
             yield
 
@@ -206,6 +286,13 @@ class _Face:
         with comm.phase("setup"), self.whole():
             state = {n: t.detach().cpu().clone() for n, t in self.root.state_dict().items()}
         return state if self.ctx.rank == 0 else None
+
+
+def _cast_floats(tree, dtype: torch.dtype):
+    """Every floating-point tensor of a (nested) structure cast to ``dtype`` (FSDP2's input and output casts)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t, tree)
 
 
 # -- the same face inside zerokit.train: measured side by side with zero3 and FSDP2 -------------------------------
@@ -223,13 +310,18 @@ class FullyShard(Strategy):
     def __init__(self, model, ctx, config, **options):
         from ..zero.units import repeated_blocks
 
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         super().__init__(model, ctx, config, **options)
-        if config.precision != "fp32":
-            raise ValueError(f"strategy 'fully-shard': precision={config.precision!r} is not implemented yet "
-                             f"(fp32 only); zero3 runs bf16-mixed")
+        # bf16-mixed: FSDP2's policy, fp32 shards stepped by the optimizer, bf16 gathers and gradient reductions
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if config.precision == "bf16-mixed" else None
+        if policy is not None:  # zerokit.train casts the model to bf16: the masters are fp32 copies of those values
+            for p in model.parameters():
+                p.data = p.data.float()
         for name in sorted(repeated_blocks(model)):
-            fully_shard(model.get_submodule(name), reshard_after_forward=self.opts["reshard_after_forward"])
-        fully_shard(model, reshard_after_forward=self.opts["reshard_after_forward"])
+            fully_shard(model.get_submodule(name), reshard_after_forward=self.opts["reshard_after_forward"],
+                        mp_policy=policy)
+        fully_shard(model, reshard_after_forward=self.opts["reshard_after_forward"], mp_policy=policy)
         self.face = model._zerokit_face
         self.faces = [*self.face.inner, self.face]
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -252,6 +344,8 @@ class FullyShard(Strategy):
     def track_memory(self, ledger) -> None:
         for face in self.faces:
             face.strategy.track_memory(ledger)
+        # under a 16-bit compute dtype: the copies of the whole (persistent, frozen) parameters a forward swaps in
+        ledger.track("params", lambda: [during for face in self.faces for *_, during in face.root_swaps])
         ledger.track_optimizer(self.optimizer)
 
     def flat_units(self):
@@ -263,12 +357,13 @@ class FullyShard(Strategy):
     def theory_model_states(self, psi: int):
         from .. import theory
 
-        return theory.model_state_bytes(3, psi, self.world, "fp32", self.config.optimizer.name,
-                                        units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
-                                        frozen_numel=self.frozen_numel())
+        return theory.fully_shard_model_state_bytes(psi, self.world, self.config.precision, self.config.optimizer.name,
+                                                    units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
+                                                    frozen_numel=self.frozen_numel())
 
     def theory_comm_bytes(self, psi: int):
         from .. import theory
 
-        return theory.comm_bytes_per_step(3, psi, self.world, 4, self.config.micro_batches, units=self.flat_units(),
+        b = theory.param_bytes_per_element(self.config.precision)  # gathers and reductions in the compute dtype
+        return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches, units=self.flat_units(),
                                           reshard_after_forward=self.opts["reshard_after_forward"])

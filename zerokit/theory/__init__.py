@@ -19,7 +19,8 @@ from __future__ import annotations
 from .model_states import (  # noqa: F401
     PRECISIONS, OPTIMIZERS, STAGES, ADAM_STEP_SCALAR_BYTES, check_precision, check_optimizer,
     param_bytes_per_element, optimizer_bytes_per_element, shard_numel, padded_numel, ModelStates,
-    model_state_bytes, paper_model_state_bytes, zero1_saving_fraction, GIB, GB, tp_model_state_bytes)
+    model_state_bytes, fully_shard_model_state_bytes, paper_model_state_bytes, zero1_saving_fraction, GIB, GB,
+    tp_model_state_bytes)
 from .deepspeed import (  # noqa: F401
     deepspeed_estimator_bytes_per_param, deepspeed_zero2_estimate, deepspeed_zero3_estimate,
     deepspeed_model_state_bytes)

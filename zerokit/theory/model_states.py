@@ -112,6 +112,18 @@ def model_state_bytes(stage: int, psi: int, n: int, precision: str = "fp32",
                        k * (shard + persistent) + steps, steps)
 
 
+def fully_shard_model_state_bytes(psi: int, n: int, precision: str = "fp32", optimizer: str = "adamw",
+                                  units: Sequence[int] | None = None, optimizer_tensors: int = 0,
+                                  frozen_numel: int = 0) -> ModelStates:
+    """``fully_shard``'s model states at rest (FSDP2's mixed precision): the shards, their gradients and the optimizer
+    states stay in fp32 at any compute dtype — the 16-bit copy of a unit lives only while it is gathered — so the
+    count is stage 3's in fp32; under a 16-bit compute dtype each frozen parameter also keeps a 16-bit copy for the
+    forward (zerokit holds frozen parameters whole, a choice; FSDP2 shards them)."""
+    base = model_state_bytes(3, psi, n, "fp32", optimizer, units, optimizer_tensors, frozen_numel=frozen_numel)
+    copies = param_bytes_per_element(precision) * frozen_numel if check_precision(precision) != "fp32" else 0
+    return ModelStates(base.params + copies, base.grads, base.optimizer, base.step_scalars)
+
+
 def paper_model_state_bytes(stage: int, psi: int, n: int, k: int = 12) -> float:
     """The paper's own per-rank formula with 2-byte params and grads: (2 + 2 + K)·psi sharded by stage."""
     if stage == 0:

@@ -17,7 +17,7 @@ is how ZeRO-3 gathers a unit before its forward and frees it after.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -91,7 +91,8 @@ class FlatUnit:
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], world_size: int, rank: int, index: int = 0,
-                 names: Sequence[str] = ()):
+                 names: Sequence[str] = (), compute_dtype: Optional[torch.dtype] = None,
+                 reduce_dtype: Optional[torch.dtype] = None):
         if not params:
             raise ValueError("a flat unit needs at least one parameter")
         dtypes = {p.dtype for p in params}
@@ -109,17 +110,27 @@ class FlatUnit:
         self.numel = sum(p.numel() for p in self.params)
         self.shard_numel = -(-self.numel // world_size)
         self.padded_numel = self.shard_numel * world_size
-        self.dtype = self.params[0].dtype
+        #: the parameters' own dtype: the shard's at rest and its gradient's (fp32 under a 16-bit compute dtype)
+        self.rest_dtype = self.params[0].dtype
+        #: the full buffer's dtype, what forward and backward compute in (FSDP2's ``param_dtype``)
+        self.dtype = compute_dtype or self.rest_dtype
+        #: the gradient buckets' dtype, what the reduce-scatter sums in (FSDP2's ``reduce_dtype``)
+        self.reduce_dtype = reduce_dtype or self.dtype
         self.device = self.params[0].device
         self.offsets = []
         offset = 0
         for p in self.params:
             self.offsets.append(offset)
             offset += p.numel()
-        self.data = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
+        rest = torch.zeros(self.padded_numel, dtype=self.rest_dtype, device=self.device)
         with torch.no_grad():
-            for p, view in zip(self.params, self.views(self.data)):
+            for p, view in zip(self.params, self.views(rest)):
                 view.copy_(p.detach())
+            #: this rank's slice in the rest dtype, taken by :class:`~zerokit.zero.units.Unit` (None: a slice of data)
+            self.rest_shard = self.shard(rest).clone() if self.dtype != self.rest_dtype else None
+            self.data = rest if self.dtype == self.rest_dtype else rest.to(self.dtype)
+            del rest
+            for p, view in zip(self.params, self.views(self.data)):
                 p.data = view
 
     # -- layout ---------------------------------------------------------------------
@@ -140,13 +151,13 @@ class FlatUnit:
         return [flat[o:o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets)]
 
     def new_flat(self) -> torch.Tensor:
-        """A zeroed flat tensor of this layout (a gradient bucket, say)."""
-        return torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
+        """A zeroed flat tensor of this layout (a gradient bucket, say), in the reduce dtype."""
+        return torch.zeros(self.padded_numel, dtype=self.reduce_dtype, device=self.device)
 
     def new_bucket(self) -> torch.Tensor:
         """An uninitialised flat tensor of this layout with its padding zeroed: every parameter's slot is
         written (or zeroed with :meth:`zero_slots`) before it is reduced."""
-        flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        flat = torch.empty(self.padded_numel, dtype=self.reduce_dtype, device=self.device)
         flat[self.numel:].zero_()
         return flat
 
@@ -157,7 +168,12 @@ class FlatUnit:
                 view.zero_()
 
     def new_shard(self) -> torch.Tensor:
-        return torch.zeros(self.shard_numel, dtype=self.dtype, device=self.device)
+        """A zeroed shard in the reduce dtype: what a reduce-scatter writes."""
+        return torch.zeros(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
+
+    def new_grad_shard(self) -> torch.Tensor:
+        """A zeroed gradient shard in the rest dtype: what the optimizer reads."""
+        return torch.zeros(self.shard_numel, dtype=self.rest_dtype, device=self.device)
 
     # -- freeing --------------------------------------------------------------------
     def free(self) -> None:

@@ -76,9 +76,13 @@ class ZeroStage3(Strategy):
     pipeline_refusal = REFUSED
     options = STAGE3_OPTIONS
 
-    def __init__(self, model, ctx, config, exclude: frozenset = frozenset(), **options):
+    def __init__(self, model, ctx, config, exclude: frozenset = frozenset(), param_dtype=None, reduce_dtype=None,
+                 **options):
         """``exclude``: ids of parameters another instance manages (``zerokit.fully_shard``'s blocks, sharded by
-        their own calls): left out of this one's units, hooks and replica check."""
+        their own calls): left out of this one's units, hooks and replica check. ``param_dtype`` /
+        ``reduce_dtype`` (``zerokit.fully_shard``'s ``mp_policy``): the dtype a gathered unit computes in and the
+        one its gradients are reduced in; the shards, their gradients and what the optimizer steps keep the
+        parameters' own dtype (FSDP2's mixed precision)."""
         super().__init__(model, ctx, config, **options)
         params = [p for p in check_trainable(model, self.name) if id(p) not in exclude]
         if not params:
@@ -91,24 +95,31 @@ class ZeroStage3(Strategy):
         threshold = int(self.opts["param_persistence_threshold"])
         persistent = [p for p in params if p.numel() < threshold]
         self.persistent: Optional[FlatUnit] = None
+        dtypes = dict(compute_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        #: the persistent parameters in their own dtype, what the optimizer steps (under a 16-bit compute dtype
+        #: ``persistent.data`` is its cast, refreshed by :meth:`refresh_persistent`)
+        self.persistent_master: Optional[torch.Tensor] = None
         if persistent:
-            self.persistent = FlatUnit(persistent, 1, 0, -1, [self.names[p] for p in persistent])
+            self.persistent = FlatUnit(persistent, 1, 0, -1, [self.names[p] for p in persistent], **dtypes)
+            self.persistent_master = self.persistent.rest_shard
+            if self.persistent_master is None:
+                self.persistent_master = self.persistent.data
         self.units: List[Unit] = []
         frozen = {p for p in model.parameters() if not p.requires_grad or id(p) in exclude}  # held whole / elsewhere
         for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent) | frozen)):
-            flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params])
+            flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params], **dtypes)
             self.units.append(Unit(spec, flat))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:
             unit.free()
         self.offload = Offload(self, self.opts["offload"])  # zerokit.offload; "params": the shards move to the host
-        stepped = [u.shard for u in self.units] + ([self.persistent.data] if self.persistent else [])
+        stepped = [u.shard for u in self.units] + ([self.persistent_master] if self.persistent else [])
         self.optimizer = self.offload.optimizer(stepped)
         self.grad_shards: List[Optional[torch.Tensor]] = [None] * len(self.units)
         self.shard_buffer = None
         if self.opts["contiguous_gradients"]:
-            self.shard_buffer = torch.zeros(sum(u.flat.shard_numel for u in self.units), dtype=params[0].dtype,
+            self.shard_buffer = torch.zeros(sum(u.flat.shard_numel for u in self.units), dtype=self.units[0].shard.dtype,
                                             device=params[0].device)
             offset = 0
             for i, u in enumerate(self.units):
@@ -204,10 +215,10 @@ class ZeroStage3(Strategy):
             unit.flat.zero_slots(unit.bucket, set(unit.flat.params) - self.reducer.seen)
         unit.free()
         if self.grad_shards[index] is None:
-            self.grad_shards[index] = unit.flat.new_shard()
+            self.grad_shards[index] = unit.flat.new_grad_shard()
         first, self._written[index] = not self._written[index], True
         shard = self.grad_shards[index]
-        out = shard if first else unit.flat.new_shard()
+        out = shard if first and shard.dtype == unit.flat.reduce_dtype else unit.flat.new_shard()
         bucket, unit.bucket = unit.bucket, None
         bucket.div_(self.world)
         overlap = self.opts["overlap_comm"]
@@ -218,8 +229,8 @@ class ZeroStage3(Strategy):
         self._in_flight.append(flight)
 
         def done():
-            if not first:
-                shard.add_(out)
+            if out is not shard:
+                shard.copy_(out) if first else shard.add_(out)
             self._in_flight.remove(flight)
 
         self.reducer.track(work, bucket.numel(), done)
@@ -235,7 +246,14 @@ class ZeroStage3(Strategy):
             p.grad = None
         flat.div_(self.world)
         comm.all_reduce(flat, group=self.group, tag="persistent grads")
+        flat = flat.to(self.persistent_master.dtype)
         self.persistent_grad = flat if self.persistent_grad is None else self.persistent_grad.add_(flat)
+
+    @torch.no_grad()
+    def refresh_persistent(self) -> None:
+        """Under a 16-bit compute dtype: the persistent parameters' compute copy, cast from what was stepped."""
+        if self.persistent is not None and self.persistent_master is not self.persistent.data:
+            self.persistent.data.copy_(self.persistent_master)
 
     def _close_backward(self) -> None:
         """End of backward, after every reduce-scatter landed."""
@@ -271,6 +289,7 @@ class ZeroStage3(Strategy):
         self._free_all()  # a unit gathered now would be stale once its shard steps
         grads = list(self.grad_shards) + ([self.persistent_grad] if self.persistent is not None else [])
         self.optimizer.step(grads)
+        self.refresh_persistent()
 
     def zero_grad(self):
         self._written = [False] * len(self.units)
@@ -302,6 +321,7 @@ class ZeroStage3(Strategy):
     def track_memory(self, ledger):
         super().track_memory(ledger)
         ledger.track(self.offload.category("params"), lambda: [u.shard for u in self.units])
+        ledger.track("params", lambda: [self.persistent_master] if self.persistent is not None else [])
         self.offload.track_optimizer(ledger, self.optimizer)
 
         def gradient_memory():

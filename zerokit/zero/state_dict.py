@@ -73,7 +73,7 @@ def load_full_state_dict(strategy, state_dict: Optional[Dict[str, torch.Tensor]]
     units = getattr(strategy, "units", None)
     if units is not None and strategy.stage == 3:
         for unit in units:
-            flat = unit.flat.new_flat()
+            flat = torch.zeros(unit.flat.padded_numel, dtype=unit.shard.dtype, device=unit.flat.device)
             for p, view in zip(unit.flat.params, unit.flat.views(flat)):
                 view.copy_(tensors[names[p]])
             unit.shard.copy_(unit.flat.shard(flat))

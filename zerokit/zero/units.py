@@ -160,8 +160,11 @@ class Unit:
     def __init__(self, spec: UnitSpec, flat: FlatUnit):
         self.module, self.label, self.flat = spec.module, spec.label, flat
         self.index = flat.index
-        #: this rank's parameter shard: the only copy of the unit that lives between steps
-        self.shard = flat.shard(flat.data).clone()
+        #: this rank's parameter shard: the only copy of the unit that lives between steps, in the parameters' own
+        #: dtype (fp32 under a 16-bit compute dtype: each gather casts it, FSDP2's mixed precision)
+        self.shard = flat.shard(flat.data).clone() if flat.rest_shard is None else flat.rest_shard
+        flat.rest_shard = None
+        self._source: Optional[torch.Tensor] = None  # the cast shard an all-gather in flight reads
         self.state = State.GATHERED  # the flat buffer starts full; the strategy frees it at once
         self._work: Optional[comm.Work] = None
         #: gradient bookkeeping of one backward, reset by the reducer's end-of-backward
@@ -175,10 +178,12 @@ class Unit:
         if self.state is not State.SHARDED:
             return
         self.flat.materialize()
-        self._work = gather_fn(self.flat.data, self.shard, f"params {self.label}")
+        self._source = self.shard if self.shard.dtype == self.flat.dtype else self.shard.to(self.flat.dtype)
+        self._work = gather_fn(self.flat.data, self._source, f"params {self.label}")
         self.state = State.GATHERING
         if self._work is None:  # the ring runs synchronously: already complete
             self.state = State.GATHERED
+            self._source = None
 
     def wait(self) -> None:
         """GATHERING → GATHERED: block until the all-gather has landed."""
@@ -186,6 +191,7 @@ class Unit:
             self._work.wait()
             self._work = None
             self.state = State.GATHERED
+        self._source = None
 
     def free(self) -> None:
         """→ SHARDED: the full buffer's storage goes back to 0 bytes (a gather in flight is finished first)."""
