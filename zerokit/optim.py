@@ -31,6 +31,9 @@ class OptimizerSpec:
     momentum: float = 0.0
     optimizer_class: Optional[type] = None
     kwargs: tuple = ()
+    #: param groups with their own hyperparameters (``zerokit.initialize(optimizer=…)``): one (ids of the group's
+    #: parameters, sorted (key, value) pairs) per group, in the given order; empty: every tensor with ``kwargs``
+    groups: tuple = ()
 
     def __post_init__(self):
         if self.optimizer_class is None:
@@ -49,6 +52,23 @@ class OptimizerSpec:
         lr = kwargs.get("lr", 1e-3)
         return cls(name=name, lr=float(lr) if isinstance(lr, (int, float)) else 1e-3, optimizer_class=optimizer_class,
                    kwargs=tuple(sorted(kwargs.items())))
+
+    def group_of(self, param) -> int:
+        """The index of the group ``param`` belongs to (the first when it is in none)."""
+        return next((i for i, (ids, _) in enumerate(self.groups) if id(param) in ids), 0)
+
+    def build_groups(self, pieces: Sequence[Sequence[torch.Tensor]]) -> torch.optim.Optimizer:
+        """The optimizer over ``pieces[g]`` (the tensors stepped with group g's hyperparameters), one param group per
+        group of :attr:`groups`, in their order — empty ones too, so a scheduler's per-group values line up."""
+        first = [{"params": list(pieces[i]), **dict(hyper)} for i, (_, hyper) in enumerate(self.groups)]
+        holder = next((g for g in first if g["params"]), None)
+        if holder is None:
+            raise ValueError("the optimizer's param groups hold none of this rank's tensors")
+        optimizer = self.optimizer_class([holder], **dict(self.kwargs))
+        optimizer.param_groups.clear()  # every group again, in the given order, each with its own values
+        for group in first:
+            optimizer.add_param_group(group)
+        return optimizer
 
     def build(self, params) -> torch.optim.Optimizer:
         if self.optimizer_class is not None:
@@ -115,7 +135,10 @@ class GradientClipping:
 class MasterOptimizer:
     """A torch optimizer over ``tensors``, through fp32 master copies when they are 16-bit."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec):
+    def __init__(self, tensors: Sequence[torch.Tensor], spec: OptimizerSpec, layout=None):
+        """``layout``: per tensor, the (start, end, parameter) runs of its flat elements (a flat shard's
+        :meth:`~zerokit.zero.flat_buffer.FlatUnit.shard_layout`); None: each tensor is one parameter. Read only when
+        ``spec`` has param groups with their own hyperparameters."""
         self.tensors = list(tensors)
         self.mixed = any(t.dtype != torch.float32 for t in self.tensors)
         if self.mixed:
@@ -124,7 +147,17 @@ class MasterOptimizer:
             # nn.Parameter shares the tensor's storage: the optimizer updates it in place
             self.masters = [t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t.detach())
                             for t in self.tensors]
-        self.optimizer = spec.build(self.masters)
+        #: per master, its (start, end, piece) runs of one param group each (None: the masters are stepped whole)
+        self.pieces: Optional[list] = None
+        if spec.groups:
+            self.pieces = group_pieces(self.masters, self.tensors, spec, layout)
+            by_group = [[] for _ in spec.groups]
+            for runs in self.pieces:
+                for _, _, piece, group in runs:
+                    by_group[group].append(piece)
+            self.optimizer = spec.build_groups(by_group)
+        else:
+            self.optimizer = spec.build(self.masters)
         #: :class:`GradientClipping` applied to the fp32 gradients before each step (None: none)
         self.clipping: Optional[GradientClipping] = None
 
@@ -135,6 +168,9 @@ class MasterOptimizer:
             master.grad = grad if grad is None or grad.dtype == torch.float32 else grad.float()
         if self.clipping is not None:  # on fp32 copies or on the gradients themselves: scaled in place either way
             self.clipping([master.grad for master in self.masters])
+        for master, runs in zip(self.masters, self.pieces or []):
+            for start, end, piece, _ in runs:
+                piece.grad = None if master.grad is None else master.grad.view(-1)[start:end]
         self.optimizer.step()
         for tensor, master, grad in zip(self.tensors, self.masters, previous):
             master.grad = grad  # a model parameter stepped as its own master keeps its .grad
@@ -149,7 +185,29 @@ class MasterOptimizer:
         model states do not count them."""
         if not isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW):
             return 0
-        return len(self.masters) if adam_steps_beside_params(self.optimizer) else 0
+        stepped = sum(len(group["params"]) for group in self.optimizer.param_groups)
+        return stepped if adam_steps_beside_params(self.optimizer) else 0
+
+
+def group_pieces(masters, tensors, spec: OptimizerSpec, layout) -> list:
+    """Each master cut into runs of consecutive elements whose parameters share a param group — DeepSpeed flattens
+    each group on its own; zerokit's flat shards mix them, so each run is stepped as its own tensor (a view) with
+    its group's hyperparameters. A shard's padding joins the run before it (zeros, with zero gradients)."""
+    out = []
+    for i, (master, tensor) in enumerate(zip(masters, tensors)):
+        entries = layout[i] if layout is not None else [(0, tensor.numel(), tensor)]
+        runs: list = []
+        for start, end, param in entries:
+            group = spec.group_of(param)
+            if runs and runs[-1][2] == group and runs[-1][1] == start:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end, group])
+        if runs:
+            runs[-1][1] = master.numel()
+        flat = master.detach().view(-1)
+        out.append([(a, b, torch.nn.Parameter(flat[a:b]), g) for a, b, g in runs])
+    return out
 
 
 def adam_steps_beside_params(optimizer: torch.optim.Optimizer) -> bool:

@@ -7,8 +7,11 @@ config=ds_config)`` — the seed's snippet with ``deepspeed`` replaced by ``zero
    ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` (checked
    against each other and the data-parallel degree, as DeepSpeed does); ``optimizer``
    (``{"type": "AdamW"|"Adam"|"SGD", "params": {...}}``, or a torch optimizer passed as
-   ``optimizer=`` — its class and hyperparameters are taken and rebuilt on the shards,
-   because a ZeRO rank steps flat shards, not the model's parameters); ``bf16`` (the
+   ``optimizer=`` — its class and every param group's hyperparameters are taken and rebuilt
+   on the shards, because a ZeRO rank steps flat shards, not the model's parameters: each
+   group's run of elements in a shard is stepped with its group's values,
+   :func:`zerokit.optim.group_pieces`; ``model_parameters`` groups override the block's
+   values, as DeepSpeed's do); ``bf16`` (the
    model is cast to bf16 and fp32 masters live in the optimizer); ``zero_optimization``
    (:mod:`zerokit.zero.config`: stage 0 is ``ddp``, 1–3 ``zero1``–``zero3``) and
    ``gradient_clipping`` — DeepSpeed's default, 1.0, when the key is absent; 0 turns it off
@@ -105,28 +108,40 @@ def check_model_parameters(model: torch.nn.Module, model_parameters) -> None:
 HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "dampening", "amsgrad", "maximize")
 
 
-def _one_set_of_hyperparameters(optimizer: torch.optim.Optimizer) -> dict:
-    """The hyperparameters every param group of ``optimizer`` shares — its groups' values, not the constructor's
-    defaults — or a refusal naming the first that differs: a ZeRO rank steps flat shards with one set."""
-    groups = [{k: g[k] for k in HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
-    for key in groups[0]:
-        values = [g.get(key) for g in groups]
-        if any(v != values[0] for v in values):
-            raise ValueError(f"zerokit.initialize(optimizer=…): its param groups differ in {key} ({values}); zerokit "
-                             f"rebuilds the optimizer on flat shards with one set of hyperparameters, so a group's own "
-                             f"would be dropped. Use one group, or step your own optimizer with per-group settings "
-                             f"through zerokit.DistributedDataParallel (DDP) or zerokit.ShardedOptimizer (ZeRO-1)")
-    return groups[0]
+def _groups(param_groups, base: dict, strict: bool = True) -> tuple:
+    """:attr:`~zerokit.optim.OptimizerSpec.groups` of param groups (dicts with ``params`` and their own values over
+    ``base``), or () when there is one set of values for all: a ZeRO rank steps each group's elements of its flat
+    shards with that group's values (:func:`zerokit.optim.group_pieces`)."""
+    groups = []
+    for group in param_groups:
+        if not isinstance(group, dict):
+            return ()  # plain parameters: one group, the base values
+        own = {k: group[k] for k in HYPERPARAMETERS if k in group}
+        unknown = sorted(set(group) - set(HYPERPARAMETERS) - {"params", "name"} - set(base))
+        if strict and unknown:  # a torch optimizer's groups also carry its kernel switches (foreach, fused…)
+            raise ValueError(f"a param group's keys {unknown} are not implemented; allowed: params and "
+                             f"{', '.join(HYPERPARAMETERS)}")
+        values = dict(base, **own)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        groups.append((frozenset(id(p) for p in group["params"]), tuple(sorted(values.items()))))
+    if len({values for _, values in groups}) <= 1:
+        return ()
+    return tuple(groups)
 
 
-def optimizer_spec(config: dict, optimizer):
+def optimizer_spec(config: dict, optimizer, model_parameters=None):
+    import dataclasses
+
     from ..optim import OptimizerSpec
 
     if optimizer is not None and "optimizer" in config:
         raise ValueError("zerokit.initialize: give the optimizer either as optimizer=… or in the config's "
                          "'optimizer' block, not both (DeepSpeed refuses both too)")
     if isinstance(optimizer, torch.optim.Optimizer):
-        return OptimizerSpec.of_class(type(optimizer), **_one_set_of_hyperparameters(optimizer))
+        groups = [{k: g[k] for k in HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
+        spec = OptimizerSpec.of_class(type(optimizer), **groups[0])
+        return dataclasses.replace(spec, groups=_groups(optimizer.param_groups, {}, strict=False))
     if optimizer is not None:
         raise ValueError(f"zerokit.initialize(optimizer={type(optimizer).__name__}): pass a torch.optim.Optimizer "
                          f"instance, or an 'optimizer' block in the config")
@@ -139,7 +154,10 @@ def optimizer_spec(config: dict, optimizer):
     params = dict(block.get("params", {}))
     if "betas" in params:
         params["betas"] = tuple(params["betas"])
-    return OptimizerSpec.of_class(OPTIMIZERS[kind], **params)
+    spec = OptimizerSpec.of_class(OPTIMIZERS[kind], **params)
+    # DeepSpeed builds the config's optimizer on model_parameters: a group's own values override the block's
+    groups = _groups(model_parameters, params) if model_parameters is not None else ()
+    return dataclasses.replace(spec, groups=groups)
 
 
 def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=None, config=None, **unused):
@@ -166,7 +184,9 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     ctx = rank_context("zerokit.initialize")
     world = ctx.mesh.size("dp")
     _, accumulation = batch_sizes(config, world)
-    spec = optimizer_spec(config, optimizer)
+    if model_parameters is not None:
+        model_parameters = list(model_parameters)  # a generator (model.parameters()) is read twice
+    spec = optimizer_spec(config, optimizer, model_parameters)
     clipping = config.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)
     if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0:
         raise ValueError(f"config gradient_clipping={clipping!r} must be a number >= 0 (0: no clipping)")

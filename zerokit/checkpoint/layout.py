@@ -71,6 +71,9 @@ def _optimizer(strategy):
     if optimizer is None or not hasattr(optimizer, "tensors"):
         raise ValueError(f"zerokit.checkpoint: strategy {getattr(strategy, 'name', strategy)!r} has no zerokit "
                          f"optimizer (tensors, masters); supported: ddp, ddp-naive, zero1, zero2, zero3, tp, pp")
+    if getattr(optimizer, "pieces", None) is not None:
+        raise ValueError("zerokit.checkpoint: an optimizer whose param groups have their own hyperparameters is "
+                         "not checkpointed yet; save engine.full_state_dict() (the weights) instead")
     return optimizer
 
 

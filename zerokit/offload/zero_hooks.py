@@ -71,11 +71,15 @@ class Offload:
         return self.mode != "none"
 
     # -- the hooks -------------------------------------------------------------------
-    def optimizer(self, tensors):
-        """The strategy's optimizer over ``tensors`` (its shards): on the device, or on the host."""
+    def optimizer(self, tensors, layout=None):
+        """The strategy's optimizer over ``tensors`` (its shards; ``layout``: their parameters, see
+        :class:`~zerokit.optim.MasterOptimizer`): on the device, or on the host."""
         spec = self.strategy.config.optimizer
         if not self.enabled:
-            return MasterOptimizer(tensors, spec)
+            return MasterOptimizer(tensors, spec, layout)
+        if spec.groups:
+            raise ValueError("offload with an optimizer whose param groups have their own hyperparameters is not "
+                             "implemented; give one set of hyperparameters, or drop the offload keys")
         resting = {id(u.shard) for u in self.strategy.units} if self.params is not None else set()
         self.host = HostOptimizer(tensors, spec, resident=[id(t) in resting for t in tensors],
                                   device=self.strategy.ctx.device)

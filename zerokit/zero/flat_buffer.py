@@ -146,6 +146,15 @@ class FlatUnit:
         """This rank's contiguous 1/N of a flat tensor laid out like this unit (a view)."""
         return flat[self.lo:self.hi]
 
+    def shard_layout(self) -> List[tuple]:
+        """(start, end, parameter) of each parameter's elements in this rank's shard, in shard coordinates."""
+        out = []
+        for p, offset in zip(self.params, self.offsets):
+            lo, hi = max(offset, self.lo), min(offset + p.numel(), self.hi)
+            if lo < hi:
+                out.append((lo - self.lo, hi - self.lo, p))
+        return out
+
     def views(self, flat: torch.Tensor) -> List[torch.Tensor]:
         """One view per parameter into a flat tensor of this layout, shaped like the parameter."""
         return [flat[o:o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets)]

@@ -129,7 +129,7 @@ class ShardedDataParallel(Strategy):
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self.param_shards = [unit.shard(unit.data) for unit in self.units]
         self.offload = Offload(self, self.opts.get("offload", "none"))  # zerokit.offload: the optimizer on the host
-        self.optimizer = self.offload.optimizer(self.param_shards)
+        self.optimizer = self.offload.optimizer(self.param_shards, [unit.shard_layout() for unit in self.units])
         self.allgather_numel = check_elements("allgather_bucket_size",
                                               self.opts.get("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET))
 

@@ -115,7 +115,8 @@ class ZeroStage3(Strategy):
             unit.free()
         self.offload = Offload(self, self.opts["offload"])  # zerokit.offload; "params": the shards move to the host
         stepped = [u.shard for u in self.units] + ([self.persistent_master] if self.persistent else [])
-        self.optimizer = self.offload.optimizer(stepped)
+        self.optimizer = self.offload.optimizer(stepped, [u.flat.shard_layout() for u in self.units] + (
+            [self.persistent.shard_layout()] if self.persistent else []))
         self.grad_shards: List[Optional[torch.Tensor]] = [None] * len(self.units)
         self.shard_buffer = None
         if self.opts["contiguous_gradients"]:
