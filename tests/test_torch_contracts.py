@@ -630,6 +630,59 @@ def test_pipeline_of_your_own_model_trains_like_one_process(schedule, chunks, sp
     assert len(ranks[1]["micro"][0]) == 2 and not ranks[0]["micro"][0]  # losses=: the last stage's micro-batches
 
 
+def _pipelines_side_by_side(ctx):
+    """dp=2 × pp=2: two pipelines, each on its half of the batch, reduced over dp by zerokit's DDP around the
+    stages, or by zerokit.ShardedOptimizer over their parameters; and what is refused."""
+    ctx.set_mesh({"dp": 2, "pp": 2})
+    dp = ctx.mesh.coord("dp")
+    half = slice(dp * B // 2, (dp + 1) * B // 2)
+    loss_fn = lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
+    out = {}
+    for wrapper in ("ddp", "sharded optimizer"):
+        torch.manual_seed(0)
+        reference = sequential()
+        # every stage of the first pipeline from the same seed (torch pipelining's convention), the other
+        # pipeline's replicas from others: the wrappers broadcast over dp
+        torch.manual_seed(0 if dp == 0 else 1 + ctx.rank)
+        pipe = zerokit.pipeline(sequential(), split_points=["3"], schedule="1f1b", micro_batches=3, loss_fn=loss_fn)
+        if wrapper == "ddp":
+            zerokit.DistributedDataParallel(pipe.module)
+            opt = torch.optim.SGD(pipe.parameters(), lr=0.1, momentum=0.9)
+        else:
+            opt = zerokit.ShardedOptimizer(pipe.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        names, whole = pipe.driver.names, dict(reference.named_parameters())
+        diffs = []
+        for step in range(STEPS):
+            x, y = batch(step)
+            pipe.step(x[half], target=y[half])
+            opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            loss_of(reference, x, y).backward()
+            ref_opt.step()
+            diffs.append(max(float((p - whole[names[id(p)]]).abs().max()) for p in pipe.parameters()))
+        out[wrapper] = diffs
+    for refused, wrap in (("fully_shard", zerokit.fully_shard),
+                          ("torch DDP", lambda m: torch.nn.parallel.DistributedDataParallel(
+                              m, process_group=ctx.mesh.group("dp")))):
+        pipe = zerokit.pipeline(sequential(), split_points=["3"], micro_batches=3, loss_fn=loss_fn)
+        kept = wrap(pipe.module)  # noqa: F841 (torch's wrapper must stay alive to be found)
+        try:
+            pipe.step(*(t[half] for t in batch(0)))
+        except ValueError as e:
+            out[refused] = str(e)
+    return out
+
+
+def test_pipelines_side_by_side_under_a_dp_wrapper_train_like_one_process():
+    for rank in zerokit.launch(_pipelines_side_by_side, 4):
+        for wrapper in ("ddp", "sharded optimizer"):
+            assert max(rank[wrapper]) < 1e-6, (wrapper, rank[wrapper])  # SGD: the same sums in another order
+        assert "DeepSpeed pipelines allow ZeRO stage 0 or 1" in rank["fully_shard"]
+        assert "zerokit.DistributedDataParallel(pipe.module)" in rank["torch DDP"]  # torch's is never called
+
+
 def _not_pieces(ctx):
     try:
         zerokit.pipeline(Odd(), loss_fn=F.cross_entropy)

@@ -64,6 +64,7 @@ class DistributedDataParallel(nn.Module):
                                           first_bucket_mb=first_bucket_mb, overlap=overlap,
                                           find_unused_parameters=find_unused_parameters)
         object.__setattr__(self, "strategy", strategy)  # not a submodule: parameters() stays the module's
+        module.__dict__["_zerokit_dp"] = self  # zerokit.pipeline's step holds the reduction to its last micro-batch
         for p in strategy.params:  # a ShardedOptimizer over them steps what this wrapper reduced (no second reduction)
             p._zerokit_reduced_by = "zerokit.DistributedDataParallel"
 

@@ -19,8 +19,13 @@ Lifecycle, on every rank of the job:
    with what to give it instead;
 2. **the split**: ``split_points`` names the pieces where a new stage begins (torch's
    ``SplitPoint.BEGINNING``), p·v − 1 of them; None: equal block counts. The ranks lie on
-   the mesh's ``pp`` axis (every rank, when the mesh has none). Each rank keeps its stages
-   and drops the rest: :attr:`module`, :meth:`parameters`;
+   the mesh's ``pp`` axis (every rank, when the mesh has none; ``ctx.set_mesh({"dp": …,
+   "pp": …})`` first for pipelines side by side). Each rank keeps its stages and drops the
+   rest: :attr:`module`, :meth:`parameters`. Over ``dp``: wrap :attr:`module` in
+   ``zerokit.DistributedDataParallel`` (torch pipelining wraps each stage in DDP the same
+   way; the schedule holds its reduction to the last micro-batch) or give
+   :meth:`parameters` to ``zerokit.ShardedOptimizer`` (ZeRO-1, DeepSpeed's limit for
+   pipelines); each pipeline then steps on its own slice of the batch;
 3. **``step(x, target=…, losses=…)``**: the micro-batches are ``x`` and ``target`` split in
    ``micro_batches`` along dimension 0; zerokit's executor runs the schedule's actions on
    this rank (:mod:`zerokit.pipeline_parallel.executor`: its sends and receives posted by
@@ -31,7 +36,7 @@ Lifecycle, on every rank of the job:
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -40,14 +45,22 @@ import torch.nn as nn
 from .engine import rank_context
 
 
-class _NoDataParallel:
-    """The strategy slot of the pipeline driver when no data-parallel wrapper reduces across pipelines."""
+class _DataParallel:
+    """The strategy slot of the pipeline driver: the ZeRO-1 strategies of ``zerokit.ShardedOptimizer`` groups over
+    this rank's stages (none: no data-parallel reduction across pipelines), held to the last micro-batch together."""
+
+    def __init__(self, strategies=()):
+        self.strategies = list(strategies)
 
     def no_sync(self):
-        return nullcontext()
+        stack = ExitStack()
+        for strategy in self.strategies:
+            stack.enter_context(strategy.no_sync())
+        return stack
 
     def finish_gradient_synchronization(self) -> None:
-        pass
+        for strategy in self.strategies:
+            strategy.finish_gradient_synchronization()
 
 
 class PipelineSchedule:
@@ -60,6 +73,27 @@ class PipelineSchedule:
 
     def parameters(self):
         return self.module.parameters()
+
+    def _data_parallel(self):
+        """The dp wrapper of :attr:`module`, whose ``no_sync`` holds the reduction until the last micro-batch's
+        backward and whose ``finish_gradient_synchronization`` then reduces: ``zerokit.DistributedDataParallel``
+        — or the ZeRO-1 strategies of a ``zerokit.ShardedOptimizer`` over its parameters, held the same way."""
+        wrapper = self.module.__dict__.get("_zerokit_dp")
+        if wrapper is not None:
+            return wrapper
+        if getattr(self.module, "_zerokit_face", None) is not None:
+            raise ValueError("pipeline step: zerokit.fully_shard on a pipeline's stages is not implemented (ZeRO-3 "
+                             "gathers and reduces around every micro-batch; DeepSpeed pipelines allow ZeRO stage 0 or "
+                             "1); wrap pipe.module in zerokit.DistributedDataParallel, or give pipe.parameters() to "
+                             "zerokit.ShardedOptimizer")
+        from .sharded_optimizer import _in_torch_ddp
+
+        if not self._shapes_known and {id(p) for p in self.module.parameters()} & _in_torch_ddp():
+            raise ValueError("pipeline step: torch's DistributedDataParallel around pipe.module is never called "
+                             "(the schedule runs the stages itself), so it would not reduce; use "
+                             "zerokit.DistributedDataParallel(pipe.module), whose hooks are on the parameters")
+        strategies = {id(s): s for p in self.module.parameters() for s in [getattr(p, "_zerokit_zero1", None)] if s}
+        return _DataParallel(strategies.values())
 
     def step(self, x: Optional[torch.Tensor] = None, target: Optional[torch.Tensor] = None,
              losses: Optional[list] = None) -> float:
@@ -76,6 +110,7 @@ class PipelineSchedule:
         if first and any(len(c) != len(xs[0]) for c in xs):
             raise ValueError(f"pipeline step: the batch of {len(x)} does not split into {m} equal micro-batches")
         micro = list(zip(xs, ys))
+        data_parallel = self._data_parallel()
         if not self._shapes_known:
             self.driver.infer_shapes(micro)
             self._shapes_known = True
@@ -88,7 +123,7 @@ class PipelineSchedule:
                 return value
         ex.loss_fn = loss_fn
         try:
-            mean = self.driver.step(_NoDataParallel(), micro)
+            mean = self.driver.step(data_parallel, micro)
         finally:
             ex.loss_fn = self.loss_fn
         if losses is not None:
@@ -119,8 +154,8 @@ def pipeline(model: nn.Module, split_points: Optional[Sequence[str]] = None, sch
             raise ValueError("zerokit.pipeline: the mesh has no pp axis and is not all dp; lay it out with "
                              "ctx.set_mesh({'pp': …, …}) first")
         ctx.set_mesh({"pp": ctx.world_size})
-    if ctx.mesh.size("dp") > 1 or ctx.mesh.size("tp") > 1:
-        raise ValueError("zerokit.pipeline: a mesh with dp or tp above 1 around your own pipeline is not implemented "
+    if ctx.mesh.size("tp") > 1:
+        raise ValueError("zerokit.pipeline: a mesh with tp above 1 around your own pipeline is not implemented "
                          "yet; zerokit.train(parallel={'dp': …, 'tp': …, 'pp': …}) runs it")
     partition = "blocks"
     if split_points is not None:

@@ -128,6 +128,9 @@ class ShardedOptimizer(OptimizerFace):
                 for p in trained:
                     p.grad = None
                 self._reduced_by_wrapper.add(id(strategy))
+            else:  # zerokit.pipeline's step holds its reduction to the last micro-batch (no_sync, then finish)
+                for p in trained:
+                    p._zerokit_zero1 = strategy
         self.group_strategies.append(strategy)
 
     def step(self, closure=None) -> None:
