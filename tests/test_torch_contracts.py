@@ -817,3 +817,13 @@ def test_measure_sees_fsdp2s_collectives():
     units = 1 + len(Blocks().blocks)  # every block and the root
     # one reduce-scatter per unit in backward; FSDP2's gathers are recorded too (before: "no collectives")
     assert calls.get("reduce_scatter", 0) == units and calls.get("all_gather", 0) > 0, calls
+
+
+def test_fully_shard_reads_fsdp2s_mixed_precision_policy_or_refuses_it_before_any_work():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    for policy, says in ((MixedPrecisionPolicy(param_dtype=torch.float64), "param_dtype=torch.float64"),
+                         (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16), "set param_dtype too"),
+                         (object(), "MixedPrecisionPolicy")):
+        with pytest.raises((ValueError, TypeError), match=says.replace("(", r"\(")):
+            zerokit.fully_shard(nn.Linear(2, 2), mp_policy=policy)  # refused before it asks for a rank
