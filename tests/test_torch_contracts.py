@@ -58,6 +58,24 @@ def max_diff(a, b):
     return max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
 
 
+def engine_against_reference(engine, sched, reference, ref_opt, ref_sched, mine) -> list:
+    """STEPS steps of an engine on this rank's rows and of the reference on the whole batch, each with its scheduler;
+    the largest parameter difference after each."""
+    diffs = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        engine.backward(loss_of(engine, x[mine], y[mine]))
+        engine.step()
+        sched.step()
+        ref_opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        ref_opt.step()
+        ref_sched.step()
+        with engine.gathered():
+            diffs.append(max_diff(engine.module, reference))
+    return diffs
+
+
 def _contracts(ctx):
     out = {}
     rank, n = ctx.rank, ctx.world_size
@@ -122,19 +140,7 @@ def _contracts(ctx):
     sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
-    diffs = []
-    for step in range(STEPS):
-        x, y = batch(step)
-        engine.backward(loss_of(engine, x[mine], y[mine]))
-        engine.step()
-        sched.step()
-        ref_opt.zero_grad()
-        loss_of(reference, x, y).backward()
-        ref_opt.step()
-        ref_sched.step()
-        with engine.gathered():
-            diffs.append(max_diff(engine.module, reference))
-    out["engine diffs"] = diffs
+    out["engine diffs"] = engine_against_reference(engine, sched, reference, ref_opt, ref_sched, mine)
     out["engine lr"] = optimizer.param_groups[0]["lr"]
     full = engine.full_state_dict()
     if rank == 0:
@@ -291,18 +297,7 @@ def _groups_given_to_initialize(ctx):
         # a per-group schedule: only the second group's lr decays
         sched = torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda s: 1.0, lambda s: 0.5 ** s])
         ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, [lambda s: 1.0, lambda s: 0.5 ** s])
-        diffs = []
-        for step in range(STEPS):
-            x, y = batch(step)
-            engine.backward(loss_of(engine, x[mine], y[mine]))
-            engine.step()
-            sched.step()
-            ref_opt.zero_grad()
-            loss_of(reference, x, y).backward()
-            ref_opt.step()
-            ref_sched.step()
-            with engine.gathered():
-                diffs.append(max_diff(engine.module, reference))
+        diffs = engine_against_reference(engine, sched, reference, ref_opt, ref_sched, mine)
         out[f"stage {stage}, {how}"] = {"diffs": diffs, "groups": [
             {k: g[k] for k in ("lr", "weight_decay", "momentum")} for g in optimizer.param_groups]}
     return out

@@ -248,20 +248,24 @@ def train(ctx, setup, optimizer):
 # torch optimizer, in this kernel.
 
 # %%
-def single(optimizer):
-    torch.manual_seed(0)
-    model = GPT(config)
-    opt_class, hyper = OPTIMIZERS[optimizer]
-    opt = opt_class(trainable(model), **hyper)
+def plain_steps(model, opt, steps):
+    """The plain loop on the whole batch: the single-process copy (and, later, each tensor-parallel rank's loop)."""
     losses = []
-    for s in range(STEPS):
-        x, y = batch(s)
+    for s in range(steps):
+        x, y = (t.to(next(model.parameters()).device) for t in batch(s))
         opt.zero_grad()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def single(optimizer):
+    torch.manual_seed(0)
+    model = GPT(config)
+    opt_class, hyper = OPTIMIZERS[optimizer]
+    return plain_steps(model, opt_class(trainable(model), **hyper), STEPS)
 
 
 SETUPS = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "fully_shard", "seed's config"]
@@ -503,17 +507,7 @@ def storage_bytes(module):
 
 
 def sgd_steps(model, steps):
-    """The plain loop on the whole batch: the single-process copy, and each tensor-parallel rank's loop too."""
-    opt = torch.optim.SGD(trainable(model), lr=0.1)
-    losses = []
-    for s in range(steps):
-        x, y = (t.to(next(model.parameters()).device) for t in batch(s))
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return plain_steps(model, torch.optim.SGD(trainable(model), lr=0.1), steps)
 
 
 def tp_train(ctx):
