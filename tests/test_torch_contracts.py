@@ -454,7 +454,7 @@ def _mixed_precision(ctx, make, blocks_of, dtype, reduce_dtype=None, threshold=0
         opt = torch.optim.SGD(named_groups(model), lr=0.1, momentum=0.9)
         losses, kept = [], set()
         if kind == "zerokit":
-            out["start"] = model.full_state_dict()
+            out["start"] = model.full_state_dict(rank0_only=False)  # on every rank, as torch's rank0_only=False
         for step in range(STEPS):
             x, y = batch(step)
             cut = mine.start + per // 2
@@ -499,6 +499,8 @@ def test_fully_shard_mixed_precision_is_fsdp2s(case, on_three_ranks, more_on_two
     # own rounding on another layout: FSDP2 shards rows, zerokit flat units)
     unit = torch.finfo(dtype).eps  # one 16-bit unit, relative
     start = ranks[0]["start"]
+    assert all(sorted(r["start"]) == sorted(start) and all(torch.equal(r["start"][k], start[k]) for k in start)
+               for r in ranks)
     for k in ours:
         largest = float((theirs[k].cpu() - start[k]).abs().max())
         assert ((ours[k] - theirs[k].cpu()).abs() <= 4 * unit * largest + 2 ** -20 * theirs[k].abs().cpu()).all(), k

@@ -67,9 +67,10 @@ from .engine import rank_context, wrapper_kind
 class FullyShardedModule:
     """The mixin ``fully_shard`` gives every module it shards (as FSDP2's ``FSDPModule``)."""
 
-    def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
-        """The unwrapped model's ``state_dict()``, whole, on rank 0 (None elsewhere); a collective."""
-        return self._zerokit_face.full_state_dict()
+    def full_state_dict(self, rank0_only: bool = True) -> Optional[Dict[str, torch.Tensor]]:
+        """The unwrapped model's ``state_dict()``, whole, on rank 0 (None elsewhere; ``rank0_only=False``: on every
+        rank, as torch's ``FullStateDictConfig(rank0_only=False)``); a collective."""
+        return self._zerokit_face.full_state_dict(rank0_only)
 
     def reshard(self) -> None:
         """Free every gathered unit, the blocks' too (after a forward without backward, under ``torch.no_grad()``)."""
@@ -281,10 +282,10 @@ class _Face:
                 stack.callback(lambda face=face: [face._sharded(unit) for unit in face.swaps])
             yield
 
-    def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
-        with comm.phase("setup"), self.whole():
+    def full_state_dict(self, rank0_only: bool = True) -> Optional[Dict[str, torch.Tensor]]:
+        with comm.phase("setup"), self.whole():  # every rank gathers the whole model
             state = {n: t.detach().cpu().clone() for n, t in self.root.state_dict().items()}
-        return state if self.ctx.rank == 0 else None
+        return state if self.ctx.rank == 0 or not rank0_only else None
 
 
 def _cast_floats(tree, dtype: torch.dtype):
