@@ -10,6 +10,10 @@ of what a reader's machine would differ in (timestamps, widget state; see ``clea
     python notebooks/build.py            # every lesson
     python notebooks/build.py 03 05      # the lessons whose names start with 03 or 05
     python notebooks/build.py --no-run   # sources to notebooks only, no outputs
+
+A cell opened with ``# %% [checks]`` holds the assertions that keep a lesson's figures
+honest (measured against the formula, the run against the single process): it runs like
+any other cell, but the notebook shows it collapsed, the teaching cells in front.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def parse_cells(text: str) -> list:
-    """Split a percent-format source into (kind, source) pairs."""
+    """Split a percent-format source into (kind, source) pairs; kind ``checks`` is a code cell (``# %% [checks]``)
+    that keeps the figures honest — it runs under nbval like any other, but the notebook shows it collapsed."""
     cells, kind, lines = [], None, []
 
     def flush():
@@ -46,7 +51,7 @@ def parse_cells(text: str) -> list:
     for line in text.splitlines():
         if line.startswith("# %%"):
             flush()
-            kind = "markdown" if "[markdown]" in line else "code"
+            kind = "markdown" if "[markdown]" in line else "checks" if "[checks]" in line else "code"
             lines = []
         elif kind is not None:
             lines.append(line)
@@ -60,6 +65,9 @@ def notebook_from_source(path: Path) -> nbformat.NotebookNode:
         make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
         cell = make(body)
         cell["id"] = f"c{i:02d}"
+        if kind == "checks":  # JupyterLab and VS Code show it folded; nbval runs it
+            cell.metadata["jupyter"] = {"source_hidden": True}
+            cell.metadata["tags"] = ["checks"]
         nb.cells.append(cell)
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},

@@ -34,12 +34,15 @@ per thing a lesson shows:
 - :mod:`.saved_tensors`: what autograd saves for backward, tensor by tensor, by module;
 - :mod:`.tables`, :mod:`.figures`, :mod:`.machine`: tables, figure plumbing, and what
   this machine gives each world size;
-- :mod:`.panel`: the base every panel shares.
+- :mod:`.panel`: the base every panel shares;
+- :mod:`.claims`: sentences about speed chosen by the measured numbers
+  (:func:`speed_sentence`), never typed.
 
 The helpers read reports and ledgers; none of them trains or re-types a formula.
 """
 from .failure_panel import Diagnosis, FailurePanel, run_lab
 from .checkpointing_panel import CheckpointingPanel, measure_policy
+from .claims import CLAIMS, speed_sentence, show
 from .figures import DPI, new_figure, png, volume_figure
 from .latency_bandwidth import (all_reduce_scaling_figure, fit_latency_bandwidth, latency_bandwidth_figure,
                                 modelled_seconds, time_ring_all_reduce)
@@ -63,4 +66,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "bytes_by_module", "machine_summary", "DPI", "new_figure", "png",
            "PlanPanel", "plan_bars", "PipelinePanel", "OffloadPanel", "offload_rows", "offload_bars",
            "CheckpointingPanel", "measure_policy", "GridPanel", "grid_rows"]
-__all__ += ["timeline_figure", "timeline_stats"]
+__all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "show", "CLAIMS"]
