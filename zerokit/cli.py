@@ -218,7 +218,8 @@ def cmd_tour(args) -> int:
         prepared = tour.prepare(args.world_sizes, args.steps)
     except ValueError as e:  # a row refused by make_job, before any process started
         raise UsageError(str(e)) from e
-    tour.main(prepared, args.steps, args.timeout)  # a failing rank raises RankFailed: main() reports it
+    results = tour.main(prepared, args.steps, args.timeout)  # a failing rank raises RankFailed: main() reports it
+    tour.keep_results(results, args.world_sizes, args.steps)
     return 0
 
 
