@@ -20,6 +20,12 @@
 # single-process copy: split by heads and columns over 2 ranks (`zerokit.parallelize_module`),
 # cut into two pipeline stages (`zerokit.pipeline`), and checkpointed in one process
 # (`zerokit.apply_checkpointing`).
+#
+# **Time:** about 25 min to read and run (the run itself: about 8 s on a 2-core laptop) ·
+# **Needs:** lessons 03–06 (DDP and the three ZeRO stages), nothing else ·
+# **After it you can answer:** *What changes in my loop from DDP to ZeRO-3?* · *Does ZeRO
+# change what the model learns?* · *What does ZeRO-3 do with a frozen or a tied weight?* ·
+# *How do I put my own model under tensor or pipeline parallelism?*
 
 # %%
 %matplotlib inline
@@ -246,6 +252,18 @@ def train(ctx, setup, optimizer):
 # %% [markdown]
 # The single-process copy: the same model from the same seed, the whole batch, a plain
 # torch optimizer, in this kernel.
+#
+# **Predict before you run.** With AdamW, will ZeRO-3's losses equal the single process's to
+# fp32 rounding, or drift apart over the steps — ZeRO-3 steps flat shards, cut across
+# tensors, where the single process steps whole tensors?
+#
+# <details><summary>Answer</summary>
+#
+# Equal to fp32 rounding: the loss table below shows the largest difference for every setup.
+# Adam is elementwise, so where the tensors are cut changes no update; only the order in
+# which the ranks' gradients are summed differs.
+#
+# </details>
 
 # %%
 def plain_steps(model, opt, steps):
@@ -287,7 +305,7 @@ for opt in OPTIMIZERS:
                      "max |Δ| vs single process": f"{max(abs(a - b) for a, b in zip(losses, reference[opt])):.1e}"})
 course.table(rows)
 
-# %%
+# %% [checks]
 for setup in SETUPS:
     sgd = mean_losses(runs[setup, "sgd"])
     assert max(abs(a - b) for a, b in zip(sgd, reference["sgd"])) < 1e-5       # the same training, to fp32 rounding
@@ -346,7 +364,7 @@ for setup in SETUPS:
                  "theory.model_state_bytes B": expected.total, "sharded": ""})
 course.table(rows)
 
-# %%
+# %% [checks]
 for setup in SETUPS:
     expected = formula(setup)
     for rank in runs[setup, "adamw"]:
@@ -357,7 +375,9 @@ assert formula("DDP").optimizer == 8 * trained + 4 * len(trainable(model))  # m 
 
 # %% [markdown]
 # Measured and formula agree to the byte on both ranks. The frozen position table is in
-# the params row at every stage, whole — ZeRO-3 shards only what it trains — and it adds
+# the params row at every stage, whole — zerokit's ZeRO-3 shards only what it trains, which is
+# zerokit's choice: DeepSpeed's ZeRO-3 and FSDP2 shard frozen parameters too (question 2
+# below) — and it adds
 # nothing to the gradients or the optimizer. The tied tensor is counted once: one
 # parameter, one gradient, one pair of Adam moments.
 #
@@ -370,7 +390,7 @@ course.table([{"setup": setup, **{f"{op}: calls, payload B": (f"{calls}, {payloa
                                   for op in OPS for calls, payload in [runs[setup, "adamw"][0]["ops"].get(op, (0, 0))]}}
               for setup in SETUPS])
 
-# %%
+# %% [checks]
 for setup in SETUPS:
     stage, units = LAYOUT[setup]
     full = 4 * (trained if units is None else theory.padded_numel(units, WORLD))  # the trained parameters, fp32
@@ -550,7 +570,7 @@ tp_rows.append({"parameter": "the whole model", "single process B (measured)": s
                 **{f"rank {r} B (measured)": sum(rank["bytes"].values()) for r, rank in enumerate(tp)}})
 course.table(tp_rows)
 
-# %%
+# %% [checks]
 # fp32 keeps 24 bits: one ulp of a loss near 3.6 is 2**-22 ≈ 2.4e-7, of a weight below 1 at most 2**-24 ≈ 6e-8.
 # The row-parallel layers sum the two ranks' partial products in an all-reduce, where one process sums them inside
 # one matmul: another order, a few ulps per result, compounding over 3 steps. 1e-5 is ~40 ulps of the loss, and
@@ -675,7 +695,7 @@ course.table([{"rank": r, "pieces it runs": ", ".join(rank["pieces"]), "paramete
              + [{"rank": "single process", "parameter tensors": len(pp_whole_bytes),
                  "B (measured)": sum(pp_whole_bytes.values())}])
 
-# %%
+# %% [checks]
 for rank in pp:
     assert max(abs(a - b) for a, b in zip(rank["losses"], reference["sgd"])) < TP_TOL   # fp32 rounding, as above
 assert pp[0]["pieces"] == ["0 Embeddings", "1 Block"] and pp[1]["pieces"] == ["2 Block", "3 Head"]
@@ -831,9 +851,13 @@ course.PlanPanel(preset="gpt2-1.5b", gpus=8, gpu_memory_gb=16, strategy="zero3",
 #
 #    <details><summary>Answer</summary>
 #
-#    Nothing: a frozen weight is held whole on every rank, with no gradient and no optimizer
-#    state to shard, and no step sends it (the frozen table in the params row at every stage,
-#    and in no step's payload).
+#    Under DeepSpeed's ZeRO-3 and under FSDP2, 7/8 of its bytes: both partition every parameter,
+#    frozen ones included, and gather it for each forward like any other; it has no gradient and
+#    no optimizer state, so nothing else is saved, and each step now gathers it for the forward
+#    (and again for the backward where autograd needs the weight). zerokit's `zero3` makes the other
+#    choice — a frozen weight stays whole on every rank and no step sends it: the frozen table
+#    in the params row at every stage above, and in no step's payload. Which is better is the
+#    trade of lesson 06: memory against a gather per forward.
 #
 #    </details>
 #
@@ -846,3 +870,8 @@ course.PlanPanel(preset="gpt2-1.5b", gpus=8, gpu_memory_gb=16, strategy="zero3",
 #    in every table).
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/02_naive_ddp.ipynb](../exercises/02_naive_ddp.ipynb) — the DDP
+# wrapper you used here, written by you, graded by `zerokit grade 02` · **Next:** [lesson 14 —
+# failure labs](14_failure_labs.ipynb)

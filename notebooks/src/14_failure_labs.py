@@ -17,6 +17,12 @@
 # `check_collectives`, `check_replicas`), the communication a forgotten `no_sync` costs
 # (measured by the ledger, against `theory.comm_bytes_per_step`), the seconds until each
 # diagnosis, what NCCL does differently, and a panel that runs any of the six.
+#
+# **Time:** about 25 min to read and run (the run itself: about 25 s on a 2-core laptop) ·
+# **Needs:** lesson 00 (ranks and collectives) and lesson 03 (DDP) · **After it you can
+# answer:** *My job hangs at step 1200: how do I find the rank to blame?* · *Why does DDP
+# need `find_unused_parameters`?* · *Is a forgotten `no_sync` a wrong result or a slow one?* ·
+# *What does NCCL do differently from gloo when a peer dies?*
 
 # %%
 %matplotlib inline
@@ -286,6 +292,19 @@ course.table([{"loop": "no_sync on the first micro-batch", "ring bytes per step 
 # %% [markdown]
 # ## How long until each diagnosis?
 #
+# **Predict before you run.** Every lab was given `timeout_s = 10`. How many of the six will
+# take the whole 10 s before zerokit reports the error?
+#
+# <details><summary>Answer</summary>
+#
+# None of them, on gloo: the picture below puts every lab's measured time left of the dashed
+# timeout line (the check cell under it holds that). gloo fails as soon as a peer's socket
+# closes or the sizes disagree, zerokit's checks fail before the collective runs, and the
+# heartbeat stops a stalled job after `heartbeat_s`. On NCCL a dead peer is another story (the
+# section after next).
+#
+# </details>
+#
 # Measured from the launch to the error (noisy: 2 shared CPU cores), against the timeout the
 # labs were given. Nothing waited for the timeout: gloo fails as soon as a peer's socket closes
 # or sizes disagree, the checks fail before the collective, and the heartbeat (`heartbeat_s`)
@@ -308,7 +327,7 @@ fig
 # The assertions read the diagnoses above: the blamed rank, the op, call number and phase they
 # name, the exception inside the rank — and the ledger's bytes against the formula.
 
-# %%
+# %% [checks]
 assert some_ranks.error == "RankFailed" and "rank 0" in some_ranks.where
 assert "all_reduce #7 of setup (1 float32" in some_ranks.where, some_ranks.where
 assert unused.ranks == (0,) and unused.cause == "ValueError" and "'aux.weight'" in unused.summary
@@ -407,3 +426,8 @@ course.FailurePanel({
 #    collectives pair up wrongly: wrong gradients and then a hang or a lost peer (lab 6).
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — predict what
+# each run will measure before it runs, graded by `zerokit grade 09` · **Next:** the [course map](README.md); [lesson 12 — the
+# interview](12_the_interview.ipynb) gathers every answer of the course on one page
