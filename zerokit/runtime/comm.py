@@ -209,6 +209,18 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     return _finish(work, record, async_op)
 
 
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, tag: str = ""):
+    """Split ``input`` along dim 0 in n equal chunks, chunk j to rank j; ``output`` chunk j from rank j; sends (n−1)/n
+    of the input (context parallelism's Ulysses, expert parallelism's dispatch and combine)."""
+    n = _group_size(group)
+    if input.shape[0] % n or output.numel() != input.numel():
+        raise ValueError(f"all_to_all_single: input dim 0 ({input.shape[0]}) must split in {n} equal chunks and the "
+                         f"output hold as many elements ({output.numel()} vs {input.numel()})")
+    record = new_record("all_to_all", input, _bytes(input), group, async_op, tag)
+    work = dist.all_to_all_single(output, input, group=group, async_op=async_op)
+    return _finish(work, record, async_op)
+
+
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False, tag: str = ""):
     """Broadcast from global rank ``src``; counted as a pipelined chain (every rank but the last sends S)."""
     rank = dist.get_rank(group)

@@ -8,7 +8,7 @@ from typing import Sequence
 from .model_states import padded_numel
 
 
-RING_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv")
+RING_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "all_to_all")
 
 
 def _exact(x: Fraction):
@@ -20,7 +20,8 @@ def ring_bytes_sent(op: str, payload_bytes: int, n: int, rank: int = 0, src: int
 
     ``payload_bytes`` is the full tensor: the input of a reduce-scatter, the output of an
     all-gather. All-reduce = reduce-scatter + all-gather: 2(n−1)/n·S; each half (n−1)/n·S.
-    A broadcast is a pipelined chain from ``src``: every rank but the last forwards S.
+    A broadcast is a pipelined chain from ``src``: every rank but the last forwards S. An all-to-all
+    (``payload_bytes`` its input) sends every other rank 1/n of it: (n−1)/n·S, no ring needed.
     """
     if n <= 1:
         return 0
@@ -28,6 +29,8 @@ def ring_bytes_sent(op: str, payload_bytes: int, n: int, rank: int = 0, src: int
     if op == "all_reduce":
         return _exact(2 * (n - 1) * s / n)
     if op in ("reduce_scatter", "all_gather"):
+        return _exact((n - 1) * s / n)
+    if op == "all_to_all":  # each rank keeps its own 1/n of the input and sends every other rank its 1/n
         return _exact((n - 1) * s / n)
     if op == "broadcast":
         last = (src - 1) % n
