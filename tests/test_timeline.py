@@ -140,3 +140,31 @@ def test_timeline_panel_link_dropdown_reruns_behind_the_link():
     assert train and all(r["link"] == "1gbe" and r["emulated_s"] > 0 for r in train)
     assert "emulated held ms/step" in panel.details.value and "straggler wait ms/step" in panel.details.value
     assert panel.last_report.result.options == {"bucket_mb": 0.02}
+    assert "exposed − wait ms/step" in panel.details.value
+
+
+def test_exposed_splits_into_straggler_wait_and_the_rest_and_the_figure_can_draw_the_calmest_step():
+    """exposed = (exposed − wait) + straggler wait, medians of the ledger's blocked time; the step drawn is named."""
+    from zerokit import course
+    from zerokit.course.timeline_figure import calmest_step, step_time, timeline_figure
+
+    report = zerokit.train(small_gpt(), "ddp-bucketed", world_size=2, steps=4, keep_records=True, bucket_mb=0.02,
+                           reference=False)
+    steps = range(1, 4)
+    for rank, row in zip(report.result.ranks, course.timeline_stats(report, steps)):
+        assert row["exposed − wait ms"] >= 0
+        assert row["exposed − wait ms"] + row["straggler wait ms"] == pytest.approx(row["exposed ms"])
+        blocked = sorted(1e3 * timeline.exposed_comm_s(rank, range(k, k + 1)) for k in steps)
+        assert row["exposed ms"] == pytest.approx(blocked[1])  # the median step's blocked time, from the ledger
+    waits = timeline.straggler_waits([timeline.rank_timeline(r) for r in report.result.ranks])
+    waited = {k: sum(w["end"] - w["start"] for w in waits if w["step"] == k) for k in steps}
+    k = calmest_step(report, steps)
+    assert waited[k] == min(waited.values())
+    fig = timeline_figure({"bucketed": report}, steps=steps, calmest=True)
+    assert fig.axes[0].get_title(loc="left").startswith(f"bucketed, step {k} (least straggler wait of 1–3)")
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(label.startswith("straggler wait") for label in labels)
+    assert not any("emulated" in label for label in labels)  # no link in this run: no key for its colour
+    fig.savefig(io.BytesIO(), format="png")
+    median, spread = step_time(report)
+    assert median == pytest.approx(report.result.step_time_s_median) and spread >= 0

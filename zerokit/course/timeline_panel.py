@@ -5,9 +5,9 @@ set (DDP's bucket size and overlap, ZeRO-2's reduce bucket, ZeRO-3's prefetch an
 reshard_after_forward...) and the emulated link it trains behind (a dropdown of
 :data:`zerokit.links.PRESETS`), keeping the traced records: a real job through
 :func:`zerokit.train`, re-run at every change. It draws each rank's timeline
-(:func:`.timeline_figure.timeline_figure`: exposed time on top, straggler waits named),
-optionally the peak memory per rank, and a table of :func:`timeline_rows` (medians over
-the steps drawn). :func:`comm_launch_positions` and :func:`max_in_flight` read the
+(:func:`.timeline_figure.timeline_figure`: exposed time on top, straggler waits apart and
+named), optionally the peak memory per rank, and a table of :func:`timeline_rows` (medians
+over the steps drawn; the few columns the picture needs: :data:`PANEL_COLUMNS`). :func:`comm_launch_positions` and :func:`max_in_flight` read the
 same records for the lessons' tables: launched during or after backward, and how many
 collectives were in flight at once (ZeRO-3's prefetch).
 """
@@ -18,6 +18,11 @@ from typing import Dict, Optional, Sequence
 from .figures import png
 from .panel import Panel, ipywidgets
 from .tables import RING_COST, SENT, THEORY, table
+
+
+#: the columns of :func:`timeline_rows` the panel shows under its picture
+PANEL_COLUMNS = ("rank", RING_COST, "exposed − wait ms/step", "straggler wait ms/step", "emulated held ms/step",
+                 "step ms")
 
 
 def _option_control(name: str, spec, w):
@@ -113,7 +118,7 @@ class TimelinePanel(Panel):
             mem.set_title("peak MiB", fontsize=9)
         self.image.value = png(fig)
         self.last_exposed_s = {r.rank: exposed_comm_s(r, steps=self.draw_steps) for r in report.result.ranks}
-        self.details.value = table(timeline_rows(report, self.draw_steps))._repr_html_()
+        self.details.value = table(timeline_rows(report, self.draw_steps), PANEL_COLUMNS)._repr_html_()
 
 
 def comm_launch_positions(rank_result, step: int) -> dict:
@@ -154,7 +159,8 @@ def max_in_flight(rank_result, op: str, step: int) -> int:
 
 def timeline_rows(report, steps: Optional[range] = None) -> list:
     """Per rank: calls and traffic per step, and medians over ``steps`` of the step, backward compute,
-    exposed communication (of which waiting for a straggler, and sleeping for an emulated link), peak.
+    exposed communication (of which waiting for a straggler, and sleeping for an emulated link; "exposed − wait":
+    blocked once every rank had launched), peak.
 
     Traffic: the ring cost of the payloads the ledger measured (a formula), the bytes
     zerokit's ring counted on the wire (measured; — where the backend ran the collectives),
@@ -173,6 +179,7 @@ def timeline_rows(report, steps: Optional[range] = None) -> list:
                      THEORY: rank.theory_comm_bytes_per_step,
                      "exposed ms/step": round(stats["exposed ms"], 2),
                      "straggler wait ms/step": round(stats["straggler wait ms"], 2),
+                     "exposed − wait ms/step": round(stats["exposed − wait ms"], 2),
                      "emulated held ms/step": round(stats["emulated held ms"], 2),
                      "backward ms": round(stats["backward ms"], 2),
                      "step ms": round(stats["step ms"], 2),
