@@ -1,6 +1,8 @@
 """The advisor: every layout worth trying for a model on a cluster, those that fit ranked by communication time.
 
-From a plan it tries each strategy (ddp, zero1-3), offloading the optimizer (zero1-3) or
+From a plan it tries each strategy (ddp, zero1-3, and the hierarchical hsdp and hpz with
+the shard group of one node's data-parallel ranks, when that group is neither one rank nor
+all of them), offloading the optimizer (zero1-3) or
 the parameters too (zero3) and full checkpointing when the plan has none, on the plan's
 dp × tp × pp. If none fits and the caller did not fix the degrees, it tries tensor
 parallelism inside a node and pipeline parallelism (with DDP or ZeRO-1 only: DeepSpeed
@@ -14,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .. import theory
-from .layout import STRATEGIES
+from .layout import ALL_STRATEGIES, HIERARCHICAL
 from .render import seconds
 
-LABEL = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+LABEL = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "hsdp": "HSDP", "hpz": "ZeRO-3 + hpZ"}
 
 
 @dataclass
@@ -32,7 +34,9 @@ class Option:
         out = {"label": self.label, "fits": self.fits, "reason": self.reason}
         if self.plan is not None:
             out |= {"total_bytes": self.plan.total_bytes, "comm_seconds_per_step_estimate": self.plan.comm_seconds,
-                    "comm_bytes_per_step": self.plan.comm_bytes_per_step}
+                    "comm_bytes_per_step": self.plan.comm_bytes_per_step,
+                    "comm_bytes_per_step_by_link": self.plan.comm_bytes_by_link,
+                    "bytes_leaving_each_node_per_step": self.plan.bytes_leaving_node}
         return out
 
 
@@ -59,7 +63,9 @@ class Advice:
 
 
 def label(layout) -> str:
-    parts = [LABEL[layout.strategy] + (f" + offload {layout.offload}" if layout.offload != "none" else "")]
+    parts = [LABEL[layout.strategy] + (f" + offload {layout.offload}" if layout.offload != "none" else "")
+             + (f" (groups of {layout.shard_group})" if layout.strategy in HIERARCHICAL and layout.shard_group
+                else "")]
     parts.append(f"dp={layout.dp}" + (f" tp={layout.tp}" if layout.tp > 1 else "")
                  + (f" pp={layout.pp}" if layout.pp > 1 else ""))
     if layout.checkpointing != "none":
@@ -71,6 +77,11 @@ def _traffic_remark(plan) -> str:
     layout, unit = plan.layout, plan.convention
     if layout.dp == 1:
         dp = "no data-parallel traffic"
+    elif layout.strategy == "hsdp":
+        dp = (f"ZeRO-3's gathers and reduce-scatters inside groups of {layout.shard_group}, the gradient shard "
+              f"all-reduced across {layout.replicas} groups")
+    elif layout.strategy == "hpz":
+        dp = f"ZeRO-3's traffic with the backward gather inside groups of {layout.shard_group}"
     elif layout.stage == 0:
         dp = "one all-reduce of the gradients, 2(N−1)/N·Ψb"
     elif layout.stage == 3:
@@ -89,6 +100,8 @@ def _traffic_remark(plan) -> str:
         extra.append(f"bubble {100 * theory.bubble_fraction(layout.pp, layout.micro_batches):.0f} %")
     if layout.checkpointing != "none":
         extra.append("one extra forward")
+    if plan.bytes_leaving_node:
+        extra.append(f"{unit.text(plan.bytes_leaving_node)} leave each node")
     return "; ".join([dp] + extra)
 
 
@@ -144,16 +157,34 @@ def candidates(plan, degrees: list) -> list:
         micro_batches = sequences // (dp * base.micro_batch_size)
         if micro_batches < 1 or sequences % (dp * base.micro_batch_size):
             continue
-        for strategy in STRATEGIES:
+        for strategy in ALL_STRATEGIES:
+            if strategy in HIERARCHICAL:
+                group = base.shard_group if base.strategy in HIERARCHICAL else None
+                size = group or _node_group(dp, tp, cluster.gpus_per_node)
+                if not 1 < size < dp or dp % size:
+                    continue  # one rank per group is DDP's memory, all of them ZeRO-3: nothing new to rank
+                out += [replace(base, strategy=strategy, offload="none", tp=tp, pp=pp, dp=dp, shard_group=group,
+                                micro_batches=micro_batches, checkpointing=ckpt,
+                                segment_layers=base.segment_layers if ckpt == base.checkpointing else None)
+                        for ckpt in checkpointing]
+                continue
             offloads = ["none"]
             if strategy != "ddp" and base.precision == "bf16-mixed":
                 offloads += ["optimizer"] + (["params"] if strategy == "zero3" else [])
             for offload in offloads:
                 for ckpt in checkpointing:
                     out.append(replace(base, strategy=strategy, offload=offload, tp=tp, pp=pp, dp=dp,
-                                       micro_batches=micro_batches, checkpointing=ckpt,
+                                       micro_batches=micro_batches, checkpointing=ckpt, shard_group=None,
                                        segment_layers=base.segment_layers if ckpt == base.checkpointing else None))
     return out
+
+
+def _node_group(dp: int, tp: int, gpus_per_node: int) -> int:
+    """The default shard group: the data-parallel ranks of one node (the largest divisor of dp that fits)."""
+    size = max(1, min(dp, gpus_per_node // tp))
+    while dp % size:
+        size -= 1
+    return size
 
 
 def _try(plan, layouts: list) -> tuple:
@@ -162,7 +193,7 @@ def _try(plan, layouts: list) -> tuple:
 
     fits, misses = [], []
     for layout in layouts:
-        if layout.pp > 1 and layout.strategy in ("zero2", "zero3"):
+        if layout.pp > 1 and layout.stage >= 2:
             continue  # DeepSpeed refuses it; the plan for such a layout says so when asked directly
         try:
             option = build(plan.model, plan.cluster, layout, plan.convention)

@@ -10,6 +10,7 @@ import json
 
 from .. import theory
 from ..cli import UsageError
+from .layout import ALL_STRATEGIES
 
 #: a planner error's leading argument name -> the flag that sets it
 PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu_memory": "--gpu-memory",
@@ -20,7 +21,7 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "layers": "--layers", "hidden": "--hidden", "heads": "--heads", "ffn": "--ffn", "vocab": "--vocab",
               "seq_len": "--seq-len", "DeepSpeed": "--deepspeed-config",
               "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
-              "name": "--preset/--params/--layers"}
+              "name": "--preset/--params/--layers", "shard_group": "--shard-group"}
 
 
 def _plan_error(message: str) -> str:
@@ -34,6 +35,7 @@ def cmd_plan(args) -> int:
     from . import plan
 
     for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
+                        ("--shard-group", args.shard_group),
                         ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be a positive whole number")
@@ -58,6 +60,7 @@ def cmd_plan(args) -> int:
                       offload=args.offload, parallel=args.parallel, micro_batch_size=args.micro_batch_size,
                       micro_batches=args.micro_batches, checkpointing=args.checkpointing, precision=args.precision,
                       optimizer=args.optimizer, convention=args.convention, deepspeed_config=args.deepspeed_config,
+                      shard_group=args.shard_group,
                       sequence_parallel=False if args.no_sequence_parallel else None,
                       fused_attention=True if args.fused_attention else None, **links)
     except ValueError as e:
@@ -94,7 +97,11 @@ def add_plan_command(sub):
     cluster.add_argument("--inter-latency", type=float, metavar="µs", help="per message between nodes (10)")
     cluster.add_argument("--host-memory", type=float, metavar="GB", help="per node, to check offload against")
     lay = plan_.add_argument_group("layout")
-    lay.add_argument("--strategy", choices=("ddp", "zero1", "zero2", "zero3"), help="default ddp")
+    lay.add_argument("--strategy", choices=ALL_STRATEGIES,
+                     help="default ddp; hsdp: ZeRO-3 inside a shard group, replicated across (FSDP2's 2-D mesh); "
+                          "hpz: ZeRO-3 with a secondary parameter copy inside the group (ZeRO++)")
+    lay.add_argument("--shard-group", type=int, metavar="S",
+                     help="hsdp/hpz: data-parallel ranks in a shard group (default: those of one node)")
     lay.add_argument("--offload", choices=("none", "optimizer", "params"),
                      help="ZeRO-Offload: the optimizer (zero1-3) or the parameters too (zero3)")
     lay.add_argument("--parallel", metavar="dp=N,tp=N,pp=N", help="degrees multiplying to --gpus; an axis left out "

@@ -98,6 +98,11 @@ class Cluster:
 ORDER = ("tp", "dp", "pp")
 
 
+def group_link(cluster: Cluster, size: int, stride: int) -> Link:
+    """The link a collective over ``size`` ranks ``stride`` apart runs on: intra-node if its span fits in a node."""
+    return cluster.intra() if size * stride <= cluster.gpus_per_node else cluster.inter()
+
+
 def axis_link(cluster: Cluster, degrees: dict, axis: str) -> Link:
     """The link an axis's collectives run on: intra-node if its group's span fits in one node."""
     stride = 1

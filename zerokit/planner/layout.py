@@ -3,7 +3,11 @@
 :class:`Layout` holds what a training job decides about parallelism and memory, checked
 against the model and the cluster before anything is computed (:func:`check`): degrees
 must multiply to the GPU count, tp must divide the heads, pp the layers; offload needs
-ZeRO (parameters: stage 3) and 16-bit training. :func:`from_deepspeed_config` reads a
+ZeRO (parameters: stage 3) and 16-bit training. ``hsdp`` and ``hpz`` are the hierarchical
+layouts (:mod:`zerokit.theory.hierarchical`): ZeRO-3 inside a shard group of
+``shard_group`` data-parallel ranks, replicated across groups (FSDP2's 2-D mesh, DeepSpeed's
+MiCS), and ZeRO-3 over every rank with a secondary parameter copy sharded over the group
+(ZeRO++'s hpZ); the group defaults to the data-parallel ranks of one node. :func:`from_deepspeed_config` reads a
 DeepSpeed config with :func:`zerokit.zero.config.from_deepspeed` for its
 ``zero_optimization`` section and takes the batch, precision and offload keys itself.
 """
@@ -15,8 +19,14 @@ from pathlib import Path
 from .. import theory
 from ..runtime.mesh import parse_parallel
 
+#: the flat data-parallel strategies (one group of every dp rank)
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+#: hierarchical sharding: groups inside nodes (HSDP, ZeRO++'s hpZ)
+HIERARCHICAL = ("hsdp", "hpz")
+#: every strategy the planner plans and the advisor ranks
+ALL_STRATEGIES = STRATEGIES + HIERARCHICAL
+#: hsdp and hpz shard parameters, gradients and optimizer states as stage 3 does
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3, "hpz": 3}
 OFFLOADS = ("none", "optimizer", "params")
 SCHEDULES = ("1f1b", "gpipe")
 #: DeepSpeed's defaults, in elements (FACTS §7)
@@ -55,6 +65,10 @@ class Layout:
     global_batch: int | None = None
     #: where the layout came from (a DeepSpeed config's path), and what of it was not modelled
     notes: tuple = ()
+    #: hsdp: the data-parallel ranks a parameter is sharded over (FSDP2's shard mesh dimension, MiCS's
+    #: mics_shard_size); hpz: the ranks its secondary copy is sharded over (zero_hpz_partition_size).
+    #: None: the data-parallel ranks of one node, gpus_per_node // tp (at most dp)
+    shard_group: int | None = None
 
     @property
     def stage(self) -> int:
@@ -63,6 +77,15 @@ class Layout:
     @property
     def sp(self) -> bool:
         return self.tp > 1 if self.sequence_parallel is None else bool(self.sequence_parallel and self.tp > 1)
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.strategy in HIERARCHICAL
+
+    @property
+    def replicas(self) -> int:
+        """HSDP's replica groups (dp / shard_group); 1 for every other layout."""
+        return self.dp // self.shard_group if self.hierarchical else 1
 
     @property
     def overlap(self) -> bool:
@@ -74,6 +97,10 @@ class Layout:
 
     def describe(self) -> str:
         off = f" + offload {self.offload}" if self.offload != "none" else ""
+        if self.strategy == "hsdp":
+            off = f" (shard over {self.shard_group} × replicate over {self.replicas})"
+        elif self.strategy == "hpz":
+            off = f" (ZeRO-3 over {self.dp}, secondary copy over {self.shard_group})"
         ckpt = self.checkpointing if self.checkpointing != "every-k" else f"every {self.segment_layers} layers"
         sp = ", sequence parallel" if self.sp else ""
         return (f"{self.strategy}{off}; dp={self.dp} tp={self.tp} pp={self.pp}{sp}; micro-batch "
@@ -115,8 +142,8 @@ def parse_parallel_text(text: str) -> dict:
 
 def check(layout: Layout, model, cluster) -> Layout:
     """The layout with dp filled in, every degree and choice checked against the model and cluster."""
-    if layout.strategy not in STRATEGIES:
-        raise ValueError(f"strategy={layout.strategy!r}; allowed: {', '.join(STRATEGIES)}")
+    if layout.strategy not in ALL_STRATEGIES:
+        raise ValueError(f"strategy={layout.strategy!r}; allowed: {', '.join(ALL_STRATEGIES)}")
     if layout.offload not in OFFLOADS:
         raise ValueError(f"offload={layout.offload!r}; allowed: {', '.join(OFFLOADS)}")
     if layout.schedule not in SCHEDULES:
@@ -133,6 +160,7 @@ def check(layout: Layout, model, cluster) -> Layout:
     policy, k = parse_checkpointing(layout.checkpointing if layout.checkpointing != "every-k"
                                     else f"every-{layout.segment_layers}")
     layout = replace(layout, dp=shape["dp"], checkpointing=policy, segment_layers=k)
+    layout = _check_shard_group(layout, cluster)
     if not model.has_shape:
         if layout.tp > 1 or layout.pp > 1:
             raise ValueError(f"tp={layout.tp}, pp={layout.pp}: a bare parameter count has no layers or heads to "
@@ -158,6 +186,27 @@ def check(layout: Layout, model, cluster) -> Layout:
         raise ValueError(f"train_batch_size={layout.global_batch} but micro-batch {layout.micro_batch_size} × "
                          f"micro-batches {layout.micro_batches} × dp {layout.dp} = {expected}")
     return layout
+
+
+def _check_shard_group(layout: Layout, cluster) -> Layout:
+    """The shard group filled in (the dp ranks of one node) and checked: hsdp and hpz only, dividing dp."""
+    if not layout.hierarchical:
+        if layout.shard_group is not None:
+            raise ValueError(f"shard_group={layout.shard_group!r} applies to strategy hsdp or hpz, not "
+                             f"{layout.strategy}")
+        return layout
+    if layout.offload != "none":
+        raise ValueError(f"offload: the planner models {layout.strategy} without offload; choose zero1-3 to offload")
+    s = layout.shard_group
+    if s is None:
+        s = max(1, min(layout.dp, cluster.gpus_per_node // layout.tp))
+        while layout.dp % s:
+            s -= 1
+    _positive("shard_group", s)
+    if s > layout.dp or layout.dp % s:
+        raise ValueError(f"shard_group={s} must divide dp={layout.dp}: {layout.strategy} needs dp = replicas × "
+                         f"shard_group (e.g. shard_group={min(layout.dp, cluster.gpus_per_node)})")
+    return replace(layout, shard_group=s)
 
 
 #: top-level DeepSpeed keys the planner reads itself
@@ -197,9 +246,20 @@ def from_deepspeed_config(source) -> dict:
     for key in [k for k in zero if k in NOT_IMPLEMENTED]:
         notes.append(f"zero_optimization.{key} not modelled")
         zero.pop(key)
+    hierarchical = {}
+    for key, strategy in (("zero_hpz_partition_size", "hpz"), ("mics_shard_size", "hsdp")):
+        if key in zero:
+            value = zero.pop(key)
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+                raise ValueError(f"zero_optimization.{key}={value!r} must be a positive whole number")
+            if value > 1:
+                hierarchical = dict(strategy=strategy, shard_group=value)
     options = from_deepspeed({"zero_optimization": zero, "gradient_clipping": 0})
     stage = options.pop("stage")
-    changes = dict(strategy=STRATEGIES[stage], offload=offload, notes=tuple(notes))
+    if hierarchical and stage != 3:
+        raise ValueError(f"zero_optimization: hpZ (zero_hpz_partition_size) and MiCS (mics_shard_size) shard "
+                         f"parameters: they need stage 3, not {stage}")
+    changes = dict(strategy=STRATEGIES[stage], offload=offload, notes=tuple(notes)) | hierarchical
     for name in ("reduce_bucket_size", "overlap_comm", "prefetch", "prefetch_bucket_size",
                  "param_persistence_threshold"):
         if name in options:

@@ -117,6 +117,8 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
     known = bool(sizes)
     if layout.offload != "none":
         return _offload_terms(psi, layout, n, convention, largest_module)
+    if layout.hierarchical:
+        return _hierarchical_terms(psi, sizes, layout, n, convention, largest_module)
     if convention.name == "deepspeed":
         states = theory.deepspeed_model_state_bytes(stage, psi, n, largest_module)
         formulas = {0: ("2Ψ", "6Ψ (16-bit + fp32)", "12Ψ"), 1: ("2Ψ", "2Ψ + 4Ψ/N", "12Ψ/N"),
@@ -144,6 +146,42 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
              theory_term("optimizer", "optimizer states", states.optimizer, f"K·{shard[2]}, K = {k}",
                          f"{layout.optimizer}{' with an fp32 master copy' if layout.precision != 'fp32' else ''}; "
                          f"{step_note}")]
+    return states, 0.0, terms, units
+
+
+def _hierarchical_terms(psi, sizes, layout, n, convention, largest_module):
+    """HSDP: ZeRO-3 over the shard group s; hpZ: ZeRO-3 over N plus a secondary 16-bit copy over s."""
+    s, hsdp = layout.shard_group, layout.strategy == "hsdp"
+    b = theory.param_bytes_per_element(layout.precision)
+    where = (f"HSDP: sharded over a group of s = {s}, replicated over {n // s} groups" if hsdp
+             else f"hpZ: ZeRO-3 over N = {n}, secondary parameter copy over s = {s} (ZeRO++)")
+    if convention.name == "deepspeed":
+        base = theory.deepspeed_model_state_bytes(3, psi, s if hsdp else n, largest_module)
+        extra = 0 if hsdp else theory.hpz_secondary_bytes(psi, s, layout.precision)
+        states = theory.ModelStates(base.params + extra, base.grads, base.optimizer)
+        shard = "s" if hsdp else "N"
+        terms = [theory_term("params", "params (DeepSpeed convention, stage 3)", states.params,
+                             "4·L (largest layer)" + ("" if hsdp else " + 2Ψ/s (secondary copy)"), where),
+                 theory_term("grads", "grads", states.grads, f"6Ψ/{shard}", "DeepSpeed's estimator"),
+                 theory_term("optimizer", "optimizer states", states.optimizer, f"12Ψ/{shard}",
+                             "DeepSpeed's estimator")]
+        return states, 0.0, terms, None
+    known = bool(sizes)
+    units, persistent, tensors = _units(sizes, layout) if known else (None, 0, 0)
+    steps = tensors if known and layout.optimizer == "adamw" else 0
+    k = theory.optimizer_bytes_per_element(layout.precision, layout.optimizer)
+    if hsdp:
+        states = theory.hsdp_model_state_bytes(psi, n, s, layout.precision, layout.optimizer, units, steps)
+        shard, params_formula = "Ψ/s", f"{b}·Ψ/s"
+    else:
+        states = theory.hpz_model_state_bytes(psi, n, s, layout.precision, layout.optimizer, units, steps)
+        shard, params_formula = "Ψ/N", f"{b}·Ψ/N + {b}·Ψ/s (secondary copy)"
+    pad = "flat units padded to a multiple of the group" if units else "no padding (one buffer)"
+    terms = [theory_term("params", "params", states.params, params_formula, f"{where}; {pad}"),
+             theory_term("grads", "grads", states.grads, f"{b}·{shard}", layout.precision),
+             theory_term("optimizer", "optimizer states", states.optimizer, f"K·{shard}, K = {k}",
+                         f"{layout.optimizer}{' with an fp32 master copy' if layout.precision != 'fp32' else ''}"
+                         + (f"; + 4 B × {steps} Adam step scalars" if steps else ""))]
     return states, 0.0, terms, units
 
 

@@ -48,6 +48,16 @@ class Plan:
         return traffic.by_axis(self.transfers)
 
     @property
+    def comm_bytes_by_link(self) -> dict:
+        """Bytes one GPU sends per step on each link: ``{"intra-node": …, "inter-node": …, "host (PCIe)": …}``."""
+        return traffic.by_link(self.transfers)
+
+    @property
+    def bytes_leaving_node(self) -> float:
+        """Bytes that leave each node per step (:func:`zerokit.theory.ring_bytes_leaving_a_node`, summed)."""
+        return sum(t.leaving_node for t in self.transfers)
+
+    @property
     def comm_seconds(self) -> float:
         """Estimated seconds per step on the links, every transfer one after another (no overlap)."""
         return sum(t.seconds for t in self.transfers)
@@ -65,6 +75,8 @@ class Plan:
                 "total_bytes": self.memory.total, "gpu_memory_bytes": self.cluster.gpu_memory, "fits": self.fits,
                 "host_bytes_per_node": self.host_bytes_per_node,
                 "comm_bytes_per_step": self.comm_bytes_per_step,
+                "comm_bytes_per_step_by_link": self.comm_bytes_by_link,
+                "bytes_leaving_each_node_per_step": self.bytes_leaving_node,
                 "comm_seconds_per_step_estimate": self.comm_seconds}
 
     def to_dict(self, advice: bool = True) -> dict:
@@ -118,11 +130,16 @@ def build(model, cluster: Cluster, layout: layouts.Layout, convention, notes=())
     if model.cross_attention_layers:
         notes.append("encoder-decoder: the encoder and decoder sequences are both taken as seq_len; the encoder "
                      "output each cross-attention reads is not counted")
+    transfers = traffic.transfers(model, layout, cluster, worst)
+    if any(t.link == "inter-node" and t.leaving_node < cluster.gpus_in_a_node * t.bytes for t in transfers):
+        notes.append("a ring whose ranks share a node and span nodes is estimated at one GPU's inter-node link for "
+                     "all its bytes (one rail); NCCL spreads a ring's channels over the node's network cards, which "
+                     "can make it up to gpus_per_node times quicker than this estimate. The bytes that leave each "
+                     "node do not depend on that: compare layouts by them too")
     if layout.offload != "none":
         notes.append("offload: CPU Adam's speed decides whether the step keeps up (users report 10-50× slower "
                      "steps when it is not vectorised); not in the time estimate")
-    return Plan(model, cluster, layout, convention, worst, stages, traffic.transfers(model, layout, cluster, worst),
-                host, host_formula, notes)
+    return Plan(model, cluster, layout, convention, worst, stages, transfers, host, host_formula, notes)
 
 
 def parse_memory(value, convention) -> float:
@@ -152,12 +169,12 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
          offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
          sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
-         **links) -> Plan:
+         shard_group=None, **links) -> Plan:
     """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
 
     The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
     ``preset="llama-7b"``, or a shape (``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``,
-    ``seq_len``, ``tied``). The layout: ``strategy`` (ddp, zero1-3; default ddp), ``offload``
+    ``seq_len``, ``tied``). The layout: ``strategy`` (ddp, zero1-3, hsdp, hpz; default ddp), ``offload``
     (none, optimizer, params), ``parallel`` ({"dp", "tp", "pp"} or "dp=8,tp=2"),
     ``micro_batch_size``, ``micro_batches``, ``checkpointing`` (none, full, sqrt, every-K),
     ``precision`` (bf16-mixed default, as the paper), or ``deepspeed_config`` (a dict or JSON
@@ -167,6 +184,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     overrides the model's (True: flash attention, no s×s scores saved);
     ``sequence_parallel_regather=False`` counts a column-parallel layer's gathered input as
     saved whole (what zerokit's tiny GPT plan does today; Megatron re-gathers it).
+    ``shard_group`` (hsdp, hpz): the data-parallel ranks a parameter (hsdp) or the secondary
+    copy (hpz) is sharded over; default the data-parallel ranks of one node.
     """
     conv = get_convention(convention)
     spec = resolve(model, params, preset, **{k: v for k, v in dict(
@@ -183,7 +202,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     base = layouts.Layout(schedule=schedule, sequence_parallel=sequence_parallel,
                           sequence_parallel_regather=bool(sequence_parallel_regather))
     given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,
-                                   micro_batches=micro_batches, precision=precision, optimizer=optimizer).items()
+                                   micro_batches=micro_batches, precision=precision, optimizer=optimizer,
+                                   shard_group=shard_group).items()
              if v is not None}
     if deepspeed_config is not None:
         from_config = layouts.from_deepspeed_config(deepspeed_config)

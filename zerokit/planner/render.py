@@ -59,6 +59,8 @@ def traffic_lines(plan) -> list:
     if plan.transfers:
         per_axis = ", ".join(f"{axis} {u.text(b)}" for axis, b in plan.comm_bytes_per_step.items())
         lines.append(f"  total: {per_axis}; ≈ {seconds(plan.comm_seconds)} per step on the links (estimate)")
+        per_link = ", ".join(f"{link} {u.text(b)}" for link, b in plan.comm_bytes_by_link.items())
+        lines.append(f"  by link: {per_link}; {u.text(plan.bytes_leaving_node)} leave each node per step")
     b = plan.bubble
     if b["p"] > 1:
         lines.append(f"pipeline bubble: {100 * b['fraction_of_wall_time']:.1f} % of wall time "

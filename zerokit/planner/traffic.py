@@ -7,13 +7,19 @@
   the head's and the loss's (:func:`~zerokit.theory.tp_edge_bytes_per_step`); with sequence
   parallelism the whole parameters' gradients (:func:`~zerokit.theory.sequence_parallel_grad_bytes`);
 - ``pp``: :func:`~zerokit.theory.pipeline_p2p_bytes` across the stage's boundaries;
+- hierarchical dp (``hsdp``, ``hpz``): :func:`~zerokit.theory.hsdp_collective_bytes` and
+  :func:`~zerokit.theory.hpz_collective_bytes`, each collective on the link its own group
+  runs on (the shard group inside a node, the replicas or all N across nodes);
 - ``host``: ZeRO-Offload's gradients out and parameters back
   (:func:`~zerokit.theory.offload_traffic_bytes_accumulated`, :func:`~zerokit.theory.param_offload_traffic_bytes`).
 
 Times are :func:`~zerokit.theory.link_seconds` (α-β) on the link each axis runs on
 (:func:`~zerokit.planner.cluster.axis_link`), with ring rounds as messages: an estimate
 that assumes the ring reaches the link's bandwidth and that nothing overlaps with compute.
-The pipeline bubble is :func:`~zerokit.theory.bubble_fraction`.
+The pipeline bubble is :func:`~zerokit.theory.bubble_fraction`. Every network transfer also
+carries the bytes it makes leave each node per step
+(:func:`~zerokit.theory.ring_bytes_leaving_a_node`), which does not depend on how a ring
+spanning nodes is spread over the node's network cards.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from .. import theory
-from .cluster import axis_link
+from .cluster import ORDER, axis_link, group_link
 from .layout import DDP_BUCKET_BYTES
 
 
@@ -36,10 +42,26 @@ class Transfer:
     link: str
     seconds: float
     formula: str
+    #: bytes this transfer makes leave each node per step (0: it stays in the node, or goes to the host)
+    leaving_node: float = 0.0
 
     def as_dict(self) -> dict:
         return {"axis": self.axis, "collective": self.collective, "bytes": self.bytes, "calls": self.calls,
-                "link": self.link, "seconds": self.seconds, "formula": self.formula}
+                "link": self.link, "seconds": self.seconds, "formula": self.formula,
+                "leaving_node_bytes": self.leaving_node}
+
+
+def _stride(layout, axis: str) -> int:
+    stride = 1
+    for inner in ORDER[:ORDER.index(axis)]:
+        stride *= layout.degrees()[inner]
+    return stride
+
+
+def _leaving(layout, cluster, axis: str, nbytes: float) -> float:
+    """Bytes leaving each node for a ring over ``axis`` whose every rank sends ``nbytes``."""
+    return float(theory.ring_bytes_leaving_a_node(nbytes, layout.degrees()[axis], _stride(layout, axis),
+                                                  cluster.gpus_per_node))
 
 
 def _rounds(collective: str, n: int) -> int:
@@ -51,6 +73,8 @@ def dp_transfers(layout, cluster, psi: int, units) -> list:
     n, m = layout.dp, layout.micro_batches
     if n <= 1:
         return []
+    if layout.hierarchical:
+        return hierarchical_transfers(layout, cluster, psi, units)
     b = theory.param_bytes_per_element(layout.precision)
     link = axis_link(cluster, layout.degrees(), "dp")
     by_kind = theory.zero_collective_bytes(layout.stage, psi, n, b, m, units)
@@ -68,7 +92,41 @@ def dp_transfers(layout, cluster, psi: int, units) -> list:
         messages = calls[kind] * _rounds(kind, n)
         out.append(Transfer("dp", kind, nbytes, calls[kind], link.name,
                             theory.link_seconds(nbytes, messages, link.bandwidth, link.latency),
-                            f"{formulas[kind]}, Ψ = {psi:,}, N = {n}, A = {m}"))
+                            f"{formulas[kind]}, Ψ = {psi:,}, N = {n}, A = {m}",
+                            _leaving(layout, cluster, "dp", nbytes)))
+    return out
+
+
+def hierarchical_transfers(layout, cluster, psi: int, units) -> list:
+    """HSDP's and hpZ's collectives of one rank per step, each on its own group's link."""
+    n, m, s, t = layout.dp, layout.micro_batches, layout.shard_group, layout.tp
+    r = n // s
+    b = theory.param_bytes_per_element(layout.precision)
+    unit_count = len(units) if units else 1
+    if layout.strategy == "hsdp":
+        by = theory.hsdp_collective_bytes(psi, n, s, b, m, units)
+        plan = [("shard", "all_gather", s, t, 2 * m * unit_count,
+                 "2A·(s−1)/s·Ψ·b: forward and backward, in the group"),
+                ("shard", "reduce_scatter", s, t, m * unit_count, "A·(s−1)/s·Ψ·b: gradients, in the group"),
+                ("replicate", "all_reduce", r, t * s, unit_count,
+                 "2(r−1)/r·(Ψ/s)·b: the gradient shard across the replicas, once per step")]
+    else:
+        by = theory.hpz_collective_bytes(psi, n, s, b, m, units)
+        plan = [("global", "all_gather", n, t, m * unit_count, "A·(N−1)/N·Ψ·b: forward, over all N"),
+                ("secondary", "all_gather", s, t, m * unit_count,
+                 "A·(s−1)/s·Ψ·b: backward, from the secondary copy"),
+                ("global", "reduce_scatter", n, t, m * unit_count, "A·(N−1)/N·Ψ·b: gradients, over all N")]
+    out = []
+    for group, kind, size, stride, calls, formula in plan:
+        nbytes = by[group].get(kind, 0)
+        if not nbytes:
+            continue
+        link = group_link(cluster, size, stride)
+        messages = calls * _rounds(kind, size)
+        leaving = float(theory.ring_bytes_leaving_a_node(nbytes, size, stride, cluster.gpus_per_node))
+        out.append(Transfer("dp", f"{kind}, {group}", nbytes, calls, link.name,
+                            theory.link_seconds(nbytes, messages, link.bandwidth, link.latency),
+                            f"{formula}; {size} ranks, Ψ = {psi:,}, N = {n}, s = {s}, r = {r}, A = {m}", leaving))
     return out
 
 
@@ -87,7 +145,8 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
 
     def transfer(kind, nbytes, calls, formula):
         return Transfer("tp", kind, nbytes, calls, link.name,
-                        theory.link_seconds(nbytes, calls * rounds, link.bandwidth, link.latency), formula)
+                        theory.link_seconds(nbytes, calls * rounds, link.bandwidth, link.latency), formula,
+                        _leaving(layout, cluster, "tp", nbytes))
 
     pair = "all_gather + reduce_scatter" if layout.sp else "all_reduce"
     out = [transfer(f"{pair} (layers)", theory.tp_bytes_sent_per_step(s, b, h, t, layers, m, e, recompute),
@@ -125,7 +184,8 @@ def pp_transfers(layout, cluster, model, stage: int) -> list:
     return [Transfer("pp", "send/recv", nbytes, directions * m, link.name,
                      theory.link_seconds(nbytes, directions * m, link.bandwidth, link.latency),
                      f"m·s·b·h·e per boundary each way{' / t (sequence parallel)' if layout.sp else ''}; stage "
-                     f"{stage} sends {'forward and backward' if directions == 2 else 'one way'}")]
+                     f"{stage} sends {'forward and backward' if directions == 2 else 'one way'}",
+                     _leaving(layout, cluster, "pp", nbytes))]
 
 
 def host_transfers(layout, cluster, psi: int) -> list:
@@ -160,6 +220,14 @@ def by_axis(items: list) -> dict:
     out: dict = {}
     for item in items:
         out[item.axis] = out.get(item.axis, 0) + item.bytes
+    return out
+
+
+def by_link(items: list) -> dict:
+    """Bytes per step per link: ``{"intra-node": …, "inter-node": …, "host (PCIe)": …}`` (links with traffic)."""
+    out: dict = {}
+    for item in items:
+        out[item.link] = out.get(item.link, 0) + item.bytes
     return out
 
 

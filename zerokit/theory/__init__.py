@@ -11,7 +11,8 @@ Flat buffers are padded to a multiple of n, so a rank's shard of a unit of ``u``
 elements is ``ceil(u / n)`` elements; pass the unit sizes to get exact figures.
 
 The formulas live in one module per subject — ``model_states``, ``deepspeed``,
-``communication``, ``parallelism``, ``activations``, ``transformer``, ``offload`` — and
+``communication``, ``parallelism``, ``activations``, ``transformer``, ``offload``,
+``hierarchical`` (HSDP, ZeRO++ hpZ) — and
 every name is available here: ``zerokit.theory.ring_bytes_sent`` as before.
 """
 from __future__ import annotations
@@ -43,3 +44,7 @@ from .transformer import (  # noqa: F401
 from .offload import (  # noqa: F401
     offload_traffic_bytes, offload_model_state_bytes, offload_traffic_bytes_accumulated,
     param_offload_traffic_bytes, SplitStates, offload_states, offload_transfer_bytes)
+from .hierarchical import (  # noqa: F401
+    HIERARCHICAL, check_shard_group, hsdp_model_state_bytes, hpz_secondary_bytes, hpz_model_state_bytes,
+    hsdp_collective_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
+    hierarchical_link_bytes)
