@@ -82,3 +82,40 @@ def test_the_zigzag_layout_balances_the_causal_work():
     assert torch.equal(layout.gather([layout.split(x, r, cp) for r in range(cp)]), x)
     with pytest.raises(ValueError, match="multiple of 2·cp"):
         layout.check(30, 4)
+
+
+# -- inside zerokit.train: the tiny GPT's sequence cut over cp, against one process ------------------------------
+def _gpt():
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8, tie_weights=True)
+
+
+@pytest.mark.parametrize("attention,parallel,strategy", [("ring", {"cp": 2}, "ddp"), ("ulysses", {"cp": 2}, "ddp"),
+                                                         ("ring", {"dp": 2, "cp": 2}, "zero3")])
+def test_the_tiny_gpt_under_context_parallelism_trains_like_one_process(attention, parallel, strategy):
+    from zerokit.cli import compare
+
+    world = parallel.get("dp", 1) * parallel["cp"]
+    report = compare(_gpt(), world, ["single", strategy], steps=3, optimizer="sgd", lr=0.1, parallel=parallel,
+                     options_for=lambda name: {"cp_attention": attention} if name == strategy else {})
+    result = report[strategy]
+    assert result.param_diff["max_abs"] <= 1e-5, result.param_diff  # fp32: sums in another order
+    assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
+    for rank in result.ranks:
+        measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+        # the sequence's attention on cp, the gradients on the flattened dp × cp group: each = its formula
+        assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5), (measured,
+                                                                                     rank.theory_comm_bytes_by_axis)
+        assert set(measured) == {"cp", "dp_cp"}
+
+
+def test_context_parallel_settings_are_checked_before_any_process_starts():
+    with pytest.raises(ValueError, match="applies only with context parallelism"):
+        zerokit.train(_gpt(), "ddp", world_size=2, steps=1, cp_attention="ring")
+    with pytest.raises(ValueError, match="cp_attention='flash'; allowed"):
+        zerokit.train(_gpt(), "ddp", world_size=2, steps=1, parallel={"cp": 2}, cp_attention="flash")
+    with pytest.raises(ValueError, match="splits the heads over cp = 4"):
+        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 4}, cp_attention="ulysses")
+    with pytest.raises(ValueError, match="composes with dp only"):
+        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "tp": 2})
+    with pytest.raises(ValueError, match="context parallelism .the sequence cut over ranks., which strategy .torch-ddp. does not"):
+        zerokit.train(_gpt(), "torch-ddp", world_size=2, steps=1, parallel={"cp": 2})

@@ -10,7 +10,8 @@ from zerokit.cli import compare
 from zerokit.runtime.mesh import AXES, axis_ranks, coords_of, parse_parallel
 
 SHAPES = [{"pp": 1, "dp": 8, "tp": 1}, {"pp": 2, "dp": 2, "tp": 2}, {"pp": 4, "dp": 1, "tp": 2},
-          {"pp": 1, "dp": 4, "tp": 2}, {"pp": 2, "dp": 4, "tp": 1}]
+          {"pp": 1, "dp": 4, "tp": 2}, {"pp": 2, "dp": 4, "tp": 1}, {"pp": 1, "dp": 2, "cp": 2, "tp": 2},
+          {"pp": 2, "dp": 1, "cp": 4, "tp": 1}]
 
 
 def test_the_layout_puts_tp_innermost():
@@ -21,6 +22,11 @@ def test_the_layout_puts_tp_innermost():
     assert axis_ranks(5, shape, "tp") == [4, 5]
     assert axis_ranks(5, shape, "dp") == [5, 7]
     assert axis_ranks(5, shape, "pp") == [1, 5]
+    # cp between dp and tp; dp_cp the flattened data-parallel group with context parallel, dp outermost
+    shape = {"pp": 1, "dp": 2, "cp": 2, "tp": 2}
+    assert coords_of(7, shape) == {"pp": 0, "dp": 1, "cp": 1, "tp": 1}
+    assert axis_ranks(7, shape, "cp") == [5, 7] and axis_ranks(7, shape, "dp") == [3, 7]
+    assert axis_ranks(7, shape, "dp_cp") == [1, 3, 5, 7]
 
 
 def _groups(ctx, shapes):
@@ -32,7 +38,10 @@ def _groups(ctx, shapes):
         for axis in AXES:
             group = mesh.group(axis)
             members[axis] = (list(range(ctx.world_size)) if group is None else dist.get_process_group_ranks(group))
+        flat = mesh.group("dp_cp")
+        members["dp_cp"] = list(range(ctx.world_size)) if flat is None else dist.get_process_group_ranks(flat)
         out.append({"coords": mesh.coords, "members": members, "expected": {a: mesh.ranks(a) for a in AXES},
+                    "dp_cp": members["dp_cp"],
                     "axis_of": {a: mesh.axis_of(mesh.group(a)) for a in AXES if mesh.size(a) > 1}})
     return out
 
@@ -44,19 +53,21 @@ def test_group_membership_on_eight_ranks():
             assert got["coords"] == coords_of(rank, shape)
             for axis in AXES:
                 assert got["members"][axis] == axis_ranks(rank, shape, axis), (shape, axis)
-                assert len(got["members"][axis]) == shape[axis]
-            assert got["axis_of"] == {a: a for a in AXES if shape[a] > 1}
+                assert len(got["members"][axis]) == shape.get(axis, 1)
+            assert got["axis_of"] == {a: a for a in AXES if shape.get(a, 1) > 1}
+            assert got["dp_cp"] == axis_ranks(rank, shape, "dp_cp")
     # every axis partitions the world: its groups are disjoint and cover every rank
     for i, shape in enumerate(SHAPES):
         for axis in AXES:
             groups = {tuple(results[r][i]["members"][axis]) for r in range(8)}
             assert sorted(r for g in groups for r in g) == list(range(8))
-            assert len(groups) == 8 // shape[axis]
+            assert len(groups) == 8 // shape.get(axis, 1)
 
 
 def test_degrees_are_checked_before_any_process_starts():
     assert parse_parallel(None, 4) == {"pp": 1, "dp": 4, "tp": 1}
     assert parse_parallel({"tp": 2}, 8) == {"pp": 1, "dp": 4, "tp": 2}
+    assert parse_parallel({"cp": 2}, 8) == {"pp": 1, "dp": 4, "cp": 2, "tp": 1}
     for bad, match in [({"dp": 3}, "multiply"), ({"ep": 2}, "unknown axis"), ({"dp": 0}, "positive"),
                        ("dp=2", "dict"), ({"tp": 3}, "does not divide")]:
         with pytest.raises(ValueError, match=match):

@@ -17,7 +17,7 @@ from .train import reference_device, run_job, run_reference
 from .workloads import Workload
 
 #: how ``--parallel`` is written, for its help and its error messages
-PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, tp, pp, e.g. dp=2,tp=1,pp=1"
+PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, tp, pp, e.g. dp=2,tp=1,pp=1"
 
 
 class UsageError(ValueError):
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--optimizer", choices=theory.OPTIMIZERS, default="adamw")
     cmp_.add_argument("--lr", type=float, default=1e-3)
     cmp_.add_argument("--micro-batches", type=int, default=1)
-    cmp_.add_argument("--parallel", metavar="dp=N,tp=N,pp=N",
+    cmp_.add_argument("--parallel", metavar="dp=N,cp=N,tp=N,pp=N",
                       help=f"the device mesh, degrees multiplying to --world-size ({PARALLEL_FORM}; "
                            f"an axis left out is 1, or for dp the rest); default: every rank on dp; "
                            f"axes {', '.join(AXES)}; pp above 1 runs a pipeline (ddp, zero1, pp, torch-pp-*)")

@@ -46,6 +46,8 @@ class Job:
     save_dir: Optional[str] = None
     save_every: Optional[int] = None
     resume_from: Optional[str] = None
+    #: with cp > 1: the attention across the cp ranks, "ring" or "ulysses" (:mod:`zerokit.context_parallel`)
+    cp_attention: str = "ring"
 
 
 def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
@@ -63,6 +65,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     from .runtime.link import resolve as resolve_link
 
     link = resolve_link(options.pop("link", link))  # --option link=… puts it in the options
+    cp_attention = options.pop("cp_attention", None)
     theory.check_precision(precision)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
@@ -90,6 +93,9 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
         check_pipeline(options, micro_batches, shape["pp"], cls.name, workload.build_model() if pipeline else None,
                        pipeline_only)
     _check_tensor_parallel(workload, cls, shape["tp"], sequence_parallel)
+    if cls.name == "single":  # the one-process reference a comparison runs the same options against: no cp
+        cp_attention = None
+    cp_attention = _check_context_parallel(workload, shape, cp_attention)
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
     degree = shape["dp"] if cls.data_parallel else 1
@@ -99,11 +105,33 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                          f"multiple of {degree * micro_batches}")
     return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
                track_peak, keep_records, None if parallel is None else shape, sequence_parallel,
-               checkpointing=checkpointing, checkpoint_every=checkpoint_every, link=link, **saving)
+               checkpointing=checkpointing, checkpoint_every=checkpoint_every, link=link, **saving,
+               cp_attention=cp_attention)
+
+
+def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention) -> str:
+    """``cp_attention`` and the model under cp > 1, before any process starts; a cp_attention without cp is refused
+    (it would change nothing)."""
+    cp = shape.get("cp", 1)
+    if cp == 1:
+        if attention is not None:
+            raise ValueError(f"cp_attention={attention!r} applies only with context parallelism: add cp=2 (or more) "
+                             f"to parallel")
+        return "ring"
+    from .context_parallel.apply import check_model
+
+    attention = "ring" if attention is None else attention
+    if shape["tp"] > 1 or shape["pp"] > 1:
+        raise ValueError(f"parallel cp={cp} with tp={shape['tp']}, pp={shape['pp']}: context parallelism composes "
+                         f"with dp only so far (dp × cp); use tp=1, pp=1")
+    model = workload.build_model()
+    seq_len = workload.batch(0)[0].shape[1]
+    check_model(model, seq_len, cp, attention)
+    return attention
 
 
 #: keywords of ``train`` that ``--option`` / ``options_for`` may also carry, for every strategy
-JOB_OPTIONS = ("checkpointing", "checkpoint_every", "link", "save_dir", "save_every", "resume_from")
+JOB_OPTIONS = ("checkpointing", "checkpoint_every", "link", "save_dir", "save_every", "resume_from", "cp_attention")
 
 
 def _checkpointing_options(workload: Workload, options: dict, checkpointing, checkpoint_every):

@@ -44,6 +44,10 @@ def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
         per = inputs.shape[0] // n
         inputs = inputs[i * per:(i + 1) * per]
         targets = targets[i * per:(i + 1) * per]
+    if ctx.mesh.size("cp") > 1:  # context parallelism: this rank's chunks of every sequence
+        from .context_parallel import layout
+
+        inputs, targets = (layout.split(t, ctx.mesh.coord("cp"), ctx.mesh.size("cp")) for t in (inputs, targets))
     a = job.config.micro_batches
     return list(zip(inputs.chunk(a), targets.chunk(a)))
 
@@ -103,6 +107,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tensor_parallel:
         with comm.phase("setup"):
             plan, loss_fn = _tensor_parallel(job, ctx, model)
+    if ctx.mesh.size("cp") > 1:  # before any strategy: the attention cores and positions of this rank's tokens
+        from .context_parallel import apply_context_parallel
+
+        apply_context_parallel(model, ctx.mesh, job.workload.batch(0)[0].shape[1], job.cp_attention)
     checkpointing = None
     if job.checkpointing != "none":  # on the (tensor-parallel) blocks, before any strategy wraps them
         from .checkpointing import apply_checkpointing
@@ -189,7 +197,13 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tracer is not None:
         tracer.remove_hooks()
     ledger.resolve()
-    theory_by_axis = {"dp": strategy.theory_comm_bytes(psi_rank)}
+    theory_by_axis = {"dp" if ctx.mesh.size("cp") == 1 else "dp_cp": strategy.theory_comm_bytes(psi_rank)}
+    if ctx.mesh.size("cp") > 1:
+        from .context_parallel.apply import theory_bytes
+
+        x = _local_batch(job, ctx, 0, cls.data_parallel)[0][0]
+        theory_by_axis["cp"] = theory_bytes(model, ctx.mesh.size("cp"), job.cp_attention, x.shape[0], x.shape[1],
+                                            torch.empty((), dtype=dtype).element_size(), job.config.micro_batches)
     if tensor_parallel:
         last_stage = pipeline is None or ctx.mesh.coord("pp") == ctx.mesh.size("pp") - 1
         theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype, computes_loss=last_stage)
@@ -283,8 +297,10 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
           resume_from: Optional[str] = None, heartbeat_s: Optional[float] = None, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
-    ``parallel={"dp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
-    multiplying to ``world_size``; default: every rank on ``dp``). With ``tp`` above 1 the
+    ``parallel={"dp": …, "cp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
+    multiplying to ``world_size``; default: every rank on ``dp``). With ``cp`` above 1 each rank
+    holds zig-zag chunks of every sequence and attention runs across them (``cp_attention="ring"``
+    or ``"ulysses"``, :mod:`zerokit.context_parallel`); the weights' gradients are reduced over dp × cp. With ``tp`` above 1 the
     model is split by the workload's tensor-parallel plan before the strategy runs on
     ``dp`` (``sequence_parallel=True`` also shards the LayerNorm regions along the sequence).
     ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,

@@ -55,6 +55,9 @@ def _generator(seed: int, step: int) -> torch.Generator:
 # --- tiny GPT ------------------------------------------------------------------------------
 
 class CausalSelfAttention(nn.Module):
+    #: context parallelism's attention over every cp rank's keys (:mod:`zerokit.context_parallel`); None: local
+    context = None
+
     def __init__(self, d_model: int, n_head: int):
         super().__init__()
         if d_model % n_head:
@@ -71,7 +74,10 @@ class CausalSelfAttention(nn.Module):
         b, s = qkv.shape[:2]
         q, k, v = qkv.chunk(3, dim=-1)
         q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.context is not None:
+            y = self.context(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -152,8 +158,11 @@ class TinyGPT(nn.Module):
         if tie_weights:
             self.head.weight = self.tok.weight
 
+    #: the global positions of this rank's tokens under context parallelism; None: 0 … T−1
+    positions = None
+
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = self.positions if self.positions is not None else torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for block in self.blocks:
             x = block(x)

@@ -96,7 +96,7 @@ class DataParallel(Replicated):
     """``ddp-naive``: the full model on every rank; after backward one all-reduce per parameter."""
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
-    axes = ("dp", "tp")
+    axes = ("dp", "cp", "tp")
     name = "ddp-naive"
     stage = 0
     options = {

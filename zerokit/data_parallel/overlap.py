@@ -52,7 +52,7 @@ class OverlappedDataParallel(DataParallel):
 
     name = "ddp"
     #: data parallelism over tensor-parallel shards and pipeline stages (2-D and 3-D parallelism)
-    axes = ("dp", "tp", "pp")
+    axes = ("dp", "cp", "tp", "pp")
     options = {
         **DataParallel.options,
         **PIPELINE_OPTIONS,

@@ -125,12 +125,13 @@ def axis_of(group) -> str:
     """The mesh axis of ``group`` on this rank ("world" outside a mesh or for the whole world)."""
     from . import context
 
-    if group is dist.group.WORLD:
-        group = None
     ctx = context._current
     if ctx is None:  # collectives outside zerokit.launch / torchrun: no mesh was laid out
         return "world"
-    return ctx.mesh.axis_of(group)
+    named = ctx.mesh.axis_of(group)  # a flattened group (dp_cp) may be the world group's own object
+    if named == "world" and group is dist.group.WORLD:
+        named = ctx.mesh.axis_of(None)
+    return named
 
 
 def _backend(group) -> str:

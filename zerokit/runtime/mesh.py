@@ -1,10 +1,13 @@
-"""The device mesh: every rank's place on the named parallel axes ``pp``, ``dp`` and ``tp``.
+"""The device mesh: every rank's place on the named parallel axes ``pp``, ``dp``, ``cp`` and ``tp``.
 
-The world's ranks are laid out as a grid of shape (pp, dp, tp), ``tp`` innermost, as
+The world's ranks are laid out as a grid of shape (pp, dp, cp, tp), ``tp`` innermost, as
 Megatron and torchtitan do: tensor-parallel neighbours are consecutive ranks (one node,
-the fastest links), then data parallelism, pipeline stages outermost. Rank
-``r = (pp_i · dp + dp_i) · tp + tp_i``. Along each axis a rank talks to the ranks that
-share its other two coordinates: that set is the axis's process group.
+the fastest links), then context parallelism, data parallelism, pipeline stages
+outermost. Rank ``r = ((pp_i · dp + dp_i) · cp + cp_i) · tp + tp_i``. Along each axis a
+rank talks to the ranks that share its other coordinates: that set is the axis's process
+group. ``dp_cp`` is the flattened dp × cp group (Megatron's data-parallel group "with
+context parallel"): the ranks that hold the same weights, over which their gradients are
+reduced when the sequence is cut over cp.
 
 Lifecycle: ``parse_parallel`` checks the degrees a user asked for (before any process
 starts); on each rank ``Mesh.build`` creates the groups with torch's ``DeviceMesh``
@@ -27,23 +30,26 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-AXES = ("pp", "dp", "tp")
+AXES = ("pp", "dp", "cp", "tp")
 #: what each axis is for, in error messages and tables
 AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
-                "pp": "pipeline parallelism"}
+                "pp": "pipeline parallelism", "cp": "context parallelism (the sequence cut over ranks)"}
 #: axes some strategy runs on; a degree above 1 on another axis is refused before any process starts
-BUILT_AXES = ("dp", "tp", "pp")
+BUILT_AXES = ("dp", "cp", "tp", "pp")
+#: groups made of several axes: name -> the axes, outermost first
+FLAT_AXES = {"dp_cp": ("dp", "cp")}
 
 
 def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
-    """``{"dp": …, "tp": …, "pp": …}`` from a dict (or None: every rank on ``dp``); sizes multiply to the world size."""
+    """``{"dp": …, "cp": …, "tp": …, "pp": …}`` from a dict (or None: every rank on ``dp``); sizes multiply to the world
+    size."""
     if parallel is None:
         return {"pp": 1, "dp": world_size, "tp": 1}
     if not isinstance(parallel, dict):
         raise ValueError(f"parallel={parallel!r} must be a dict of axis degrees, e.g. {{'dp': 2, 'tp': 1, 'pp': 1}}")
     unknown = sorted(set(parallel) - set(AXES))
     if unknown:
-        raise ValueError(f"parallel: unknown axis {', '.join(map(repr, unknown))}; allowed: dp, tp, pp")
+        raise ValueError(f"parallel: unknown axis {', '.join(map(repr, unknown))}; allowed: dp, cp, tp, pp")
     shape = {}
     for axis in AXES:
         value = parallel.get(axis, 1)
@@ -51,42 +57,60 @@ def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
             raise ValueError(f"parallel: {axis}={value!r} must be a positive integer")
         shape[axis] = value
     if "dp" not in parallel:  # the data-parallel degree fills the rest, as torchtitan's -1
-        rest = shape["tp"] * shape["pp"]
+        rest = shape["cp"] * shape["tp"] * shape["pp"]
         if world_size % rest:
-            raise ValueError(f"parallel: tp × pp = {rest} does not divide the world size {world_size}")
+            raise ValueError(f"parallel: cp × tp × pp = {rest} does not divide the world size {world_size}")
         shape["dp"] = world_size // rest
     if math.prod(shape.values()) != world_size:
-        raise ValueError(f"parallel: dp × tp × pp = {shape['dp']} × {shape['tp']} × {shape['pp']} = "
-                         f"{math.prod(shape.values())}, but the world size is {world_size}; the degrees must "
-                         f"multiply to the number of ranks")
+        raise ValueError(f"parallel: dp × cp × tp × pp = {shape['dp']} × {shape['cp']} × {shape['tp']} × "
+                         f"{shape['pp']} = {math.prod(shape.values())}, but the world size is {world_size}; the "
+                         f"degrees must multiply to the number of ranks")
+    if shape["cp"] == 1:  # the shape names cp only where the sequence is cut: (pp, dp, tp) as before otherwise
+        del shape["cp"]
     return shape
 
 
 def check_built(shape: Dict[str, int], axes=BUILT_AXES, who: str = "zerokit") -> None:
     """Refuse degrees above 1 on axes outside ``axes``: the parallelisms ``who`` (zerokit, or one strategy) runs."""
     for axis in AXES:
-        if axis not in axes and shape[axis] > 1:
+        if axis not in axes and shape.get(axis, 1) > 1:
             allowed = " and ".join(a for a in AXES if a in axes)
             raise ValueError(f"parallel: {axis}={shape[axis]} asks for {AXIS_MEANING[axis]}, which {who} does not "
                              f"implement yet; only {allowed} can be above 1 there (use {axis}=1)")
 
 
+def _full(shape: Dict[str, int]) -> Dict[str, int]:
+    return {axis: shape.get(axis, 1) for axis in AXES}
+
+
 def coords_of(rank: int, shape: Dict[str, int]) -> Dict[str, int]:
-    """A global rank's coordinate on every axis (tp innermost)."""
-    tp_i = rank % shape["tp"]
-    dp_i = (rank // shape["tp"]) % shape["dp"]
-    pp_i = rank // (shape["tp"] * shape["dp"])
-    return {"pp": pp_i, "dp": dp_i, "tp": tp_i}
+    """A global rank's coordinate on every axis (tp innermost, then cp, dp, pp)."""
+    named, shape = shape, _full(shape)
+    coords = {}
+    for axis in reversed(AXES):
+        coords[axis] = rank % shape[axis]
+        rank //= shape[axis]
+    return {axis: coords[axis] for axis in AXES if axis in named or axis != "cp"}
+
+
+def rank_of(coords: Dict[str, int], shape: Dict[str, int]) -> int:
+    """The global rank at ``coords``."""
+    shape, rank = _full(shape), 0
+    for axis in AXES:
+        rank = rank * shape[axis] + coords.get(axis, 0)
+    return rank
 
 
 def axis_ranks(rank: int, shape: Dict[str, int], axis: str) -> List[int]:
-    """The global ranks in ``rank``'s group along ``axis`` (its other coordinates fixed), in axis order."""
+    """The global ranks in ``rank``'s group along ``axis`` (its other coordinates fixed), in axis order; a flat
+    group (``dp_cp``) runs its axes outermost first."""
     mine = coords_of(rank, shape)
-    out = []
-    for i in range(shape[axis]):
-        c = dict(mine, **{axis: i})
-        out.append((c["pp"] * shape["dp"] + c["dp"]) * shape["tp"] + c["tp"])
-    return out
+    shape = _full(shape)
+    axes = FLAT_AXES.get(axis, (axis,))
+    out = [dict(mine)]
+    for a in axes:
+        out = [dict(c, **{a: i}) for c in out for i in range(shape[a])]
+    return [rank_of(c, shape) for c in out]
 
 
 def _weak(group):
@@ -137,11 +161,17 @@ class Mesh:
         import torch.distributed as dist
 
         if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return cls(shape, rank, {axis: None for axis in AXES})
+            return cls(shape, rank, {axis: None for axis in (*AXES, *FLAT_AXES)})
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device_type, tuple(shape[a] for a in AXES), mesh_dim_names=AXES)
-        groups = {axis: (None if shape[axis] == world_size else mesh.get_group(axis)) for axis in AXES}
+        full = _full(shape)
+        mesh = init_device_mesh(device_type, tuple(full[a] for a in AXES), mesh_dim_names=AXES)
+        groups = {axis: (None if full[axis] == world_size else mesh.get_group(axis)) for axis in AXES}
+        for flat, axes in FLAT_AXES.items():
+            if all(full[a] == 1 for a in axes if a != "dp"):
+                groups[flat] = groups["dp"]  # cp = 1: the data-parallel group itself
+            else:  # its own group object, world-sized or not, so the ledger names its traffic dp_cp
+                groups[flat] = mesh[axes]._flatten(flat).get_group()
         return cls(shape, rank, groups, mesh)
 
     @property
@@ -149,15 +179,18 @@ class Mesh:
         return coords_of(self.rank, self.shape)
 
     def size(self, axis: str) -> int:
-        return self.shape[axis]
+        return math.prod(self.shape.get(a, 1) for a in FLAT_AXES.get(axis, (axis,)))
 
     def coord(self, axis: str) -> int:
-        return self.coords[axis]
+        coords, index = self.coords, 0
+        for a in FLAT_AXES.get(axis, (axis,)):
+            index = index * self.shape.get(a, 1) + coords.get(a, 0)
+        return index
 
     def group(self, axis: str):
         """The process group along ``axis`` (None: the world, when the axis spans every rank)."""
-        if axis not in AXES:
-            raise ValueError(f"axis={axis!r}; allowed: {', '.join(AXES)}")
+        if axis not in AXES and axis not in FLAT_AXES:
+            raise ValueError(f"axis={axis!r}; allowed: {', '.join((*AXES, *FLAT_AXES))}")
         return _alive(self.groups[axis], axis)
 
     def ranks(self, axis: str) -> List[int]:
@@ -174,6 +207,10 @@ class Mesh:
                 return axis
         for axis in AXES:
             held = self.groups.get(axis)
-            if (held() if held is not None else None) is group and (group is not None or self.shape[axis] > 1):
+            if (held() if held is not None else None) is group and (group is not None or self.size(axis) > 1):
+                return axis
+        for axis in FLAT_AXES:
+            held = self.groups.get(axis)
+            if group is not None and held is not None and held() is group:
                 return axis
         return "world"

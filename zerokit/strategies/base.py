@@ -77,10 +77,12 @@ class Strategy:
         self.config = config
         self.opts = self.resolve_options(options)
         mesh = ctx.mesh
-        #: the data-parallel axis of the mesh: its group, its size N and this rank's place on it
-        self.group = mesh.group("dp")
-        self.world = mesh.size("dp")
-        self.rank = mesh.coord("dp")
+        #: the data-parallel axis of the mesh: its group, its size N and this rank's place on it — dp × cp when the
+        #: sequence is cut over cp (those ranks hold the same weights: Megatron's data-parallel group with cp)
+        axis = "dp_cp" if mesh.size("cp") > 1 else "dp"
+        self.group = mesh.group(axis)
+        self.world = mesh.size(axis)
+        self.rank = mesh.coord(axis)
         #: False inside ``no_sync``: gradients accumulate locally, nothing is reduced
         self._sync = True
 

@@ -110,7 +110,7 @@ class ShardedDataParallel(Strategy):
     """Flat units of whole parameters on every rank; each rank steps its shards and all-gathers the rest."""
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
-    axes = ("dp", "tp")
+    axes = ("dp", "cp", "tp")
     name = "zero-base"
     stage = 1
     pipeline_refusal = REFUSED
@@ -204,7 +204,7 @@ class ZeroStage1(ShardedDataParallel):
     name = "zero1"
     stage = 1
     #: data parallelism over tensor-parallel shards and pipeline stages (DeepSpeed's pipeline + ZeRO-1)
-    axes = ("dp", "tp", "pp")
+    axes = ("dp", "cp", "tp", "pp")
     pipeline_refusal = ""
     options = {
         "stage": stage_option(1),

@@ -70,7 +70,7 @@ class ZeroStage3(Strategy):
     """ZeRO-3: parameters sharded at rest, gathered unit by unit for forward and for backward."""
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
-    axes = ("dp", "tp")
+    axes = ("dp", "cp", "tp")
     name = "zero3"
     stage = 3
     pipeline_refusal = REFUSED

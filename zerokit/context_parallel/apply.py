@@ -1,0 +1,82 @@
+"""Context parallelism on a model: this rank's tokens, its positions, and attention over every rank's keys.
+
+``apply_context_parallel(model, mesh, seq_len, attention)`` — lifecycle, on every rank, after
+the model is built and before any strategy wraps it:
+
+1. the rank's global positions (:func:`.layout.positions`, zig-zag chunks) are given to the
+   model (``model.positions``: its position embedding reads them instead of 0…T−1);
+2. every attention core (a module with ``context``, zerokit's ``CausalSelfAttention``) gets
+   the cp attention — ring or Ulysses — with those positions and the cp group; everything
+   else in the block (LayerNorm, MLP, residuals) works token by token, on the local tokens;
+3. the training loop feeds each rank its chunks of every sequence (:func:`.layout.split`);
+   the loss over its tokens is a mean over an equal share of them, so the mean over the
+   dp × cp ranks is the whole batch's, and the weights' gradients are averaged over the
+   flattened ``dp_cp`` group by the data-parallel strategy (Megatron's data-parallel group
+   with context parallel).
+
+:func:`theory_bytes` is the cp axis's bytes per step for a model so set up
+(:func:`zerokit.theory.ring_attention_bytes` / ``ulysses_bytes`` per attention call).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from .. import theory
+from . import layout
+from .ring_attention import ring_attention
+from .ulysses import ulysses_attention
+
+ATTENTION = {"ring": ring_attention, "ulysses": ulysses_attention}
+
+
+def check_attention(attention) -> str:
+    if attention not in ATTENTION:
+        raise ValueError(f"cp_attention={attention!r}; allowed: {', '.join(map(repr, ATTENTION))}")
+    return attention
+
+
+def attention_modules(model: nn.Module) -> list:
+    return [m for m in model.modules() if hasattr(m, "context") and hasattr(m, "head_dim")]
+
+
+def check_model(model: nn.Module, seq_len: int, cp: int, attention: str) -> None:
+    """Refuse, before any process starts, a model context parallelism cannot run on, naming what it needs."""
+    check_attention(attention)
+    layout.check(seq_len, cp)
+    cores = attention_modules(model)
+    if not cores or not hasattr(model, "positions"):
+        raise ValueError(f"context parallelism needs a model whose attention cores take it (zerokit's "
+                         f"CausalSelfAttention: a `context` attribute) and whose position embedding reads "
+                         f"`model.positions`; {type(model).__name__} has {len(cores)} such cores")
+    if attention == "ulysses":
+        heads = {m.n_head for m in cores}
+        if any(h % cp for h in heads):
+            raise ValueError(f"cp_attention='ulysses' splits the heads over cp = {cp} ranks; the model has "
+                             f"{sorted(heads)} heads per layer (use 'ring', or a cp that divides them)")
+
+
+def apply_context_parallel(model: nn.Module, mesh, seq_len: int, attention: str = "ring") -> None:
+    cp, rank = mesh.size("cp"), mesh.coord("cp")
+    check_model(model, seq_len, cp, attention)
+    device = next(model.parameters()).device
+    positions = layout.positions(rank, cp, seq_len, device=device)
+    every = torch.stack([layout.positions(r, cp, seq_len, device=device) for r in range(cp)])
+    model.positions = positions
+    core = partial(ATTENTION[attention], positions=positions, all_positions=every, group=mesh.group("cp"))
+    for module in attention_modules(model):
+        module.context = core
+
+
+def theory_bytes(model: nn.Module, cp: int, attention: str, rows: int, local_tokens: int, element_bytes: int,
+                 micro_batches: int) -> int:
+    """The cp axis's bytes one rank sends per step: every attention call, forward and backward, per micro-batch
+    of ``rows`` sequences holding ``local_tokens`` tokens each on this rank."""
+    formula = theory.ring_attention_bytes if attention == "ring" else theory.ulysses_bytes
+    total = 0
+    for m in attention_modules(model):
+        block = rows * m.n_head * local_tokens * m.head_dim * element_bytes
+        total += sum(formula(cp, block).values())
+    return total * micro_batches
