@@ -7,14 +7,22 @@
 # into buckets change it, and how much of it can hide behind backward? (And is it true, as
 # the seed says, that data parallelism stops scaling at N ≤ 8?)
 #
+# **Time:** about 30 min to read and run (the run itself: 11 s on a 2-core laptop) ·
+# **Needs:** lessons 01 (the ring, α and β) and 02 (the 16Ψ of model states), nothing else ·
+# **After it you can answer:** *How many bytes does each GPU send per step in DDP, and does the
+# bucket size change them?* · *Does data parallelism stop scaling at 8 GPUs?* · *How does DDP
+# overlap communication with backward, what can never overlap, and when does overlap pay?* ·
+# *Is a rank blocked on an all-reduce always waiting for communication?*
+#
 # **What you will see.** Three data-parallel strategies built up one mechanism at a time —
 # an all-reduce per tensor, then per bucket, then launched from gradient hooks during
 # backward — and torch's own DDP beside them, all matching single-process training; the
 # gradient bytes each all-reduces per step (the payload, measured) and their ring cost (the
-# ring formula applied to that payload) against the theory's `2(N−1)/N·Ψb`; each rank's **timeline** with the
-# **exposed** communication drawn on top and waits for a late peer named; why overlap **cannot win on this
-# machine's two shared cores**, measured; the same strategies behind an **emulated 1 GbE link**, where it does;
-# and a panel where the bucket size, overlap and the link are yours.
+# ring formula applied to that payload) against the theory's `2(N−1)/N·Ψb`; each rank's
+# **timeline**, with the **exposed** communication split into the collective itself and the
+# time a rank waited for a late peer; whether overlap pays on this machine, measured; the same
+# strategies behind an **emulated 1 GbE link**; and a panel where the bucket size, overlap and
+# the link are yours.
 
 # %%
 %matplotlib inline
@@ -24,8 +32,10 @@ import statistics
 import matplotlib
 
 import zerokit
-from zerokit import course, plot, theory
+from zerokit import course, theory
 from zerokit.cli import compare
+from zerokit.course.tables import RING_COST, THEORY
+from zerokit.course.timeline_figure import step_time
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
@@ -56,12 +66,10 @@ strategies = ["single", "ddp-naive", "ddp-bucketed", "ddp", "torch-ddp"]
 bucketed = ("ddp-bucketed", "ddp", "torch-ddp")
 report = compare(work, 2, strategies, steps=5, keep_records=True,
                  options_for=lambda name: {"bucket_mb": bucket_mb} if name in bucketed else {})
-course.table(course.summary_rows(report), ["strategy", "N", "payload B/step (measured)",
-                                           "ring cost B/step (formula on measured payload)",
-                                           "theory B/step (formula on Ψ)", "calls/step",
-                                           "model states B", "theory B", "|Δparam| vs single"])
+course.table(course.summary_rows(report), ["strategy", "calls/step", "payload B/step (measured)", RING_COST,
+                                           THEORY, "|Δparam| vs single"])
 
-# %%
+# %% [checks]
 gradient_bytes = psi * theory.param_bytes_per_element("fp32")
 expected_bytes = theory.comm_bytes_per_step(0, psi, 2, theory.param_bytes_per_element("fp32"))
 for name in strategies[1:]:
@@ -78,11 +86,11 @@ assert report["ddp"].ranks[0].comm_calls_per_step == report["ddp-bucketed"].rank
 # %% [markdown]
 # Every variant all-reduces every gradient once: the ledger measured `Ψ·4` bytes of payload
 # per step, whose ring cost — the ring formula applied to that payload — is `2(N−1)/N·Ψ·4`
-# per rank, the theory's number. (That is what a ring would send; gloo picks its own
-# algorithm and reports no wire count, so the cost is a formula, not a measurement — lesson
-# 01 measured the ring itself.) Every variant ends where single-process training ends, up
-# to fp32 rounding (the ranks sum in another order). Buckets change the **number of calls**,
-# never the bytes.
+# per rank, the theory's number (a formula, not a count of gloo's wire: [lesson 01, why
+# gloo's times are not a ring's](01_collectives.ipynb#Why-gloo's-times-are-not-a-ring's)).
+# Every variant ends where single-process training ends, up to fp32 rounding (the ranks sum
+# in another order); its model states are the 16Ψ of lesson 02 on every rank (checked in the
+# folded cell). Buckets change the **number of calls**, never the bytes.
 #
 # ## The timeline
 #
@@ -90,15 +98,38 @@ assert report["ddp"].ranks[0].comm_calls_per_step == report["ddp-bucketed"].rank
 # last module's backward ends; "grad sync", the rest of `backward()` — the after-backward
 # all-reduces of the non-overlapped strategies — and the optimizer step), communication
 # below, from launch to known completion (in flight). The part of a collective during which
-# the rank's compute thread was **blocked** is drawn in red on top: that is the **exposed**
-# communication, the only part that adds to the step time. Orange is the part of it spent
-# waiting for the other rank, which had not yet launched the same collective: a
-# **straggler** wait, named on the row. Both panels share the x-axis (ms from the start of
-# the step); the titles give the median over steps 1–4 (step 0 warms up):
+# the rank's compute thread was **blocked** is the **exposed** communication, the only part
+# that adds to the step time. It has two parts, both read from the ledgers:
+#
+# - **straggler wait** (orange): blocked while the other rank had not even launched the same
+#   collective — it was still computing. No link carries anything then; the rank waits for
+#   its peer's compute. Two ranks sharing two cores (with everything else the machine runs)
+#   drift apart by a few milliseconds every step, so this part can be most of the blocked time;
+# - **exposed − wait** (red): blocked once both ranks had launched — the collective itself,
+#   the communication that did not hide. This is the idea of the lesson.
+#
+# Each panel draws one step: of steps 1–4 (step 0 warms up), the one whose ranks waited least
+# for each other, named in its title with every rank's two parts. Both panels share the x-axis
+# (ms from the start of the step).
 
 # %%
 last, steady = range(4, 5), range(1, 5)
-course.timeline_figure({name: report[name] for name in ["ddp-bucketed", "ddp"]}, steps=last)
+course.timeline_figure({name: report[name] for name in ["ddp-bucketed", "ddp"]}, steps=steady, calmest=True)
+
+# %% [markdown]
+# **Predict before you run.** `ddp-bucketed` and `ddp` cut the gradients into the same
+# buckets. Of each one's buckets, how many all-reduces are launched while backward is still
+# computing — and which of `ddp`'s buckets can never be?
+#
+# <details><summary>Answer</summary>
+#
+# `ddp-bucketed`: none, it waits for backward to end. `ddp`: all but one — 4 of its 5 here,
+# the "launched during / after" column below — and torch's reducer does the same. The one
+# left is the **last** bucket, holding the first layers' gradients, which backward computes
+# last: it can only leave when backward is done. (The launch positions do not depend on the
+# machine; the milliseconds do.)
+#
+# </details>
 
 # %%
 positions = {name: [course.comm_launch_positions(rank, step=4) for rank in report[name].ranks]
@@ -106,12 +137,13 @@ positions = {name: [course.comm_launch_positions(rank, step=4) for rank in repor
 rows = []
 for name in positions:
     for rank, row in zip(report[name].ranks, course.timeline_rows(zerokit.Report([report[name]]), steady)):
-        rows.append({**row, "launched during backward": positions[name][rank.rank]["during backward"],
-                     "launched after backward": positions[name][rank.rank]["after backward"]})
-course.table(rows, ["strategy", "rank", "calls/step", "launched during backward", "launched after backward",
-                    "backward ms", "exposed ms/step", "straggler wait ms/step", "step ms"])
+        where = positions[name][rank.rank]
+        rows.append({**row, "launched during / after backward": f"{where['during backward']} / "
+                                                                 f"{where['after backward']}"})
+course.table(rows, ["strategy", "rank", "launched during / after backward", "exposed − wait ms/step",
+                    "straggler wait ms/step", "step ms"])
 
-# %%
+# %% [checks]
 from zerokit.runtime.timeline import comm_in_flight_s, exposed_comm_s
 
 for rank in range(2):
@@ -121,50 +153,69 @@ for rank in range(2):
     assert positions["torch-ddp"][rank]["during backward"] > 0        # torch's reducer does the same
     overlapped = report["ddp"].ranks[rank]
     assert exposed_comm_s(overlapped, last) < comm_in_flight_s(overlapped, last)  # part of it is hidden
+for name in positions:  # the split adds up to the ledger's blocked time
+    for row in course.timeline_stats(report[name], steady):
+        assert math.isclose(row["exposed − wait ms"] + row["straggler wait ms"], row["exposed ms"], abs_tol=1e-9)
 
 # %% [markdown]
 # Without overlap every collective starts after backward and the rank waits for all of it.
-# With overlap, all buckets but the last leave while backward is still computing; only
-# what is still in flight when backward ends is exposed. The **last** bucket (the first
-# layers, whose gradients come last) can never hide: it is why torch lets you make the
-# first buckets small. (Table: medians over steps 1–4; times measured on a shared machine
-# are noisy, the launch positions are not.)
+# With overlap, all buckets but the last leave while backward is still computing; only what
+# is still in flight when backward ends is exposed. The **last** bucket (the first layers,
+# whose gradients come last) can never hide: it is why torch lets you make the first buckets
+# small. (Table: medians over steps 1–4. torch's DDP waits inside its own reducer, where the
+# ledger cannot see: its exposed time reads 0.)
 #
-# ## Why overlap cannot win on this machine
+# ## Does overlap pay on this machine?
 #
 # Overlap saves time only if there is communication to hide *and* something else runs it
-# while the cores compute. Here neither holds. The ranks talk through shared memory: all of
-# this model's gradients cross in a few milliseconds (in flight, below). And the machine has **two cores,
-# shared by both ranks**: gloo's threads, which run an all-reduce launched during backward,
-# take a core that backward needed. So overlapped backward gets *slower*, by about as much as
-# — or more than — the little communication it hides: compare the two lines below (medians over steps 1–4).
+# while the cores compute. Here the ranks talk through shared memory, so this model's
+# gradients cross in a few milliseconds (in flight, below); and the machine may have as
+# few cores as ranks: then gloo's threads, which run an all-reduce launched during
+# backward, take a core that backward needed, and overlapped backward stretches by about
+# what it hides. Where the cores are spare — or on a GPU, where the all-reduce runs on the
+# network card and its own stream — it stretches by nothing.
+#
+# **Predict before you run.** On your machine, will `ddp`'s step be shorter than
+# `ddp-bucketed`'s?
+#
+# <details><summary>Answer</summary>
+#
+# It depends on the machine, and the sentence under the next cell gives this run's verdict
+# from its numbers. With two ranks on two shared cores expect little or nothing: a few
+# milliseconds of communication to hide, and backward stretched by the gloo threads that
+# hide it. With spare cores, or on GPUs, the hidden part is a saving.
+#
+# </details>
 
 # %%
 stats = {name: course.timeline_stats(report[name], steady) for name in ["ddp-bucketed", "ddp"]}
 mean = lambda name, key: statistics.mean(row[key] for row in stats[name])  # noqa: E731 - over the ranks
 for name in stats:
-    print(f"{name:13s} backward compute {mean(name, 'backward ms'):5.1f} ms, communication in flight "
-          f"{mean(name, 'in flight ms'):5.1f} ms, exposed {mean(name, 'exposed ms'):5.1f} ms "
-          f"(of which waiting for the other rank {mean(name, 'straggler wait ms'):4.1f} ms), "
-          f"step {mean(name, 'step ms'):5.1f} ms")
-print(f"overlap made backward {mean('ddp', 'backward ms') - mean('ddp-bucketed', 'backward ms'):+.1f} ms longer, "
-      f"and exposed {mean('ddp-bucketed', 'exposed ms') - mean('ddp', 'exposed ms'):+.1f} ms less")
+    print(f"{name:13s} backward compute {mean(name, 'backward ms'):5.1f} ms, in flight {mean(name, 'in flight ms'):5.1f} "
+          f"ms, exposed {mean(name, 'exposed − wait ms'):4.1f} ms once both launched + straggler wait "
+          f"{mean(name, 'straggler wait ms'):4.1f} ms, step {mean(name, 'step ms'):5.1f} ms")
+(t_overlap, spread_overlap), (t_after, spread_after) = step_time(report["ddp"], steady), step_time(
+    report["ddp-bucketed"], steady)
+course.show(course.speed_sentence(
+    "`ddp` (overlapped)", t_overlap, "`ddp-bucketed`", t_after, spread=max(spread_overlap, spread_after),
+    elsewhere="Where the ranks have cores to spare, or on GPUs, backward does not stretch and the hidden part of "
+              "the communication comes off the step."))
 
 # %% [markdown]
-# Much of what exposed time there is, is one rank waiting for the other — a straggler, not
-# the wire: two ranks on two shared cores rarely finish backward together. On a GPU the
-# all-reduce runs on the network card and a separate stream while the GPU's cores compute,
-# and the link is slow next to the compute: that is the case overlap was built for.
+# Where ranks share cores, a straggler wait is one rank waiting for the other's compute, not
+# for the wire. On a GPU the all-reduce runs on the network card and a separate stream while
+# the GPU's cores compute, and the link is slow next to the compute: that is the case overlap
+# was built for. This machine cannot show it with a real link — so emulate one.
 #
-# ## Behind an emulated link, overlap wins
+# ## Behind an emulated link
 #
 # `zerokit.train(..., link=...)` keeps every collective running for real on gloo but holds
-# its completion until an emulated link has carried the ring's bytes — each rank's transfers
-# one after another, `rounds·α + bytes/bandwidth` by `theory.link_seconds`. The hold is a
-# sleep, so the cores stay free for backward, as they are when a network card does the
+# its completion until an **emulated** link has carried the ring's bytes — each rank's
+# transfers one after another, `rounds·α + bytes/bandwidth` by `theory.link_seconds`. The hold
+# is a sleep, so the cores stay free for backward, as they are when a network card does the
 # sending. A gradient big enough to matter on a link needs a bigger model: the tiny GPT at
-# width 256 and 4 layers. First, what would a link take for its gradients, against what this
-# machine's gloo took (measured, `ddp-bucketed`, which waits for all of it):
+# width 256 and 4 layers. First, what a link would take for its gradients (the formula),
+# against what this machine's gloo took (measured, `ddp-bucketed`, which waits for all of it):
 
 # %%
 wide = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=256, n_layer=4, n_head=4, batch_size=12)
@@ -173,28 +224,37 @@ linked = {f"{name}, {link}": zerokit.train(wide, name, world_size=2, steps=5, bu
           for link in ("this machine", "1gbe") for name in ("ddp-bucketed", "ddp")}
 calls = [c for c in linked["ddp-bucketed, this machine"].result.ranks[0].comm_records if c["step"] == 4]
 gloo_ms = 1e3 * sum(c["t_end"] - c["t_launch"] for c in calls)
+link_ms = {name: 1e3 * sum(link.seconds(c["op"], c["ring_cost_bytes"], 2) for c in calls)
+           for name, link in zerokit.links.LINKS.items()}
 rows = [{"link": name, "α µs": 1e6 * link.alpha_s, "GB/s": link.bandwidth_Bps / 1e9,
-         "link ms/step (formula)": round(1e3 * sum(link.seconds(c["op"], c["ring_cost_bytes"], 2) for c in calls), 2)}
-        for name, link in zerokit.links.LINKS.items()]
+         "link ms/step (formula)": round(link_ms[name], 2)} for name, link in zerokit.links.LINKS.items()]
+print("links whose formula time exceeds this machine's gloo here, so their holds show:",
+      ", ".join(name for name, ms in link_ms.items() if ms > gloo_ms) or "none")
 course.table(rows + [{"link": "this machine: gloo, measured", "link ms/step (formula)": round(gloo_ms, 1)}])
 
 # %% [markdown]
 # A link only ever *delays* a collective: it completes at the later of gloo's end and the
-# link's. Over shared memory on two busy cores, gloo moves these megabytes more slowly than
-# 10 GbE would (the table) — so behind `10gbe` nothing would be held. 1 Gb Ethernet is
-# slower than this machine, so its holds show. This machine and `1gbe`, the same four
-# columns as before, medians over steps 1–4:
+# link's. Where the link's formula time is below gloo's own (the table), nothing is held; where
+# it is above — the links printed under the table — the holds show. The runs behind `1gbe`
+# and on this machine alone, medians over steps 1–4, the mean of the two ranks:
 
 # %%
-course.table([{"run": label, **{k: round(v, 1) for k, v in row.items() if k != "rank"}, "rank": row["rank"]}
-              for label, r in linked.items() for row in course.timeline_stats(r, steady)],
-             ["run", "rank", "step ms", "backward ms", "in flight ms", "exposed ms", "emulated held ms",
-              "straggler wait ms"])
+columns = ("step ms", "in flight ms", "exposed − wait ms", "emulated held ms", "straggler wait ms")
+display(course.table([{"run": label, **{k: round(statistics.mean(row[k] for row in course.timeline_stats(r, steady)), 1)
+                                        for k in columns}} for label, r in linked.items()]))
+(t_overlap, spread_overlap), (t_after, spread_after) = (step_time(linked[f"{name}, 1gbe"], steady)
+                                                        for name in ("ddp", "ddp-bucketed"))
+course.show(course.speed_sentence(
+    "`ddp` behind the emulated 1 GbE link", t_overlap, "`ddp-bucketed` behind it", t_after,
+    spread=max(spread_overlap, spread_after),
+    elsewhere="The link is emulated — a sleep while the cores go on with backward — which is what a network card "
+              "gives a GPU: where the link is slower than the compute, overlap hides what backward has time for."))
 
 # %%
-course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=last)
+course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=steady,
+                       calmest=True)
 
-# %%
+# %% [checks]
 gbe = zerokit.links.LINKS["1gbe"]
 for label, r in linked.items():
     for rank in r.result.ranks:
@@ -212,9 +272,9 @@ assert exposed["ddp, 1gbe"] < exposed["ddp-bucketed, 1gbe"]  # overlap hides the
 # After backward, `ddp-bucketed` waits for every bucket to cross the link: its exposed time
 # is about the link's time per step (grey: the link busy). Overlapped `ddp` sent most
 # buckets while backward was still computing and waits only for what was left; "emulated
-# held" is the part of the link's time the sleep could not hide. (With 12 MiB of gradients
-# even this machine's own gloo takes long enough to be worth hiding: compare the first two
-# rows.)
+# held" is the part of the link's time the sleep could not hide behind backward. The step
+# times above say what that came to on this machine; on a real link with a real network card
+# the link's time is the same formula, and it is the exposed − wait part that sets the step.
 #
 # ## Bucket size: calls, not bytes
 #
@@ -223,14 +283,19 @@ assert exposed["ddp, 1gbe"] < exposed["ddp-bucketed, 1gbe"]  # overlap hides the
 # %%
 sizes = [0.005, 0.02, 0.05, 25.0]
 sweep = {mb: zerokit.train(work, "ddp", world_size=2, steps=4, bucket_mb=mb, reference=False) for mb in sizes}
-course.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
+display(course.table([{"bucket_mb": mb, "calls/step": r.result.ranks[0].comm_calls_per_step,
                "payload B/step (measured)": r.result.ranks[0].comm_payload_bytes_per_step,
-               "ring cost B/step (formula on measured payload)": r.result.ranks[0].comm_ring_cost_bytes_per_step,
-               "theory B/step": expected_bytes,
-               "median step ms, steps 1-3": round(1e3 * statistics.median(r.result.ranks[0].step_times_s[1:]), 1)}
-              for mb, r in sweep.items()])
+               RING_COST: r.result.ranks[0].comm_ring_cost_bytes_per_step,
+               "median step ms, steps 1-3": round(1e3 * step_time(r)[0], 1)}
+              for mb, r in sweep.items()]))
+(t_small, spread_small), (t_one, spread_one) = step_time(sweep[sizes[0]]), step_time(sweep[sizes[-1]])
+course.show(course.speed_sentence(
+    f"{sweep[sizes[0]].result.ranks[0].comm_calls_per_step:.0f} buckets", t_small, "one bucket", t_one,
+    spread=max(spread_small, spread_one),
+    elsewhere="Where each call's latency α is large next to its bytes, the many small buckets pay it many times; "
+              "where the link is slow and backward long, the one big bucket gives up all overlap."))
 
-# %%
+# %% [checks]
 calls = [sweep[mb].result.ranks[0].comm_calls_per_step for mb in sizes]
 assert calls == sorted(calls, reverse=True) and calls[-1] == 1
 for r in sweep.values():
@@ -240,9 +305,9 @@ for r in sweep.values():
 # %% [markdown]
 # Small buckets: many calls, each paying the ring's latency (lesson 01), but the first
 # can leave early. One huge bucket: one call, which can only start when the whole
-# backward is done — no overlap at all. The sweet spot sits in between — on a real link.
-# On this machine the step times above differ by little more than their noise: there are
-# only a few milliseconds of communication to trade.
+# backward is done — no overlap at all. The sweet spot sits in between where the link is
+# slow enough to matter; with a few milliseconds of communication to trade, as here, the
+# step times may not separate from their noise (the sentence above says whether they did).
 #
 # ## Traffic per rank against the world size
 #
@@ -261,7 +326,7 @@ course.volume_figure(
     ylabel="KiB per rank per step (ring)", reference=(2 * psi * b / 1024, "2Ψb"),
     title="data parallelism: ring cost of the measured gradients per rank per step, and 2(N−1)/N·Ψb")
 
-# %%
+# %% [checks]
 for n, r in by_n.items():
     assert all(rank.comm_payload_bytes_per_step == psi * b for rank in r.result.ranks)  # measured
     assert all(rank.comm_ring_cost_bytes_per_step == theory.comm_bytes_per_step(0, psi, n, b)
@@ -276,10 +341,10 @@ for n, r in by_n.items():
 # ## Try it
 #
 # Move the bucket size, switch overlap off and on, pick another strategy or put the ranks
-# behind an emulated link (for this small model even `1gbe` is about as fast as gloo here:
-# its grey spans sit inside gloo's): the panel trains again on 2 ranks and redraws the last step's
-# timeline, with the calls, the ring cost of the measured payloads, the theory's bytes and
-# the exposed time per rank below it.
+# behind an emulated link (a link only holds a collective when its formula time exceeds
+# gloo's own: compare its grey spans with gloo's): the panel trains again on 2 ranks and
+# redraws the last step's timeline, with the ring cost of the measured payloads and every
+# rank's exposed time — the collective's part and the straggler wait apart — below it.
 
 # %%
 course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
@@ -294,20 +359,25 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 #   (the ring cost, a formula on that payload), whatever the bucketing.
 # - Buckets trade calls (latency) for how early communication can start.
 # - Overlap launches each bucket from the gradient hooks during backward; only what is still
-#   in flight when backward ends is exposed.
-# - It wins only where there is communication to hide and something other than the compute
-#   cores to run it: not on two shared CPU cores over shared memory (measured above), but
-#   behind a link — emulated here at 1 GbE — whose time it hides behind backward.
+#   in flight when backward ends is exposed — the last bucket always is.
+# - A rank's blocked time is the collective's exposed part plus straggler waits, the time a
+#   late peer's compute kept it waiting; ranks sharing cores drift apart, and that part is not
+#   the wire.
+# - Overlap pays where there is communication to hide and something other than the compute
+#   cores to run it — a GPU's network card, or the emulated link here; where the ranks share
+#   every core, the measured sentences above say what it came to.
 # - Bytes per rank are flat in N: data parallelism is limited by memory, not by N ≤ 8.
 #
 # ## Interview questions
 #
-# 1. *How many bytes does each GPU send per step in DDP, and does the bucket size change it?*
+# 1. *How many bytes does each GPU send per step in DDP — does the bucket size change them, and do
+#    they grow with N (does data parallelism stop scaling at 8 GPUs)?*
 #
 #    <details><summary>Answer</summary>
 #
 #    `2(N−1)/N·Ψb` under a ring; the bucket size changes only the number of calls, never the
-#    bytes (the sweep).
+#    bytes (the sweep). Per rank they approach `2Ψb` for any N, so no: the "N ≤ 8" limit is
+#    tensor parallelism's; data parallelism is limited by memory (16Ψ on every rank).
 #
 #    </details>
 #
@@ -319,15 +389,21 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 #    Gradient hooks launch a bucket's all-reduce as soon as it is full, during backward; the
 #    last bucket, launched when backward ends, is always exposed. It does not pay when there is
 #    little to hide and the communication competes with backward for the same cores — two
-#    ranks on two shared CPU cores over shared memory, measured above; behind a real (here
-#    emulated) link it hides most of the link's time.
+#    ranks on two shared CPU cores over shared memory; behind a link slower than the compute
+#    (here emulated) it hides most of the link's time.
 #
 #    </details>
 #
-# 3. *Does data parallelism stop scaling at 8 GPUs?*
+# 3. *A timeline shows a rank blocked for 20 ms on an all-reduce. Is that 20 ms of communication?*
 #
 #    <details><summary>Answer</summary>
 #
-#    No: bytes per rank approach `2Ψb` for any N; the "N ≤ 8" limit is tensor parallelism's.
+#    Not necessarily: part of it may be a straggler wait — the peer had not launched the
+#    collective yet, still computing. Only the part after every rank launched is the
+#    collective's exposed time; the rest is load imbalance (or noise on shared cores).
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/03_bucketed_ddp.ipynb](../exercises/03_bucketed_ddp.ipynb) — graded by
+# `zerokit grade 03` · **Next:** [lesson 04 — ZeRO-1: sharding the optimizer states](04_zero1.ipynb)
