@@ -19,6 +19,9 @@ MODULES = {
     "07_megatron_mlp": "megatron_mlp",
     "08_one_f_one_b": "one_f_one_b",
     "09_predict": "predict",
+    "10_sequence_parallel": "sequence_parallel",
+    "11_cpu_offload": "cpu_offload",
+    "12_checkpoint_policy": "checkpoint_policy",
 }
 KEYS = tuple(MODULES)
 

@@ -1,0 +1,238 @@
+"""Exercise 12: an activation-checkpointing policy — segments of k blocks recomputed in backward (Chen et al.
+1604.06174), and the k that minimises the bytes.
+
+Interface: ``segments(n, k)``; ``Recompute`` (a ``torch.autograd.Function``,
+``apply(run, x, *params)``); ``checkpointed_forward(blocks, x, k)``; ``best_k(n, layer_bytes,
+boundary_bytes)``. Graded on 2 ranks, in one launch, each rank its own batch through a chain
+of n :class:`zerokit.checkpointing.measure.ScaleBlock` (``tanh(x·w)``: its activations are
+its input's size, A = X): the gradients against the chain without checkpointing, the saved
+activations the memory ledger counts after forward (⌈n/k⌉·X) and at its peak over forward and
+backward (:func:`zerokit.theory.checkpointed_activation_bytes`), and how many block forwards
+backward re-ran. ``segments`` and ``best_k`` are judged without ranks, ``best_k`` against the
+formula's minimum.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import theory
+from ..core import Check, Exercise, Fail, Scenario, learner_frame
+
+N = 2
+BLOCKS, ROWS, WIDTH = 9, 4, 16
+KS = (1, 3)
+X = ROWS * WIDTH * 4  # one block's input (fp32), the boundary a segment keeps; a block's activations A = X
+
+
+def _chain():
+    from ...checkpointing.measure import scale_chain
+
+    torch.manual_seed(0)
+    chain = scale_chain(BLOCKS, WIDTH)
+    with torch.no_grad():  # a different w per block, so that a block run twice or skipped shows
+        for i, block in enumerate(chain):
+            block.w.mul_(1 + 0.05 * i)
+    return chain
+
+
+def _input(rank):
+    return torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(70 + rank))
+
+
+def _grads(chain, x):
+    return {"x": x.grad, **{n: p.grad for n, p in chain.named_parameters()}}
+
+
+def _run_policy(ns, rank, k):
+    from ...runtime.memory import MemoryLedger
+
+    chain = _chain()
+    recomputed = []
+    for i, block in enumerate(chain):
+        block.register_forward_hook(lambda m, a, o, i=i: recomputed.append(i)
+                                    if torch._C._current_graph_task_id() != -1 else None)
+    x = _input(rank).requires_grad_()
+    ledger = MemoryLedger()
+    ledger.track_model(chain)
+    ledger.instrument(chain)
+    with ledger.watch_activations():
+        y = ns["checkpointed_forward"](chain, x, k)
+        ledger.sample("after forward")
+        stored = ledger.current()["activations"]
+        y.sum().backward()
+    ledger.remove_hooks()
+    return {"stored": stored, "peak": ledger.peak_by_category["activations"], "recomputed": recomputed,
+            "grads": _grads(chain, x), "out": y.detach()}
+
+
+def _run(ctx, ns, probe):
+    chain = _chain()
+    x = _input(ctx.rank).requires_grad_()
+    y = chain(x)
+    y.sum().backward()
+    out = {"plain": {"grads": _grads(chain, x), "out": y.detach()}}
+    for k in KS:
+        out[k] = _run_policy(ns, ctx.rank, k)
+    return out
+
+
+def _not_implemented(e: NotImplementedError) -> str:
+    """The words core uses for a rank's NotImplementedError, for a check judged in the grader's process."""
+    import traceback
+
+    where = learner_frame("".join(traceback.format_exception(e)), with_code=False) or "your code"
+    return f"not implemented yet — {where} still raises NotImplementedError: {e}"
+
+
+def _expected_segments(n, k):
+    return [(s, min(s + k, n)) for s in range(0, n, k)]
+
+
+def _judge_segments(_, ns):
+    for n, k in ((9, 3), (8, 3), (5, 1), (4, 4), (7, 2)):
+        want = _expected_segments(n, k)
+        try:
+            got = [tuple(s) for s in ns["segments"](n, k)]
+        except NotImplementedError as e:
+            raise Fail(_not_implemented(e)) from None
+        if got != want:
+            why = ""
+            if got == want[:-1] and n % k:
+                why = f": the last {n % k} block(s) are in no segment — the last segment is shorter when k does not " \
+                      f"divide n"
+            raise Fail(f"segments({n}, {k}) = {got}{why}", want, got)
+    return "segments of k blocks from the first, the last one shorter when k does not divide n"
+
+
+def _ran_policy(results, k):
+    return all(isinstance(r.get(k), dict) for r in results)
+
+
+def _judge_gradients(results, ns):
+    for rank, r in enumerate(results):
+        plain = r["plain"]
+        for k in KS:
+            got = r[k]
+            if not torch.allclose(got["out"], plain["out"], atol=1e-6):
+                raise Fail(f"rank {rank}, k = {k}: checkpointed_forward's output differs from the chain's",
+                           "the chain's output", "different", rank)
+            for name, want in plain["grads"].items():
+                g = got["grads"][name]
+                if g is None:
+                    raise Fail(f"rank {rank}, k = {k}: {name} got no gradient — Recompute's backward must return "
+                               f"the gradient of every parameter passed to apply (autograd cannot see through a "
+                               f"Function to the blocks' weights)", "a gradient", "None", rank)
+                if not torch.allclose(g, want, atol=1e-5):
+                    diff = float((g - want).abs().max())
+                    raise Fail(f"rank {rank}, k = {k}: the gradient of {name} differs from the chain without "
+                               f"checkpointing (max |Δ| = {diff:.3g})", 0.0, f"{diff:.3g}", rank)
+    return f"k = {' and '.join(map(str, KS))}: the input's and every parameter's gradient equal the chain's without " \
+           f"checkpointing"
+
+
+def _judge_stored(results, ns):
+    for rank, r in enumerate(results):
+        for k in KS:
+            want = math.ceil(BLOCKS / k) * X
+            got = r[k]["stored"]
+            if got != want:
+                why = ""
+                if got >= BLOCKS * X:
+                    why = (f": every block's activations are still saved ({BLOCKS} blocks × {X} B) — the segments' "
+                           f"forward recorded its graph; run it inside a torch.autograd.Function (Recompute), whose "
+                           f"forward records nothing")
+                raise Fail(f"rank {rank}, k = {k}: {got:,} B of activations saved after forward{why}",
+                           f"⌈n/k⌉·X = {want:,} B", f"{got:,} B", rank)
+    return (f"after forward the ledger counts ⌈n/k⌉·X: " +
+            ", ".join(f"k = {k}: {math.ceil(BLOCKS / k) * X:,} B" for k in KS) + f" (n = {BLOCKS}, X = {X} B)")
+
+
+def _judge_peak(results, ns):
+    for rank, r in enumerate(results):
+        for k in KS:
+            want = theory.checkpointed_activation_bytes(BLOCKS, X, X, "every-k", segment_layers=k)
+            got = r[k]["peak"]
+            if got != want:
+                raise Fail(f"rank {rank}, k = {k}: the ledger's activation peak is {got:,} B",
+                           f"⌈n/k⌉·X + k·A = {want:,} B", f"{got:,} B", rank)
+    return ("peak over forward and backward = theory.checkpointed_activation_bytes(n, A, X, 'every-k', k): " +
+            ", ".join(f"k = {k}: {theory.checkpointed_activation_bytes(BLOCKS, X, X, 'every-k', segment_layers=k):,.0f} B"
+                      for k in KS))
+
+
+def _judge_recomputes(results, ns):
+    for rank, r in enumerate(results):
+        for k in KS:
+            again = sorted(r[k]["recomputed"])
+            if again != list(range(BLOCKS)):
+                missing = sorted(set(range(BLOCKS)) - set(again))
+                twice = sorted({i for i in again if again.count(i) > 1})
+                why = ("no block ran again in backward: nothing was recomputed" if not again else
+                       f"blocks {missing} never ran again" if missing else f"blocks {twice} ran more than once")
+                raise Fail(f"rank {rank}, k = {k}: {why}", f"each of the {BLOCKS} blocks once",
+                           f"{len(again)} block forwards", rank)
+    return f"backward re-ran each of the {BLOCKS} blocks' forward exactly once: one extra forward, the price"
+
+
+CASES = ((16, 1, 1), (9, 1, 1), (96, 17, 1), (24, 18, 1), (4, 18, 1), (10, 3, 2))
+
+
+def _formula_best(n, a, x):
+    return min(range(1, n + 1),
+               key=lambda k: (theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=k), k))
+
+
+def _judge_best_k(_, ns):
+    for n, a, x in CASES:
+        want = _formula_best(n, a, x)
+        try:
+            got = ns["best_k"](n, a, x)
+        except NotImplementedError as e:
+            raise Fail(_not_implemented(e)) from None
+        if got != want:
+            cost = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=want)
+            mine = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=got) \
+                if isinstance(got, int) and 1 <= got <= n else float("nan")
+            why = ""
+            if got == theory.optimal_checkpoint_segments(n) or got == round(math.sqrt(n)):
+                why = (f" — √n is Chen's answer when a block's activations equal its input (A = X); here A = {a / x:g}·X, "
+                       f"and the best k is near √(n·X/A)")
+            raise Fail(f"best_k({n}, A={a}, X={x}) = {got}: ⌈n/k⌉·X + k·A = {mine:g}, against {cost:g} at k = {want}"
+                       f"{why}", want, got)
+    return "your k minimises ⌈n/k⌉·X + k·A in every case: √n when A = X, about √(n·X/A) for a transformer's A ≈ 17·X"
+
+
+EXERCISE = Exercise(
+    key="12_checkpoint_policy",
+    title="An activation-checkpointing policy: every k-th block",
+    minutes=40,
+    needs=("segments", "Recompute", "checkpointed_forward", "best_k"),
+    scenarios={"chain": Scenario("chain", N, _run)},
+    checks=[
+        Check("segments", 1, None, _judge_segments,
+              "segments of k consecutive blocks cover the chain; each keeps only its input"),
+        Check("same-gradients", 3, "chain", _judge_gradients,
+              "recomputing a segment's forward in backward gives the same gradients as keeping its activations"),
+        Check("stored-bytes", 2, "chain", _judge_stored,
+              "after forward only the segments' inputs are saved: ⌈n/k⌉·X (Chen et al.)"),
+        Check("peak-bytes", 2, "chain", _judge_peak,
+              "the peak adds one segment's activations while it is recomputed: ⌈n/k⌉·X + k·A"),
+        Check("recomputes", 1, "chain", _judge_recomputes,
+              "the price of checkpointing: every block's forward runs once more, in backward"),
+        Check("best-k", 2, None, _judge_best_k,
+              "the best k minimises ⌈n/k⌉·X + k·A: √n only when A = X (Chen), ≈ √(n·X/A) otherwise"),
+    ],
+    hints=[
+        "segments: [(s, min(s + k, n)) for s in range(0, n, k)].",
+        "Recompute.forward: ctx.run = run; ctx.save_for_backward(x, *params); return run(x). A Function's forward "
+        "runs with autograd off, so run(x) saves nothing.",
+        "Recompute.backward: x, *params = ctx.saved_tensors; x = x.detach().requires_grad_(); with "
+        "torch.enable_grad(): y = ctx.run(x); grads = torch.autograd.grad(y, (x, *params), grad); return (None, "
+        "*grads) — one gradient per forward input, None for run.",
+        "checkpointed_forward: for each (start, stop) of segments(len(blocks), k): run = blocks[start:stop]; x = "
+        "Recompute.apply(run, x, *run.parameters()).",
+        "best_k: min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k)).",
+    ],
+)
