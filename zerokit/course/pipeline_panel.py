@@ -6,6 +6,10 @@ ZB-H1's I and W one t_f each) and draws it (:func:`draw_schedule`); the status l
 the simulated bubble next to the formula, (p − 1)/(v·m + p − 1), and each rank's peak
 micro-batches in flight. A combination a schedule refuses (interleaved with m not a
 multiple of p, say) is shown in the status line, not raised.
+
+:func:`schedule_key` gives a drawn schedule its whole key, beside the axes: which colour is
+which micro-batch, which shade (and hatch) which pass, grey for idle, and, when ranks hold
+several chunks, how to read a box's ``m.c`` label. The lesson's pictures call it too.
 """
 from __future__ import annotations
 
@@ -18,6 +22,70 @@ from .figures import new_figure, png
 from .panel import ipywidgets, mimebundle
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+#: the micro-batch colours :func:`zerokit.pipeline_parallel.draw_schedule` cycles through (its palette, in order)
+MICRO_BATCH_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+                      "#CCB974", "#64B5CD")
+#: what each pass is called in the key
+PASS_NAMES = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
+
+
+def schedule_key(ax, sched, fontsize: float = 7) -> None:
+    """Give ``ax``, where :func:`draw_schedule` drew ``sched``, its whole key and lay the figure out.
+
+    The legend :func:`draw_schedule` made is replaced by one outside the axes on the right: the passes in
+    micro-batch 0's shades and idle in the first column, one swatch per micro-batch colour after it (they repeat
+    after ten), and for interleaved schedules what a box's ``m.c`` label means. Then the figure is laid out
+    (``tight_layout``) and every box label wider than its box is dropped, so no label covers its neighbours
+    (the colour still names the micro-batch)."""
+    import math
+
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Patch
+
+    from ..pipeline_parallel.figures import IDLE_COLOR, KIND_STYLE, _shade
+
+    kinds = sorted({a.kind for row in sched.actions for a in row if a.kind in KIND_STYLE}, key="FBIW".index)
+    colours = MICRO_BATCH_COLORS[:min(sched.micro_batches, len(MICRO_BATCH_COLORS))]
+    first = to_rgb(MICRO_BATCH_COLORS[0])
+    passes = [Patch(facecolor=_shade(first, KIND_STYLE[k][0]), hatch=KIND_STYLE[k][1], edgecolor="white",
+                    label=PASS_NAMES[k]) for k in kinds] + [Patch(facecolor=IDLE_COLOR, label="idle")]
+    rows = max(len(passes), 4)
+    blank = Patch(facecolor="none", edgecolor="none", label=" ")
+    micro = [Patch(facecolor=c, label=f"micro-batch {i}") for i, c in enumerate(colours)]
+    columns = 1 + math.ceil(len(micro) / rows)
+    micro += [blank] * ((columns - 1) * rows - len(micro))
+    title = "colour: micro-batch" + (" (repeats after 10)" if sched.micro_batches > len(colours) else "")
+    title += ", shade: pass" + (";  box m.c: micro-batch m, chunk c" if sched.chunks > 1 else "")
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    ax.legend(handles=passes + [blank] * (rows - len(passes)) + micro, loc="upper left", bbox_to_anchor=(1.005, 1.0),
+              fontsize=fontsize, frameon=False, ncol=columns, title=title, title_fontsize=fontsize, alignment="left",
+              handlelength=1.2, columnspacing=0.8, borderaxespad=0.2)
+    ax.figure.tight_layout()
+    _drop_crowded_labels(ax)
+
+
+def _drop_crowded_labels(ax) -> None:
+    """Remove each box label that is wider than the narrowest box it sits in."""
+    from matplotlib.patches import Rectangle
+
+    fig = ax.figure
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [p for p in ax.patches if isinstance(p, Rectangle)]
+    for text in list(ax.texts):
+        x, y = text.get_position()
+        inside = [b for b in boxes if b.get_x() <= x <= b.get_x() + b.get_width()
+                  and b.get_y() <= y <= b.get_y() + b.get_height()]
+        if not inside:
+            continue
+        box = min(inside, key=lambda b: b.get_width())
+        (left, _), (right, _) = ax.transData.transform([(box.get_x(), 0.0), (box.get_x() + box.get_width(), 0.0)])
+        if text.get_window_extent(renderer).width + 2 > right - left:
+            text.remove()
 
 
 class PipelinePanel:
@@ -68,7 +136,7 @@ class PipelinePanel:
         fig, ax = new_figure(min(14.0, 3.0 + 0.35 * len(sched.compute(0))), 0.9 + 0.45 * p)
         draw_schedule(result, ax=ax, title=f"{sched.name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
                       + f": simulated bubble {result.bubble_fraction:.1%}")
-        fig.tight_layout()
+        schedule_key(ax, sched)
         self.image.value = png(fig)
         self.status.value = (f"simulated bubble <b>{result.bubble_fraction:.1%}</b> (t_b = "
                              f"{self.backward / self.forward:g}·t_f); (p − 1)/(v·m + p − 1) = {formula:.1%}"
