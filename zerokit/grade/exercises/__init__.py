@@ -22,6 +22,8 @@ MODULES = {
     "10_sequence_parallel": "sequence_parallel",
     "11_cpu_offload": "cpu_offload",
     "12_checkpoint_policy": "checkpoint_policy",
+    "13_zero3_prefetch": "zero3_prefetch",
+    "14_interleaved_1f1b": "interleaved_1f1b",
 }
 KEYS = tuple(MODULES)
 
