@@ -33,7 +33,7 @@ from .figures import LEGEND_SIZE, new_figure
 #: what each colour of a timeline is, as the figure's key says it
 KEY = {"forward": "forward", "backward": "backward", "grad sync": "grad sync (after backward)", "step": "step",
        "in flight": "collective in flight", "emulated link": "emulated link busy",
-       "exposed": "exposed: blocked, every rank launched", "straggler wait": "straggler wait: a peer not launched yet"}
+       "exposed": "exposed: blocked, all launched", "straggler wait": "straggler wait: peer not launched"}
 
 
 def timeline_stats(report, steps: range) -> list:
