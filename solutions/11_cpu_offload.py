@@ -112,9 +112,9 @@ if __name__ == "__main__":
         x = torch.randn(4, 16, generator=torch.Generator().manual_seed(ctx.rank))
         F.mse_loss(model(x), torch.zeros(4, 4)).backward()
         zero.step()
-        crossed = ledger().bytes_per_step(1)
+        crossed = {d: sum(r.payload_bytes for r in ledger().select(d, exclude_setup=False)) for d in ("d2h", "h2d")}
         state = sum(t.numel() * t.element_size() for s in zero.host.optimizer.state.values() for t in s.values())
-        return f"d2h {crossed['d2h']:.0f} B, h2d {crossed['h2d']:.0f} B; host Adam states {state} B"
+        return f"d2h {crossed['d2h']} B, h2d {crossed['h2d']} B; host Adam states {state} B"
 
     print(zerokit.launch(demo, 2))
 

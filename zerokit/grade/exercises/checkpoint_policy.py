@@ -140,7 +140,8 @@ def _judge_stored(results, ns):
             if got != want:
                 why = ""
                 if got >= BLOCKS * X:
-                    why = (f": every block's activations are still saved ({BLOCKS} blocks × {X} B) — the segments' "
+                    why = (f": every block's activations are still saved (n·A = {BLOCKS * X:,} B, and the last block's "
+                           f"output) — the segments' "
                            f"forward recorded its graph; run it inside a torch.autograd.Function (Recompute), whose "
                            f"forward records nothing")
                 raise Fail(f"rank {rank}, k = {k}: {got:,} B of activations saved after forward{why}",

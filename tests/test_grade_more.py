@@ -1,0 +1,124 @@
+"""Exercises 10-12 (sequence parallelism, CPU offload of the optimizer step, a checkpointing policy): the
+solution passes every check and each planted wrong answer fails the check that names it, in a learner's words.
+
+One launch per exercise: the solution and its wrong variants are loaded as submissions, and every rank runs the
+exercise's scenario on each of them in turn (the grader's fresh seed and probe for each, as
+``zerokit.grade.core`` does); each check then judges each submission's measurements. Every wrong answer here
+gives wrong numbers, never an error or a hang, so the variants can share the ranks. (``tests/test_grade.py``
+grades the solutions and the untouched exercises one by one, through ``zerokit.grade``.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from zerokit.grade import core, loader
+from zerokit.grade.exercises import get
+from zerokit.runtime.launch import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: key -> {wrong answer: ([(old, new) edits of the solution], the check that must fail, words its message holds)}
+WRONG = {
+    "10_sequence_parallel": {
+        "ḡ as an all-reduce, then a slice": (
+            [("        ctx.group = group\n        return reduce_scatter_sequence(x, group)\n",
+              "        ctx.group = group\n        total = x.contiguous().clone()\n"
+              "        zerokit.comm.all_reduce(total, group=group)\n"
+              "        r, n = dist.get_rank(group), dist.get_world_size(group)\n        s = x.shape[1] // n\n"
+              "        return total[:, r * s:(r + 1) * s].contiguous()\n")],
+            "traffic", "sends twice a reduce-scatter's bytes"),
+        "g's backward keeps a slice without summing": (
+            [("        return reduce_scatter_sequence(grad, ctx.group), None\n",
+              "        r, n = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)\n"
+              "        s = grad.shape[1] // n\n        return grad[:, r * s:(r + 1) * s].contiguous(), None\n")],
+            "g", "without summing"),
+        "the replicated gradients never summed": (
+            [("    flat = torch.cat([p.grad.reshape(-1) for p in params])\n"
+              "    zerokit.comm.all_reduce(flat, group=group)\n", "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n")],
+            "replicated-grads", "this rank's own part"),
+        "b2 added on every rank before ḡ": (
+            [("    y = ReduceScatterToSequenceParallelRegion.apply(F.linear(h, w2_shard), group)\n"
+              "    return x_shard + y + b2\n",
+              "    y = ReduceScatterToSequenceParallelRegion.apply(F.linear(h, w2_shard, b2), group)\n"
+              "    return x_shard + y\n")],
+            "same-as-unsharded", "(N−1)·b2"),
+    },
+    "11_cpu_offload": {
+        "the parameters never copied back": (
+            [("        copy(param_shard, self.master.detach().to(param_shard.dtype), \"h2d\", \"params\")\n", "")],
+            "same-as-on-device", "never came back"),
+        "Adam steps the device's shard": (
+            [("        self.master = torch.nn.Parameter(to_host(param_shard.detach(), \"master\").float())\n",
+              "        self.master = torch.nn.Parameter(param_shard)\n"),
+             ("        copy(param_shard, self.master.detach().to(param_shard.dtype), \"h2d\", \"params\")\n", "")],
+            "no-device-optimizer", "optimizer state on the device"),
+    },
+    "12_checkpoint_policy": {
+        "blocks run without Recompute": (
+            [("        x = Recompute.apply(run, x, *run.parameters())\n", "        x = run(x)\n")],
+            "stored-bytes", "every block's activations are still saved"),
+        "the parameters' gradients not returned": (
+            [("        grads = torch.autograd.grad(y, (x, *params), grad)\n        return (None, *grads)\n",
+              "        (gx,) = torch.autograd.grad(y, (x,), grad)\n        return (None, gx, *[None] * len(params))\n")],
+            "same-gradients", "got no gradient"),
+        "Chen's √n whatever A is": (
+            [("    return min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k))\n",
+              "    return max(1, round(math.sqrt(n)))\n")],
+            "best-k", "√n is Chen's answer"),
+        "the short last segment dropped": (
+            [("    return [(start, min(start + k, n)) for start in range(0, n, k)]\n",
+              "    return [(start, start + k) for start in range(0, n - k + 1, k)]\n")],
+            "segments", "are in no segment"),
+    },
+}
+
+
+def _entry(ctx, fn, namespaces):
+    """Every rank: the scenario on each submission in turn, each with the grader's seed and a fresh probe."""
+    from zerokit.grade import probe as probe_module
+
+    probe = probe_module.install()
+    out = {}
+    for name, ns in namespaces.items():
+        torch.manual_seed(0)
+        probe.reset()
+        out[name] = fn(ctx, ns, probe)
+    return out
+
+
+def _grade_all(tmp_path, key) -> dict:
+    """{submission: {check: CheckResult}} for the solution and each wrong answer, one launch per scenario."""
+    source = (ROOT / "solutions" / f"{key}.py").read_text()
+    namespaces = {}
+    for name, (edits, _, _) in {"solution": ([], None, None), **WRONG[key]}.items():
+        text = source
+        for old, new in edits:
+            assert text.count(old) == 1, f"{key}, {name}: the edit's text {old[:60]!r} is not in the solution once"
+            text = text.replace(old, new)
+        path = tmp_path / f"{len(namespaces)}" / f"{key}.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        namespaces[name] = loader.load_path(path)
+    spec = get(key)
+    outcomes = {name: {} for name in namespaces}
+    for scenario in spec.scenarios.values():
+        by_rank = launch(_entry, scenario.world_size, scenario.fn, namespaces, backend="gloo", timeout_s=60)
+        for name in namespaces:
+            outcomes[name][scenario.name] = [r[name] for r in by_rank]
+    return {name: {c.name: core._judge(c, outcomes[name].get(c.scenario), ns, None) for c in spec.checks}
+            for name, ns in namespaces.items()}
+
+
+@pytest.mark.parametrize("key", list(WRONG))
+def test_solution_passes_and_each_wrong_answer_is_named(tmp_path, key):
+    graded = _grade_all(tmp_path, key)
+    failed = {name: r.detail for name, r in graded["solution"].items() if not r.passed}
+    assert not failed, f"{key}: the solution fails {failed}"
+    for what, (_, check, words) in WRONG[key].items():
+        result = graded[what][check]
+        assert not result.passed, f"{key}, {what}: {check} passed"
+        assert words in result.detail, f"{key}, {what}: {result.detail}"
+        assert result.hint, f"{key}, {what}: no hint"
