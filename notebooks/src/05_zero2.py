@@ -13,7 +13,7 @@
 # — all-reduce every gradient, then drop the ones this rank doesn't own. Is that ZeRO-2?
 # What does ZeRO-2 hold, when does it communicate, and what does it send?
 #
-# **Time:** about 30 min to read and run (the run itself: 12 s on a 2-core laptop) ·
+# **Time:** about 30 min to read and run (the run itself: 10 s on a 2-core laptop) ·
 # **Needs:** lessons 01 (the ring, α), 03 (buckets, overlap, timelines) and 04 (ZeRO-1),
 # nothing else · **After it you can answer:** *"ZeRO-2 = all-reduce the gradients, then drop
 # the ones you don't own" — right?* · *Does ZeRO-2 communicate more than DDP, and when would you
