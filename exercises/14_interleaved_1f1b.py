@@ -12,7 +12,7 @@
 #    0…p − 1, then chunk 1 on the same group, …, then chunk 0 on the next group; the backwards
 #    run the same groups with the chunks in reverse (the last chunk's backward comes first);
 # 2. **warm-up**: (v − 1)·p + 2·(p − 1 − r) forwards (at most v·m) before the first backward —
-#    Megatron's count;
+#    Megatron's count (when m = p it runs all v·m forwards first; either passes here);
 # 3. then one forward and one backward at a time while forwards remain, then the remaining
 #    backwards.
 #
@@ -34,7 +34,8 @@
 #   `zerokit.pipeline_parallel.p2p_plan` finds one order for every message;
 # - `bubble` — the simulated idle share is `theory.bubble_fraction(p, m, v)`;
 # - `peak-in-flight` — rank r holds at most min((v − 1)·p + 2·(p − 1 − r) + 1, v·m) chunk
-#   micro-batches' activations at once (its warm-up and one more), not all v·m;
+#   micro-batches' activations at once (its warm-up and one more; v·m allowed when m = p),
+#   not all v·m;
 # - `runs-on-ranks` — zerokit's executor runs it on 2 ranks (v = 2, m = 4) over send/recv: it
 #   finishes, the point-to-point calls it posted replay without a deadlock under NCCL's
 #   one-stream-per-pair rule, every chunk ran each forward before its backward, and the

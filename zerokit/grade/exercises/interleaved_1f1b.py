@@ -141,8 +141,8 @@ def _rows(results):
 def _judge_placement(results, ns):
     for row in _rows(results):
         if row["placement"]:
-            raise Fail(f"p={row['p']}, m={row['m']}, v={row['v']}: {row['placement']}", "every stage on rank stage mod p",
-                       "misplaced")
+            raise Fail(f"p={row['p']}, m={row['m']}, v={row['v']}: {row['placement']}",
+                       "every stage on rank stage mod p", "misplaced")
     return (f"for every (p, m, v) in {list(CONFIGS)} rank r holds stages r, r + p, …, r + (v − 1)·p, each running "
             f"one F and one B of every micro-batch")
 
@@ -190,12 +190,14 @@ def _judge_bubble(results, ns):
                        f"(p − 1)/(v·m + p − 1) = {expected:.4f}", f"{row['bubble']:.4f}")
     p, m, v = CONFIGS[-2]
     return (f"simulated bubble = theory.bubble_fraction(p, m, v) = (p − 1)/(v·m + p − 1) for every (p, m, v); "
-            f"p={p}, m={m}: {theory.bubble_fraction(p, m, v):.4f} with v={v}, 1F1B's {theory.bubble_fraction(p, m):.4f}")
+            f"p={p}, m={m}: {theory.bubble_fraction(p, m, v):.4f} with v={v}, "
+            f"1F1B's {theory.bubble_fraction(p, m):.4f}")
 
 
 def peak_bound(p: int, m: int, v: int, r: int) -> int:
-    """Chunk micro-batches rank r holds at most under Megatron's order: its warm-up forwards and one more."""
-    return min((v - 1) * p + 2 * (p - 1 - r) + 1, v * m)
+    """Chunk micro-batches rank r holds at most under Megatron's order: its warm-up forwards and one more (all v·m
+    when m = p, where Megatron runs every forward first)."""
+    return v * m if m == p else min((v - 1) * p + 2 * (p - 1 - r) + 1, v * m)
 
 
 def _judge_peak(results, ns):
@@ -267,7 +269,8 @@ EXERCISE = Exercise(
               "Megatron's placement is round-robin: rank r holds stages r, r + p, …, so a micro-batch goes round the "
               "ranks v times"),
         Check("forward-before-backward", 2, "paper", _judge_order,
-              "the warm-up covers every chunk's forward of the first group: (v − 1)·p + 2·(p − 1 − r) forwards"),
+              "the warm-up covers every chunk's forward of the first group: (v − 1)·p + 2·(p − 1 − r) "
+              "forwards"),
         Check("no-deadlock", 2, "paper", _judge_deadlock,
               "backwards go through the chunks in reverse order, so every gradient a rank waits for is on its way"),
         Check("bubble", 2, "paper", _judge_bubble,
@@ -282,9 +285,9 @@ EXERCISE = Exercise(
         "stage_of(r, c, p) = c·p + r. Build two lists for rank r: the forwards, for each group of p micro-batches "
         "(first = 0, p, 2p, …), for c in range(v), for k in range(p): Action(stage_of(r, c, p), 'F', first + k); the "
         "backwards the same with reversed(range(v)).",
-        "Warm-up: w = min((v − 1)·p + 2·(p − 1 − r), v·m) forwards; then, for k in range(v·m − w), forward w + k and "
-        "backward k; then the backwards left (Megatron's get_forward_backward_func for virtual pipelines "
-        "counts its warm-up the same way).",
+        "Warm-up: w = min((v − 1)·p + 2·(p − 1 − r), v·m) forwards; then, for k in range(v·m − w), "
+        "forward w + k and backward k; then the backwards left (Megatron's interleaved schedule counts its "
+        "warm-up the same way).",
         "zerokit.simulate(schedule) names a deadlock's stuck ranks, and zerokit.schedule('interleaved', p, m, v) "
         "prints zerokit's own schedule to compare with yours (schedule.table()).",
     ],

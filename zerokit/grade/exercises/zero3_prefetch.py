@@ -165,7 +165,8 @@ def _judge_once(results, ns):
                 label = f"{step}:{phase}"
                 ran = passes.get(label, [])
                 if ran != order_of(deep, phase):
-                    raise Fail(f"rank {rank}: in {_name(label)} the units began in the order {ran}", order_of(deep, phase),
+                    raise Fail(f"rank {rank}: in {_name(label)} the units began in the order {ran}",
+                               order_of(deep, phase),
                                ran, rank, hint="the hooks of the given class drive begin(phase, i); keep them")
                 gathered = [u for p, u in r["gathers"] if p == label]
                 if -1 in gathered:
@@ -190,9 +191,10 @@ def _judge_once(results, ns):
                     raise Fail(f"rank {rank}: {_name(label)} gathered {what} did not run; {why}", 0,
                                len(strays), rank)
                 if len(strays) > 1 or counts[strays[0]] > 1:
-                    raise Fail(f"rank {rank}: {_name(label)} gathered units that did not run {len(gathered) - len(ran)} "
-                               f"times: once the order leaves the trace, stop prefetching and gather on demand",
-                               "at most 1 (the unit the old trace predicted)", len(gathered) - len(ran), rank)
+                    extra = len(gathered) - len(ran)
+                    raise Fail(f"rank {rank}: {_name(label)} gathered units that did not run {extra} times: once "
+                               f"the order leaves the trace, stop prefetching and gather on demand",
+                               "at most 1 (the unit the old trace predicted)", extra, rank)
         for step, sizes in enumerate(r["held"]):
             if any(sizes):
                 raise Fail(f"rank {rank} still holds gathered units {[u for u, b in enumerate(sizes) if b]} after step "
@@ -229,8 +231,9 @@ def _judge_ahead(results, ns):
                         else:
                             why = "the trace holds: prefetch the unit after this one in the recorded order"
                         raise Fail(f"rank {rank}: in {_name(label)} unit {e['unit']} began before any gather of "
-                                   f"unit {nxt}, which comes next — the order repeated {_name(f'{step - 1}:{phase}')}'s; "
-                                   f"{why}", f"unit {nxt}'s gather launched", "none", rank)
+                                   f"unit {nxt}, which comes next — the order repeated "
+                                   f"{_name(f'{step - 1}:{phase}')}'s; {why}", f"unit {nxt}'s gather launched",
+                                   "none", rank)
                     checked += 1
     steps = sorted({s for s in range(1, len(ROUTES)) if ROUTES[s] == ROUTES[s - 1]})
     return (f"in steps {', '.join(map(str, steps))}, where the order repeated the previous step's, every unit's "
