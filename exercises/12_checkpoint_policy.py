@@ -9,8 +9,10 @@
 # recomputed it holds that plus the segment's k·A: `theory.checkpointed_activation_bytes(n,
 # A, X, "every-k", k)` = ⌈n/k⌉·X + k·A. The price is one more forward of every block. Which
 # k is best depends on A/X: k = √n (Chen's rule) only when a block's activations are the size
-# of its input; a transformer layer saves about 17–18 times its input, and the best k is
-# then about √(n·X/A).
+# of its input. A transformer layer saves A/X = 17 + 2.5·a·s/h times its input in 16-bit
+# (Korthikanti et al. §4: A = s·b·h·(34 + 5·a·s/h), X = 2·s·b·h), at least 17 with fused
+# attention (no s × s scores stored), and the best k is then about √(n·X/A): for GPT-3's 96
+# layers at A = 17·X the formula's minimum is k = 2, not √96 ≈ 10.
 #
 # **Interface.**
 # - `segments(n, k)`: the segments of n chained blocks, `[(0, k), (k, 2k), …]`, the last one

@@ -11,7 +11,8 @@
 # all-reduce of plain tensor parallelism is exactly a reduce-scatter followed by an
 # all-gather, so the bytes on the wire do not change — only where the halves sit.
 # The weights every rank keeps whole (the LayerNorm's, the row-parallel bias) now see only
-# 1/t of the tokens each: their gradients are summed over the ranks once per backward.
+# 1/t of the tokens each: their gradients are summed over the ranks (an all-reduce; Megatron
+# does it once per step, after gradient accumulation; here once per backward).
 #
 # **Interface.** Activations are (batch, sequence, hidden); the sequence is dimension 1.
 # - `all_gather_sequence(x, group=None)`: every rank's `x` concatenated along dimension 1,

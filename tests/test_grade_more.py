@@ -68,6 +68,10 @@ WRONG = {
             [("    return min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k))\n",
               "    return max(1, round(math.sqrt(n)))\n")],
             "best-k", "√n is Chen's answer"),
+        "the input kept as an attribute of ctx": (
+            [("        ctx.save_for_backward(x, *params)\n", "        ctx.kept = (x, *params)\n"),
+             ("        x, *params = ctx.saved_tensors\n", "        x, *params = ctx.kept\n")],
+            "stored-bytes", "nothing saved"),
         "the short last segment dropped": (
             [("    return [(start, min(start + k, n)) for start in range(0, n, k)]\n",
               "    return [(start, start + k) for start in range(0, n - k + 1, k)]\n")],

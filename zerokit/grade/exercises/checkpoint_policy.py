@@ -139,7 +139,11 @@ def _judge_stored(results, ns):
             got = r[k]["stored"]
             if got != want:
                 why = ""
-                if got >= BLOCKS * X:
+                if got == 0:
+                    why = (": nothing saved — keep the segment's input with ctx.save_for_backward: autograd's "
+                           "saved-tensor hooks (which the ledger reads, as DeepSpeed's and torch's offloading of "
+                           "activations do) see only what is saved that way, not a tensor kept as an attribute of ctx")
+                elif got >= BLOCKS * X:
                     why = (f": every block's activations are still saved (n·A = {BLOCKS * X:,} B, and the last block's "
                            f"output) — the segments' "
                            f"forward recorded its graph; run it inside a torch.autograd.Function (Recompute), whose "
