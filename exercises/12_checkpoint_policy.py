@@ -68,7 +68,7 @@ class Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, x, *params):
-        raise NotImplementedError("keep run and the input (ctx.save_for_backward), return run(x) — autograd records nothing inside a Function's forward")
+        raise NotImplementedError("keep run, and the input and the params with ctx.save_for_backward; return run(x) — autograd records nothing inside a Function's forward")
 
     @staticmethod
     def backward(ctx, grad):

@@ -70,7 +70,7 @@ class Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, x, *params):
-        # BEGIN SOLUTION: keep run and the input (ctx.save_for_backward), return run(x) — autograd records nothing inside a Function's forward
+        # BEGIN SOLUTION: keep run, and the input and the params with ctx.save_for_backward; return run(x) — autograd records nothing inside a Function's forward
         ctx.run = run
         ctx.save_for_backward(x, *params)
         return run(x)
