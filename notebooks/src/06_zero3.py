@@ -5,22 +5,35 @@
 # *"(模型参数 + 梯度 + 优化器状态)/N + 临时缓存"*; its communication is *O(P/N)*; and in one case
 # study it moves *"通信量减少92%（相比传统AllReduce）"* — 92 % less than an all-reduce. Which
 # of these hold? What does a ZeRO-3 rank hold at its peak, what does it send, and what do
-# prefetching and `reshard_after_forward` trade?
+# prefetching and `reshard_after_forward` trade? And its follow-up, *"ZeRO如何处理动态计算图？"*:
+# what happens to ZeRO-3 when the model's forward takes a branch chosen by the input?
+#
+# **Time:** about 35 min to read and run (the run itself: 11 s on a 2-core laptop) ·
+# **Needs:** lessons 01 (the ring), 02 (training memory), 03 (timelines, the emulated link) and
+# 04–05 (ZeRO-1 and 2), nothing else · **After it you can answer:** *How much does ZeRO-3 communicate
+# compared with DDP, and what do prefetch and reshard_after_forward change?* · *ZeRO-3 on 8 GPUs:
+# is memory per GPU 16Ψ/8?* · *How does ZeRO-3 handle a dynamic computation graph?*
 #
 # **What you will see.** ZeRO-3 (`zero3`) next to DDP on 2, 3 and 4 ranks: model states at
 # `16Ψ/N`, measured; the traffic — the ring cost of the payloads the ledger measured — at
 # `3(N−1)/N·Ψb`, 1.5× DDP's, flat in N; each rank's peak with the gathered parameters on
-# top of the shards; the four combinations of `prefetch` and `reshard_after_forward` on the
-# timeline; and the seed's numbers, checked.
+# top of the shards; the four combinations of `prefetch` and `reshard_after_forward`; prefetch
+# behind an emulated 1 GbE link; a model whose branch changes with its input, and what the
+# prefetcher does about it; and the seed's numbers, checked.
 
 # %%
 %matplotlib inline
+import statistics
+
 import matplotlib
-import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import zerokit
-from zerokit import course, plot, theory
+from zerokit import course, theory
 from zerokit.cli import compare
+from zerokit.workloads import Block, Workload
 from zerokit.zero.units import form_units
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
@@ -29,13 +42,31 @@ psi = work.param_count()
 b = theory.param_bytes_per_element("bf16-mixed")
 print(f"{work.description}\nΨ = {psi:,} parameters")
 
+
+def spread(times):
+    """The relative spread of some step times: interquartile range over median."""
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / statistics.median(times)
+
 # %% [markdown]
 # ## The lifecycle of a unit
 #
 # ZeRO-3 (§5.3, P_os+g+p) shards the parameters too: at rest, a rank holds one N-th of
-# everything. The model is cut into **units** (by default one per transformer block, the
-# root taking the embeddings, the final norm and the head — as FSDP2 and DeepSpeed users
-# wrap them), each a flat buffer. For every unit, every step (as FSDP's `fully_shard` does):
+# everything. To compute, it gathers parameters back in groups — **units** — and frees them
+# after use. How the libraries form the units:
+#
+# - **FSDP2**: each `fully_shard(module)` call makes one unit, of the module's parameters that
+#   no inner call claimed. The usual wrapping is one call per transformer block, then one on the
+#   root (embeddings, final norm, head).
+# - **DeepSpeed ZeRO-3**: nothing to wrap. It hooks every module, and when a module's forward
+#   begins it fetches that module's *own* parameters (a leaf module — `set_z3_leaf_modules`, or
+#   `stage3_module_granularity_threshold` — brings its whole subtree). What is fetched ahead is set
+#   by its trace of the module order and `stage3_prefetch_bucket_size` (both below).
+# - **zerokit's choice**: `unit_size="block"` by default — one unit per repeated block, the root
+#   taking the rest — FSDP2's usual wrapping; `unit_size=0` makes every module with parameters of
+#   its own a unit, DeepSpeed's granularity. Each unit is one flat buffer.
+#
+# For every unit, every step:
 #
 # 1. before its forward: **all-gather** the unit; 2. after its forward: **free** it;
 # 3. before its backward: **all-gather** it again; 4. after its backward: **reduce-scatter**
@@ -43,22 +74,22 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 #
 # Two gathers and one reduce-scatter, each `(N−1)/N` of the unit on a ring: `3(N−1)/N·Ψb`
 # per step. The tables below show the **ring cost**: that ring formula applied to the
-# payloads the ledger measured (gloo counts nothing on its wire).
+# payloads the ledger measured (why not gloo's own bytes or times: [lesson 01, why gloo's times
+# are not a ring's](01_collectives.ipynb#Why-gloo's-times-are-not-a-ring's)).
 
 # %%
 runs = {n: compare(work, n, ["single", "ddp", "zero3"], steps=2, precision="bf16-mixed") for n in (2, 3, 4)}
 rows = []
 for n, report in runs.items():
     ddp, zero3 = report["ddp"].ranks[0], report["zero3"].ranks[0]
-    rows.append({"N": n, "ZeRO-3 states B": sum(zero3.model_state_bytes.values()),
-                 "theory B": zero3.theory_model_states["total"], "paper 16Ψ/N": theory.paper_model_state_bytes(3, psi, n),
-                 "ZeRO-3 ring cost B/step (formula on measured payload)": zero3.comm_ring_cost_bytes_per_step,
-                 "ZeRO-3 theory B/step": zero3.theory_comm_bytes_per_step,
-                 "DDP ring cost B/step (formula on measured payload)": ddp.comm_ring_cost_bytes_per_step,
+    rows.append({"N": n, "ZeRO-3 states B (measured)": sum(zero3.model_state_bytes.values()),
+                 "16Ψ/N B (paper)": theory.paper_model_state_bytes(3, psi, n),
+                 "ZeRO-3 ring cost B/step": zero3.comm_ring_cost_bytes_per_step,
+                 "DDP ring cost B/step": ddp.comm_ring_cost_bytes_per_step,
                  "ZeRO-3 ÷ DDP": round(zero3.comm_ring_cost_bytes_per_step / ddp.comm_ring_cost_bytes_per_step, 4)})
 course.table(rows)
 
-# %%
+# %% [checks]
 for n, report in runs.items():
     zero3 = report["zero3"]
     assert zero3.param_diff["max_rel"] <= 1e-2  # the same training, to bf16 rounding
@@ -89,7 +120,7 @@ course.volume_figure(
 #
 # `16Ψ/N` is the model states *at rest*. To compute a unit, a rank needs the whole unit, so
 # at its peak it also holds the gathered parameters — the unit being computed and those
-# prefetched ahead — and the activations, which ZeRO doesn't shard at all:
+# prefetched ahead — and the activations, which ZeRO doesn't shard at all (all measured):
 
 # %%
 model = work.build_model()
@@ -98,13 +129,12 @@ rows = []
 for n, report in runs.items():
     for name in ("ddp", "zero3"):
         rank0 = report[name].ranks[0]
-        rows.append({"N": n, "strategy": name, "peak at": rank0.peak_where, "peak B": rank0.peak_bytes,
-                     "params at peak B": rank0.peak_breakdown["params"],
-                     "params at rest B": rank0.model_state_bytes["params"],
-                     "activations at peak B": rank0.peak_breakdown["activations"]})
+        rows.append({"N": n, "strategy": name, "peak B": rank0.peak_bytes,
+                     "gathered params at peak B": rank0.peak_breakdown["params"] - rank0.model_state_bytes["params"],
+                     "activations at peak B": rank0.peak_breakdown["activations"], "peak at": rank0.peak_where})
 course.table(rows)
 
-# %%
+# %% [checks]
 for n, report in runs.items():
     for rank in report["zero3"].ranks:
         gathered = rank.peak_breakdown["params"] - rank.model_state_bytes["params"]
@@ -124,14 +154,25 @@ ax.figure
 #
 # ## prefetch and reshard_after_forward
 #
-# - **prefetch**: from the second step on, ZeRO-3 knows the order the units run in, and
-#   launches the gathers of the next units while the current one computes. The wait before a
-#   unit's forward shrinks; more gathered parameters are held at once.
+# - **prefetch**: from the second step on, ZeRO-3 knows the order the units run in (it
+#   recorded the first step's: its **trace**), and launches the gathers of the next units while
+#   the current one computes. More gathered parameters are held at once; the wait before a unit
+#   shrinks where the gather takes long enough to be worth overlapping.
 # - **reshard_after_forward = False**: keep each unit gathered from its forward to its
 #   backward (ZeRO-2-like memory for parameters): one gather per step instead of two, so
 #   `2(N−1)/N·Ψb` — DDP's traffic — for more memory.
 #
-# All four combinations, 2 ranks, the last of 3 steps:
+# **Predict before you run.** All four combinations, 2 ranks, 3 steps. Does turning prefetch
+# on change the bytes a rank sends per step? And how many all-gathers does prefetch put in
+# flight at once, on this model of three units (two blocks and the root)?
+#
+# <details><summary>Answer</summary>
+#
+# No byte changes: the ring cost column is the same with and without prefetch, and only
+# `reshard_after_forward=False` lowers it (3 → 2 gathers' worth). In flight: 1 without
+# prefetch, 3 with it — the root, the unit computing and the next one — the "in flight" column.
+#
+# </details>
 
 # %%
 combos = [(prefetch, reshard) for reshard in (True, False) for prefetch in (False, True)]
@@ -139,20 +180,16 @@ grid = {(prefetch, reshard): zerokit.train(work, "zero3", world_size=2, steps=3,
                                            keep_records=True, reference=False, prefetch=prefetch,
                                            reshard_after_forward=reshard)
         for prefetch, reshard in combos}
-last = range(2, 3)
 rows = []
 for (prefetch, reshard), report in grid.items():
     rank0 = report.result.ranks[0]
     rows.append({"prefetch": prefetch, "reshard_after_forward": reshard,
-                 "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step,
-                 "theory B/step": rank0.theory_comm_bytes_per_step,
-                 "gathers in flight (max)": course.max_in_flight(rank0, "all_gather", step=2),
-                 "exposed ms (rank 0)": course.timeline_rows(report, last)[0]["exposed ms/step"],
-                 "step ms (rank 0)": course.timeline_rows(report, last)[0]["step ms"],
+                 "ring cost B/step": rank0.comm_ring_cost_bytes_per_step,
+                 "all-gathers in flight (max)": course.max_in_flight(rank0, "all_gather", step=2),
                  "peak B": max(r.peak_bytes for r in report.result.ranks)})
 course.table(rows)
 
-# %%
+# %% [checks]
 for (prefetch, reshard), report in grid.items():
     for rank in report.result.ranks:
         assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
@@ -161,23 +198,67 @@ for (prefetch, reshard), report in grid.items():
 cost = {key: r.result.ranks[0].comm_ring_cost_bytes_per_step for key, r in grid.items()}
 peak = {key: max(x.peak_bytes for x in r.result.ranks) for key, r in grid.items()}
 assert cost[(False, True)] / cost[(False, False)] == 3 / 2  # two gathers per step, or one
+assert cost[(True, True)] == cost[(False, True)]             # prefetch moves no byte
 assert peak[(True, True)] > peak[(False, True)]              # prefetched units are held early
 assert peak[(False, False)] > peak[(False, True)]            # kept units are held until backward
 
+# %% [markdown]
+# Prefetch changes *when* bytes move and *how much is held*, never how many; only
+# `reshard_after_forward` changes the bytes (3 → 2). These runs keep the memory ledger on
+# every allocation, so their step times measure the ledger more than the step: they are not shown.
+#
+# ## Prefetch behind an emulated link
+#
+# What prefetch buys is time, and only where a gather takes long next to the compute it could
+# overlap. Here the ranks talk over shared memory: a unit of this small model crosses in a
+# fraction of a millisecond. So, as in lesson 03, the ranks sit behind an emulated **1 GbE**
+# link (`link="1gbe"`: each collective runs for real on gloo, and completes when the link's
+# `rounds·α + bytes/bandwidth` has passed), with a wider model — 4 blocks of width 128, fp32 —
+# whose blocks take the link a few milliseconds each. No memory ledger, 5 steps, medians over
+# steps 1–4:
+
 # %%
-fig, axes = plt.subplots(2, 1, figsize=(10, 5.4))
-for ax, prefetch in zip(axes, (False, True)):
-    plot.timeline(grid[(prefetch, True)].result, ax=ax, steps=last)
-    ax.set_title(f"prefetch={prefetch}: " + ax.get_title(), fontsize=9)
-fig.tight_layout()
+wide = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=128, n_layer=4, n_head=4, batch_size=12)
+steady = range(1, 5)
+linked = {f"prefetch={p}, 1gbe": zerokit.train(wide, "zero3", world_size=2, steps=5, keep_records=True,
+                                               reference=False, track_peak=False, prefetch=p, link="1gbe")
+          for p in (False, True)}
+gathers = [c for c in linked["prefetch=False, 1gbe"].result.ranks[0].comm_records
+           if c["op"] == "all_gather" and c["step"] == 4 and c["tag"].startswith("params blocks")]
+print(f"one block's all-gather holds the link {1e3 * gathers[0]['emulated_s']:.1f} ms (formula: "
+      f"{gathers[0]['ring_cost_bytes']:,} B of ring cost at 125 MB/s, plus α)")
+course.table([{"run": label, **{k: round(v, 1) for k, v in row.items()}}
+              for label, r in linked.items() for row in course.timeline_stats(r, steady)],
+             ["run", "rank", "step ms", "exposed ms", "emulated held ms", "straggler wait ms"])
+
+# %%
+off, on = ([r.result.ranks[0].step_times_s[k] for k in steady] for r in linked.values())
+course.show(course.speed_sentence(
+    "prefetch", statistics.median(on), "no prefetch", statistics.median(off), spread=max(spread(on), spread(off)),
+    elsewhere="Where the link is fast next to a unit's compute (NVLink inside a node, for a small model), there is "
+              "little to overlap and prefetch mostly costs memory; where it is slow (across nodes, for large units), "
+              "each gather it launches early can overlap the compute of the unit before it."))
+
+# %%
+course.timeline_figure(linked, steps=range(4, 5))
+
+# %% [checks]
+gbe = zerokit.links.LINKS["1gbe"]
+for label, r in linked.items():
+    for rank in r.result.ranks:
+        train = [c for c in rank.comm_records if c["phase"] != "setup"]
+        assert all(c["link"] == "1gbe" and abs(c["emulated_s"] - theory.link_seconds(
+            c["ring_cost_bytes"], theory.ring_steps(c["op"], 2), gbe.bandwidth_Bps, gbe.alpha_s)) < 1e-9 for c in train)
+        assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
+        in_flight = course.max_in_flight(rank, "all_gather", step=4)
+        assert (in_flight > 1) if "True" in label else (in_flight == 1)
 
 # %% [markdown]
-# Without prefetch, each unit's gather is launched at its forward and waited for at once:
-# every gather is exposed. With prefetch, the next gathers are already in flight while the
-# current unit computes. Prefetch changes *when* bytes move and *how much is held*, never how
-# many; only `reshard_after_forward` changes the bytes (3 → 2). The launch pattern is exact
-# (gathers in flight: 1 without prefetch); the milliseconds are this 2-core CPU's, noisy, and
-# the reason the assertions above count gathers rather than time them.
+# Without prefetch each unit's gather is launched when the unit begins and waited for at once:
+# the whole link time of every gather is exposed (the table's "exposed", most of it "emulated
+# held"). With prefetch the next gathers are launched while the current unit computes, and a
+# unit waits only for what the link has not finished by then. The sentence above is chosen by
+# this run's numbers; the grey link bars in the picture show why.
 #
 # ## How far ahead: the prefetch budget
 #
@@ -194,24 +275,24 @@ fig.tight_layout()
 units = [sum(p.numel() for p in params) for _, _, params in form_units(model, "block", set())]
 largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
 deepspeed_gathered = theory.deepspeed_zero3_estimate(psi, largest_layer, gpus_per_node=2)[2]
-budgets = [2_048, 13_000, 26_000, 50_000_000]
+budgets = [2_048, 13_000, 50_000_000]
 sweep = {budget: zerokit.train(work, "zero3", world_size=2, steps=3, precision="bf16-mixed", keep_records=True,
                                reference=False, prefetch=True, prefetch_bucket_size=budget)
          for budget in budgets}
-print(f"units (elements): {units}; Ψ = {psi:,}; largest layer L = {largest_layer:,} parameters")
+print(f"units (elements): {units}; Ψ = {psi:,}; largest layer L = {largest_layer:,} parameters; "
+      f"DeepSpeed's 4 × largest layer = {deepspeed_gathered:,} B (formula)")
 rows = []
 for budget, report in sweep.items():
     rank0 = report.result.ranks[0]
     rows.append({"prefetch budget (elements)": budget, "budget ÷ Ψ": round(budget / psi, 2),
-                 "gathers in flight (max, measured)": course.max_in_flight(rank0, "all_gather", step=2),
-                 "gathered params at peak B (measured)": rank0.peak_breakdown["params"] - rank0.model_state_bytes["params"],
-                 "DeepSpeed's 4 × largest layer B (formula)": deepspeed_gathered,
-                 "peak B (measured)": max(r.peak_bytes for r in report.result.ranks), "peak at": rank0.peak_where})
+                 "all-gathers in flight (max)": course.max_in_flight(rank0, "all_gather", step=2),
+                 "gathered params at peak B": rank0.peak_breakdown["params"] - rank0.model_state_bytes["params"],
+                 "peak B": max(r.peak_bytes for r in report.result.ranks)})
 course.table(rows)
 
-# %%
-in_flight = [row["gathers in flight (max, measured)"] for row in rows]
-gathered = [row["gathered params at peak B (measured)"] for row in rows]
+# %% [checks]
+in_flight = [row["all-gathers in flight (max)"] for row in rows]
+gathered = [row["gathered params at peak B"] for row in rows]
 assert in_flight == sorted(in_flight) and len(set(in_flight)) == 3  # the budget sets how many gathers run ahead
 assert gathered == sorted(gathered)                                # and how much a rank holds at its peak
 assert gathered[0] >= b * max(units)                               # at least the unit being computed
@@ -222,18 +303,173 @@ assert all(g > deepspeed_gathered for g in gathered)               # whole block
 
 # %% [markdown]
 # A budget below one block (2,048) launches nothing ahead: one gather in flight, as without
-# prefetch. A budget that fits one block runs one gather ahead (2 in flight), one that fits
-# two blocks runs two ahead — every unit of this small model. The gathered parameters at the
-# peak follow: the root and one block with nothing ahead, the whole model as soon as one
-# gather runs ahead (three units: the root, the block computing, the next one). The bytes
-# per step never change.
+# prefetch. A budget that fits one block runs one gather ahead (2 in flight); one above Ψ lets
+# every unit of this small model run ahead (3 in flight). The gathered parameters at the peak
+# follow: the root and one block with nothing ahead, the whole model as soon as one gather runs
+# ahead (three units: the root, the block computing, the next one). The bytes per step never
+# change. (All measured, by the ledgers.)
 #
-# DeepSpeed's `4 × largest layer` is smaller than every measured row: it assumes parameters
-# are fetched module by module (its largest layer here is the MLP's first linear), while
-# these units are whole blocks, three times that size, and a rank holds the unit it
-# computes plus what its budget lets run ahead. An estimate's "+ buffers" term is only as
-# good as its idea of what is gathered at once: ask what the unit is, and what the prefetch
-# budget allows.
+# DeepSpeed's `4 × largest layer` is smaller than every measured row: DeepSpeed fetches module
+# by module — each module's own parameters, its largest layer here the MLP's first linear —
+# while zerokit's units are whole blocks, three times that size, and a rank holds the unit it
+# computes plus what its budget lets run ahead. An estimate's "+ buffers" term is only as good
+# as its idea of what is gathered at once: ask what the unit is, and what the prefetch budget
+# allows.
+#
+# ## A dynamic graph: the branch changes, the trace is stale
+#
+# The seed's follow-up *"ZeRO如何处理动态计算图？"* (how does ZeRO handle a dynamic computation
+# graph?) gets the answer *"use static shapes to avoid frequent all-gathers; enable
+# torch.compile to optimise the dynamic sharding path"*. What a data-dependent branch really does
+# to ZeRO-3 is to its **trace**: prefetch walks the order the units ran in, and a branch chosen
+# by the input changes that order.
+#
+# The model: a trunk of two blocks, then **one of two task blocks, chosen by the batch's first
+# token** (a task id), then the head — a Python `if` on a tensor's value, as a multi-task model,
+# a mixture of experts or a layer-skipping model has. zerokit cuts it into five units
+# (`trunk.0`, `trunk.1`, `tasks.0`, `tasks.1` and the root). Each global batch is one task, so
+# every rank takes the same branch — this matters: a unit's gather is a collective, and ranks
+# that gather different units pair the wrong calls (an error or a hang). The tasks per step are
+# 0, 0, 1, 1, 0, 0; the ranks sit behind the emulated 1 GbE link again, so a gather waited for on
+# demand shows up as exposed time.
+#
+# What zerokit's prefetcher does with its trace (`zerokit/zero/trace.py`), as DeepSpeed's does:
+# **record** the order units begin in, per phase, during the first step; **follow** it, comparing
+# each unit that begins with the one the trace expects; at the first mismatch **invalidate** it
+# for the rest of the pass — free what it prefetched for the stale branch, gather the remaining
+# units on demand — and **re-record**: the order this pass ran becomes the trace (zerokit's
+# choice: the diverging pass's own order, so the very next step prefetches again).
+
+# %%
+VOCAB, SEQ, WIDTH, BATCH = 64, 16, 128, 12
+TASKS = [0, 0, 1, 1, 0, 0]  # the task of each step's batch
+
+
+class TaskRouted(nn.Module):
+    """A trunk of two blocks, then the block of the batch's task (its first token), then the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(SEQ, WIDTH)
+        self.trunk = nn.ModuleList(Block(WIDTH, 4) for _ in range(2))
+        self.tasks = nn.ModuleList(Block(WIDTH, 4) for _ in range(2))
+        self.ln_f, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.trunk:
+            x = block(x)
+        x = self.tasks[int(idx[0, 0])](x)  # data-dependent: the input picks the block
+        return self.head(self.ln_f(x))
+
+
+def task_batch(step):
+    g = torch.Generator().manual_seed(step)
+    tokens = torch.randint(2, VOCAB, (BATCH, SEQ + 1), generator=g)
+    tokens[:, 0] = TASKS[step]  # the whole global batch is one task
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+routed = Workload("task-routed", TaskRouted, task_batch,
+                  lambda logits, targets: F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+print([label for _, label, _ in form_units(routed.build_model(), "block", set())])
+
+# %% [markdown]
+# **Predict before you run.** Every step runs four units — the root, the two trunk blocks and
+# one task block — and gathers each twice (forward and backward): 8 all-gathers. At step 2
+# the input picks `tasks.1`, while the trace (recorded at step 0) expects `tasks.0`. How many
+# all-gathers does step 2 launch, and how many step 3, the second step on task 1?
+#
+# <details><summary>Answer</summary>
+#
+# 9 and 8: at step 2 the prefetcher, following its trace, had launched `tasks.0`'s gather while
+# `trunk.1` computed; `tasks.1` began instead, the trace was invalidated and `tasks.0` freed
+# unused — one extra gather. Step 2's order was re-recorded, so step 3 gathers exactly what it
+# runs. Step 4, back on task 0, pays the extra gather once more (the table's "extra" column).
+#
+# </details>
+
+# %%
+dynamic = zerokit.train(routed, "zero3", world_size=2, steps=len(TASKS), keep_records=True, reference=False,
+                        track_peak=False, link="1gbe")
+rank0 = dynamic.result.ranks[0]
+gathered = [c for c in rank0.comm_records if c["op"] == "all_gather" and c["tag"].startswith("params ")]
+first = sorted((c for c in gathered if c["step"] == 0), key=lambda c: c["t_launch"])
+for phase in ("forward", "backward"):
+    print(f"the {phase} order recorded at step 0 (the trace): "
+          + " → ".join(c["tag"].removeprefix("params ") for c in first if c["phase"] == phase))
+rows = []
+for step, task in enumerate(TASKS):
+    calls = [c for c in gathered if c["step"] == step]
+    rows.append({"step": step, "task": task, "all-gathers": len(calls), "extra all-gathers": len(calls) - 2 * 4,
+                 "exposed all-gather ms": round(1e3 * sum(c["blocked_s"] for c in calls), 1),
+                 "step ms": round(1e3 * rank0.step_times_s[step], 1)})
+course.table(rows)
+
+# %%
+followed = [rank0.step_times_s[s] for s in (1, 3, 5)]
+diverged = [rank0.step_times_s[s] for s in (2, 4)]
+course.show(course.speed_sentence(
+    "a step that followed its trace", statistics.median(followed),
+    "a step that invalidated it", statistics.median(diverged), spread=max(spread(followed), spread(diverged)),
+    elsewhere="(Medians of steps 1, 3, 5 and of steps 2, 4.) Where gathers are cheap next to the compute (a fast "
+              "link, large units' compute), an invalidated step would cost little more than the extra gather's "
+              "bytes; where they are slow, each invalidation exposes the rest of that pass's gathers."))
+
+# %% [checks]
+extra = [row["extra all-gathers"] for row in rows]
+assert extra == [0, 0, 1, 0, 1, 0]  # one stale gather at each change of branch, none once re-recorded
+for step in (2, 4):
+    stale = [c["tag"] for c in gathered if c["step"] == step]
+    assert stale.count(f"params tasks.{1 - TASKS[step]}") == 1  # the stale task's block, in forward only
+assert [c["tag"] for c in first if c["phase"] == "forward"] == ["params TaskRouted", "params trunk.0",
+                                                               "params trunk.1", "params tasks.0"]
+for rank in dynamic.result.ranks:
+    assert all(c["link"] == "1gbe" for c in rank.comm_records if c["phase"] != "setup")
+
+# %% [markdown]
+# Step 0 records: nothing is prefetched, every gather waits for the link. Steps 1, 3 and 5
+# follow their trace. Steps 2 and 4 diverge at the task block: one gather wasted on the stale
+# task (its bytes crossed the link for nothing), and the rest of that pass — the new task block,
+# and the whole backward, whose order came from the same stale pass — gathered on demand.
+#
+# **What DeepSpeed does.** Its `PartitionedParameterCoordinator` records the order in which
+# modules are fetched during one forward and backward (the *trace*) and prefetches parameters
+# along it, up to `stage3_prefetch_bucket_size` elements. As each module begins,
+# `trace_prologue` compares it with the trace; on a mismatch it invalidates the trace — the
+# message `Invalidate trace cache @ step …: expected module …, but got module …` that users of
+# conditional models see in their logs — frees what it had prefetched, and fetches on demand
+# for the rest of the pass. The next pass records a new trace and the one after prefetches from
+# it: one step later than zerokit's choice above. At the end of a pass it checks that every rank
+# recorded the same module order. For mixture-of-experts layers, whose expert order changes from
+# pass to pass, `deepspeed.utils.set_z3_leaf_modules` marks a module as a leaf: its whole subtree
+# is fetched when it begins, so the order the trace sees is static again — more bytes gathered
+# (every expert) for no invalidations.
+#
+# **What FSDP2 does.** No recorded order in forward: its default ("implicit") prefetch issues a
+# unit's all-gather when the unit's forward is reached, on a separate CUDA stream, so the gather
+# can overlap the compute the CPU already queued — correct for any branch. In backward it
+# prefetches the unit before the current one in *this* iteration's forward order, rebuilt every
+# iteration. The explicit lists, `set_modules_to_forward_prefetch` and
+# `set_modules_to_backward_prefetch`, are yours and static; PyTorch's FSDP notes say explicit
+# forward prefetch should only be used for models whose execution order is fixed from iteration
+# to iteration (a "static graph"). A list entry is gathered whether or not the step then runs it.
+#
+# **torch.compile's role.** A Python `if` on a tensor's value — `self.tasks[int(idx[0, 0])]` —
+# is a data-dependent operation: torch.compile graph-breaks there (PyTorch's "common graph
+# breaks") and runs it in Python, so the branch, and the unit order it changes, stay. Branches on
+# Python values or shapes are specialised and guarded instead: a new value or shape recompiles.
+# `torch.cond` puts a data-dependent branch inside one graph (a prototype). Compile does not make
+# ZeRO-3's unit order static.
+#
+# **The seed's answer, checked.** "Static shapes" do not change what ZeRO-3 gathers — a unit is
+# gathered whole whatever the batch's shape; shapes matter to torch.compile (recompiles) and to
+# CUDA graphs. What costs gathers is a change in the **order of units**: an invalidated trace,
+# an extra gather for the stale branch and a pass gathered on demand, as measured above. What
+# helps: keep the order independent of the data (the branching modules in one unit —
+# DeepSpeed's leaf modules, one `fully_shard` over the routed group — at the cost of gathering
+# every branch), or accept an invalidation each time the branch changes; and make every rank
+# take the same branch.
 #
 # ## The seed's numbers
 #
@@ -251,7 +487,8 @@ course.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
 # The model states are only part of a GPU's memory. The planner (`zerokit.plan`: the
 # formulas of `zerokit.theory`, nothing runs) adds the activations of one 1,024-token
 # sequence (Korthikanti et al., with and without activation checkpointing), the buckets and
-# the gathered units, on 8 GPUs of the seed's sizes:
+# the gathered units, on 8 GPUs of the seed's sizes (GPT-2 at 4.1 GB, T5-3B at 4.3 GB; all
+# computed):
 
 # %%
 rows = []
@@ -264,9 +501,9 @@ for preset, claimed in (("gpt2-1.5b", 4.1), ("t5-3b", 4.3)):
                      "activations GB": round(per_gpu["activation_bytes"] / 1e9, 2),
                      "buffers GB": round(per_gpu["buffer_bytes"] / 1e9, 2),
                      "total GB": round(per_gpu["total_bytes"] / 1e9, 2), "fits": per_gpu["fits"]})
-course.table(rows)
+course.table(rows, ["model", "checkpointing", "model states GB", "activations GB", "buffers GB", "total GB"])
 
-# %%
+# %% [checks]
 t5 = [r for r in rows if r["model"] == "t5-3b"]
 assert all(not r["fits"] and r["model states GB"] > r["seed's GB"] for r in t5)  # impossible whatever else
 gpt2 = [r for r in rows if r["model"] == "gpt2-1.5b"]
@@ -274,12 +511,13 @@ assert all(r["model states GB"] < r["seed's GB"] for r in gpt2)  # the states fi
 assert gpt2[1]["activations GB"] < gpt2[0]["activations GB"]     # checkpointing is what leaves room
 
 # %% [markdown]
-# GPT-2 1.5B is tight but possible: its model states fit, and the rest fits only with
+# GPT-2 1.5B is tight but possible: its model states fit in 4.1 GB, and the rest fits only with
 # activation checkpointing and either buckets much smaller than DeepSpeed's defaults (the
 # 2 GB of buffers above) or the optimizer offloaded to the host — `zerokit plan --preset
 # gpt2-1.5b --gpus 8 --gpu-memory 4.1GB --strategy zero3 --checkpointing full` lists the
-# layouts that fit. T5-3B at 4.3 GB is impossible: its model states alone take more. And "92 % less communication than an all-reduce": by the ring cost of the
-# payloads measured above, ZeRO-3 sends **50 % more**.
+# layouts that fit. T5-3B at 4.3 GB is impossible: its model states alone take more. And "92 %
+# less communication than an all-reduce": by the ring cost of the payloads measured above,
+# ZeRO-3 sends **50 % more**.
 #
 # ## Try it
 #
@@ -307,19 +545,28 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 # - On a ring it sends `3(N−1)/N·Ψb` per step (the ring cost of the payloads measured
 #   above), **1.5× DDP at every N** — not O(Ψ/N), not 92 % less.
 # - At its peak a rank also holds the gathered units and the activations; prefetch trades
-#   memory for exposed time, `reshard_after_forward=False` trades memory for bytes (3 → 2).
-# - The prefetch budget sets how many gathers run ahead (1, 2, 3 measured as it grows past
-#   one block, two blocks), and so the gathered parameters at the peak; DeepSpeed's
-#   `+ 4 × largest layer` assumes layer-sized fetches and is below what whole-block units hold.
+#   memory for exposed time where gathers are slow next to compute (behind the emulated link
+#   here), `reshard_after_forward=False` trades memory for bytes (3 → 2).
+# - Units: one per `fully_shard` call in FSDP2, each module's own parameters in DeepSpeed,
+#   one per block by zerokit's choice. The prefetch budget sets how many gathers run ahead;
+#   DeepSpeed's `+ 4 × largest layer` assumes layer-sized fetches and is below what whole-block
+#   units hold.
+# - A data-dependent branch changes the unit order: the trace is invalidated, the stale gather
+#   wasted, the rest of the pass gathered on demand, the new order re-recorded (zerokit, one step
+#   sooner than DeepSpeed); FSDP2's default prefetch needs no recorded order in forward.
 #
 # ## Interview questions
 #
-# 1. *How much does ZeRO-3 communicate compared with DDP?*
+# 1. *How much does ZeRO-3 communicate compared with DDP, and what do prefetch and
+#    reshard_after_forward change?*
 #
 #    <details><summary>Answer</summary>
 #
 #    1.5×: parameters are gathered in forward and again in backward, gradients reduce-scattered
-#    (the table and the plot).
+#    (the table and the plot). Prefetch changes no byte, only when they move and how much is held:
+#    memory for exposed time, where a gather takes long next to the compute it can overlap (the
+#    link run and its sentence). `reshard_after_forward=False` keeps units gathered until their
+#    backward: one gather fewer, DDP's 2Ψ, for more memory (the 2 × 2 table).
 #
 #    </details>
 #
@@ -333,11 +580,21 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #
 #    </details>
 #
-# 3. *What do prefetch and reshard_after_forward trade?*
+# 3. *How does ZeRO-3 handle a dynamic computation graph?*
 #
 #    <details><summary>Answer</summary>
 #
-#    Prefetch: memory for hidden gathers; `reshard_after_forward=False`: memory for one gather
-#    fewer per step (the 2 × 2 table).
+#    Prefetch follows the unit order recorded from an earlier pass. When a data-dependent branch
+#    changes it, DeepSpeed invalidates its trace ("Invalidate trace cache"), fetches on demand and
+#    re-records; zerokit does the same, re-recording from the diverging pass (the dynamic table:
+#    one extra gather per change, none the step after). FSDP2's default forward prefetch needs no
+#    recorded order. torch.compile graph-breaks on the branch; it doesn't fix the order. Keep the
+#    order static (leaf modules, one unit over the branches) when the branch changes every step,
+#    and make every rank take the same branch.
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/06_zero3.ipynb](../exercises/06_zero3.ipynb) — ZeRO-3's gather and free,
+# unit by unit, graded by `zerokit grade 06` · **Next:** [lesson 07 — tensor parallelism: f and g,
+# column → row](07_tensor_parallel.ipynb)
