@@ -45,7 +45,7 @@
 # - `gathered-once` — read from the all-gathers the ranks made: in every forward and every
 #   backward each unit that ran was gathered exactly once, even when the branch changed; a
 #   unit that did not run was gathered at most once, only in a pass whose order left the
-#   trace (the prefetch the old trace asked for);
+#   trace (the prefetch the old trace asked for); every unit is freed by the end of the step;
 # - `prefetched-ahead` — wherever a pass repeats the previous step's order (steps 1, 3 and 5:
 #   the trace holds, re-recorded after the branch changed), the gather of the next unit was
 #   launched before each unit began.
