@@ -440,11 +440,11 @@ for rank in dynamic.result.ranks:
 # message `Invalidate trace cache @ step …: expected module …, but got module …` that users of
 # conditional models see in their logs — frees what it had prefetched, and fetches on demand
 # for the rest of the pass. The next pass records a new trace and the one after prefetches from
-# it: one step later than zerokit's choice above. At the end of a pass it checks that every rank
-# recorded the same module order. For mixture-of-experts layers, whose expert order changes from
-# pass to pass, `deepspeed.utils.set_z3_leaf_modules` marks a module as a leaf: its whole subtree
-# is fetched when it begins, so the order the trace sees is static again — more bytes gathered
-# (every expert) for no invalidations.
+# it: one step later than zerokit's choice above. When it records a trace it also checks that
+# every rank recorded the same module order (zerokit does not). For mixture-of-experts layers,
+# whose expert order changes from pass to pass, `deepspeed.utils.set_z3_leaf_modules` marks a
+# module as a leaf: its whole subtree is fetched when it begins, so the order the trace sees is
+# static again — more bytes gathered (every expert) for no invalidations.
 #
 # **What FSDP2 does.** No recorded order in forward: its default ("implicit") prefetch issues a
 # unit's all-gather when the unit's forward is reached, on a separate CUDA stream, so the gather
