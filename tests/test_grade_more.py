@@ -1,5 +1,6 @@
 """Exercises 10-12 (sequence parallelism, CPU offload of the optimizer step, a checkpointing policy): the
-solution passes every check and each planted wrong answer fails the check that names it, in a learner's words.
+solution and zerokit's own implementation pass every check, and each planted wrong answer fails the check that
+names it, in a learner's words.
 
 One launch per exercise: the solution and its wrong variants are loaded as submissions, and every rank runs the
 exercise's scenario on each of them in turn (the grader's fresh seed and probe for each, as
@@ -80,6 +81,52 @@ WRONG = {
 }
 
 
+#: key -> the library's own version of what the learner writes, appended to the solution (it replaces the names):
+#: the grader must pass zerokit's implementation too
+LIBRARY = {
+    "10_sequence_parallel": """
+from zerokit.tensor_parallel import mappings as _lib
+
+
+def all_gather_sequence(x, group=None):
+    return _lib.all_gather_along(x, 1, group, "g")
+
+
+def reduce_scatter_sequence(x, group=None):
+    return _lib.reduce_scatter_along(x, 1, group, "g_bar")
+
+
+class GatherFromSequenceParallelRegion:
+    apply = staticmethod(_lib.gather_from_sequence_parallel_region)
+
+
+class ReduceScatterToSequenceParallelRegion:
+    apply = staticmethod(_lib.reduce_scatter_to_sequence_parallel_region)
+""",
+    "11_cpu_offload": """
+from zerokit.offload.host_optimizer import HostOptimizer as _Lib
+from zerokit.optim import OptimizerSpec as _Spec
+
+
+class HostAdam:
+    def __init__(self, param_shard, lr):
+        self.lib = _Lib([param_shard], _Spec("adamw", lr=lr, weight_decay=0.01))
+        self.master, self.host_grad, self.optimizer = self.lib.masters[0], self.lib.host_grads[0], self.lib.optimizer
+
+    def step(self, grad_shard, param_shard):
+        self.lib.step([grad_shard])
+""",
+    "12_checkpoint_policy": """
+from zerokit.checkpointing import apply_checkpointing as _lib
+
+
+def checkpointed_forward(blocks, x, k):
+    _lib(blocks, "every_k", every=k)
+    return blocks(x)
+""",
+}
+
+
 def _entry(ctx, fn, namespaces):
     """Every rank: the scenario on each submission in turn, each with the grader's seed and a fresh probe."""
     from zerokit.grade import probe as probe_module
@@ -97,9 +144,13 @@ def _grade_all(tmp_path, key) -> dict:
     """{submission: {check: CheckResult}} for the solution and each wrong answer, one launch per scenario."""
     source = (ROOT / "solutions" / f"{key}.py").read_text()
     namespaces = {}
-    for name, (edits, _, _) in {"solution": ([], None, None), **WRONG[key]}.items():
+    variants = {"solution": [], "library": [("", LIBRARY[key])], **{w: e for w, (e, _, _) in WRONG[key].items()}}
+    for name, edits in variants.items():
         text = source
         for old, new in edits:
+            if not old:  # appended
+                text += new
+                continue
             assert text.count(old) == 1, f"{key}, {name}: the edit's text {old[:60]!r} is not in the solution once"
             text = text.replace(old, new)
         path = tmp_path / f"{len(namespaces)}" / f"{key}.py"
@@ -117,10 +168,11 @@ def _grade_all(tmp_path, key) -> dict:
 
 
 @pytest.mark.parametrize("key", list(WRONG))
-def test_solution_passes_and_each_wrong_answer_is_named(tmp_path, key):
+def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path, key):
     graded = _grade_all(tmp_path, key)
-    failed = {name: r.detail for name, r in graded["solution"].items() if not r.passed}
-    assert not failed, f"{key}: the solution fails {failed}"
+    for right in ("solution", "library"):
+        failed = {name: r.detail for name, r in graded[right].items() if not r.passed}
+        assert not failed, f"{key}: the {right} fails {failed}"
     for what, (_, check, words) in WRONG[key].items():
         result = graded[what][check]
         assert not result.passed, f"{key}, {what}: {check} passed"
