@@ -9,8 +9,17 @@
 # **What you will see.** The ring algorithm drawn round by round; a ring reduce-scatter
 # followed by a ring all-gather, run on real ranks over send/recv, giving exactly
 # `torch.distributed.all_reduce`'s result; the bytes each phase really sent — counted on
-# send/recv, measured — `(N−1)/N` of the tensor, next to the formula; the traffic per rank against the world size; and the time
-# of an all-reduce against its size, fitted by the latency–bandwidth (α-β) model.
+# send/recv, measured — `(N−1)/N` of the tensor, next to the formula; the traffic per rank
+# against the world size; the time of an all-reduce against its size, fitted by the
+# latency–bandwidth (α-β) model; and what the course's ledger records for a backend's
+# collective — its payload and its ring cost — and why gloo's times do not follow the ring.
+#
+# **Time:** about 25 min to read and run (the run itself: about 7 s on a 2-core laptop) ·
+# **Needs:** lesson 00, nothing else ·
+# **After it you can answer:** *Why is an all-reduce a reduce-scatter plus an all-gather?* ·
+# *How many bytes does each GPU send per all-reduce, and how does that change from 8 to 64
+# GPUs?* · *When is a collective latency-bound, and why does NCCL also use trees?* · *What
+# is a collective's "ring cost", and why does a backend's time not follow it?*
 
 # %%
 %matplotlib inline
@@ -39,7 +48,7 @@ matplotlib.rcParams["figure.dpi"] = course.DPI
 # %%
 course.ring_schedule_figure(4, "all_reduce")
 
-# %%
+# %% [checks]
 for rank in range(4):
     assert len(ring.ring_schedule("all_reduce", 4, rank)) == theory.ring_steps("all_reduce", 4) == 2 * (4 - 1)
     assert len(ring.ring_schedule("reduce_scatter", 4, rank)) == theory.ring_steps("reduce_scatter", 4)
@@ -72,7 +81,7 @@ for row in rows:
     row["ring formula: each half B"] = theory.ring_bytes_sent("reduce_scatter", row["payload B (measured)"], world)
 course.table(rows)
 
-# %%
+# %% [checks]
 for row in rows:
     assert row["max |ring − torch|"] < 1e-5  # same sum, another order of additions
     assert row["reduce-scatter sent B (measured)"] == row["all-gather sent B (measured)"] \
@@ -91,6 +100,17 @@ for row in rows:
 # Time the ring all-reduce on 2, 3 and 4 ranks over payloads from 96 B to 6 MiB, and run the
 # largest on 6 and 8 ranks too; every call records the bytes it really sent (`sent_bytes`,
 # measured on send/recv).
+#
+# **Predict before you run.** The largest payload is S = 6 MiB. How many MiB does each rank
+# send to all-reduce it on 2 ranks, and on 8 — 8× as much, 4×, or about the same?
+#
+# <details><summary>Answer</summary>
+#
+# 6 MiB on 2 ranks and 10.5 MiB on 8 — the dots of the picture below: `2(N−1)/N·S` is S at
+# N = 2 and tends to 2S, so 4× the ranks cost each rank only 1.75× the bytes. What grows
+# with N is the number of rounds, `2(N−1)`.
+#
+# </details>
 
 # %%
 payloads = [96 * 4 ** k for k in range(9)]  # 96 B … 6 MiB: whole chunks on 2, 3, 4, 6 and 8 ranks
@@ -105,9 +125,11 @@ series = {"ring all-reduce": {
 course.volume_figure(series, ylabel="MiB sent per rank", reference=(2 * largest / 2**20, "2S"),
                      title=f"all-reduce of S = {largest / 2**20:.0f} MiB: bytes per rank approach 2S")
 
-# %%
+# %% [checks]
 for p in points + at_largest:
     assert p["sent_bytes"] == theory.ring_bytes_sent("all_reduce", p["payload_bytes"], p["n"])  # measured = formula
+
+# %%
 growth = {f"{a} → {b} ranks": {"bytes per rank": theory.ring_bytes_sent("all_reduce", largest, b)
                                                  / theory.ring_bytes_sent("all_reduce", largest, a),
                                "rounds": theory.ring_steps("all_reduce", b) / theory.ring_steps("all_reduce", a)}
@@ -129,7 +151,14 @@ course.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3),
 
 # %%
 fit = course.fit_latency_bandwidth(points)
-course.latency_bandwidth_figure(points, fit)
+fig = course.latency_bandwidth_figure(points, fit)
+ax = fig.axes[0]  # the key beside the data, plain tick labels (1, 10, 100 ms)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+fig.set_size_inches(7.2, 3.2)
+fig.tight_layout()
+fig
 
 # %% [markdown]
 # Small calls sit on the flat part of the curve: their time is rounds × α, whatever their
@@ -150,7 +179,7 @@ for name, size in cases.items():
                  "latency share": f"{100 * model['latency_share']:.1f} %"})
 course.table(rows)
 
-# %%
+# %% [checks]
 largest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == largest}
 smallest_points = {p["n"]: p["seconds"] for p in points if p["payload_bytes"] == min(payloads)}
 for n in largest_points:  # 65 536 × the bytes take longer, on every world size
@@ -181,21 +210,21 @@ assert shares == sorted(shares, reverse=True)  # the larger the payload, the sma
 from zerokit.theory.communication import all_reduce_rounds, all_reduce_seconds
 
 bucket_bytes = cases["one 25 MiB DDP bucket"]
-rows = []
+rows, latency = [], {}
 for n in (2, 8, 64, 1024):
     ring_t, tree_t = (all_reduce_seconds(bucket_bytes, n, fit["alpha_s"], fit["beta_Bps"], a) for a in ("ring", "tree"))
+    latency[n] = {"ring": ring_t["latency_s"], "tree": tree_t["latency_s"]}
     rows.append({"N": n, "ring hops 2(N−1)": all_reduce_rounds(n, "ring"), "tree hops 2⌈log₂N⌉": all_reduce_rounds(n, "tree"),
-                 "ring latency ms": round(1e3 * ring_t["latency_s"], 2), "tree latency ms": round(1e3 * tree_t["latency_s"], 2),
+                 "ring latency ms": round(1e3 * ring_t["latency_s"], 2),
                  "ring total ms": round(1e3 * ring_t["total_s"], 1), "tree total ms": round(1e3 * tree_t["total_s"], 1)})
 course.table(rows, title="α-β model with this machine's fitted α and β (a formula, extrapolated)")
 
-# %%
+# %% [checks]
 assert smallest_points[4] > smallest_points[2]  # measured: 6 rounds of α take longer than 2
 for n in (2, 3, 4):  # the fitted model's latency term is the ring's 2(N−1) rounds of α
     assert course.modelled_seconds(fit, "all_reduce", min(payloads), n)["latency_s"] == \
         all_reduce_seconds(min(payloads), n, fit["alpha_s"], fit["beta_Bps"], "ring")["latency_s"]
-big = [row for row in rows if row["N"] == 1024][0]
-assert big["tree latency ms"] < big["ring latency ms"] / 50  # log N against N
+assert latency[1024]["tree"] < latency[1024]["ring"] / 50  # log N against N
 
 # %% [markdown]
 # ### Your link
@@ -213,10 +242,108 @@ course.latency_bandwidth.all_reduce_scaling_figure(my_link, payload_bytes=[64 * 
 # %% [markdown]
 # Solid lines, the ring: flat for large payloads (bandwidth-bound, bytes per rank barely
 # grow), then rising linearly once `2(N−1)·α` dominates — the smaller the payload, the
-# sooner. Dashed, the tree: its latency grows with log N, so at scale it wins for all but
-# the largest payloads, which it sends at a little less than the ring's bandwidth. The
-# crossover is where `2S/(Nβ)` — the tree's extra bandwidth cost — equals
-# `2(N − 1 − ⌈log₂N⌉)·α`, the latency it saves.
+# sooner. Dashed, the tree: its latency grows with log N, so once N is large its line lies
+# below the ring's for all but the largest payloads, which it sends at a little less than
+# the ring's bandwidth. The crossover is where `2S/(Nβ)` — the tree's extra bandwidth cost —
+# equals `2(N − 1 − ⌈log₂N⌉)·α`, the latency it saves.
+#
+# ## Why gloo's times are not a ring's
+#
+# From lesson 03 on, the collectives are the backend's — gloo here, NCCL on GPUs — not
+# zerokit's ring. For each call zerokit's **ledger** records, never mixed:
+#
+# - the **payload** B, *measured*: the bytes of the tensor the call was issued on (the input
+#   of a reduce-scatter, the output of an all-gather);
+# - the **ring cost**, a *formula*: what one rank sends for that payload under this lesson's
+#   ring — `2(N−1)/N·B` for an all-reduce, `(N−1)/N·B` for a reduce-scatter or an
+#   all-gather, in `2(N−1)` or `N−1` rounds (`theory.ring_bytes_sent` applied to B);
+# - the **sent** bytes, *measured* — only when zerokit's ring ran the call on send/recv;
+#   empty (—) for the backend's collectives, whose wire nothing in zerokit sees;
+# - and the times, *measured*: when the call was issued, when it returned, how long the
+#   rank was blocked in it.
+#
+# The ring cost is what the course holds every byte figure to: it is what the ZeRO paper
+# counts, and what a ring sends on any machine. But a backend runs its own algorithms, so
+# its bytes and its times need not follow this lesson's ring:
+#
+# - **gloo's all-reduce** (the one torch calls for CPU tensors) is a ring of its own: it cuts
+#   every chunk into at least two segments and pipelines them, so it sends about the ring's
+#   bytes in more, smaller messages — its time is not `2(N−1)·α + 2(N−1)/N·B/β` with this
+#   lesson's α (fitted above on zerokit's Python ring);
+# - **gloo's reduce-scatter is not a ring reduce-scatter**: torch's gloo backend runs a whole
+#   all-reduce and keeps its slice, so it sends an all-reduce's bytes, twice its ring cost,
+#   and takes at least an all-reduce's time. ZeRO-2 and ZeRO-3 pay that on gloo; the ring cost
+#   in their tables does not show it;
+# - **NCCL** chooses per call between rings and trees (above) and among its protocols, so
+#   its times follow neither formula exactly; its reduce-scatter is a real one;
+# - and **here every rank is a process on shared cores**: a call's time includes waiting for
+#   a peer that has not arrived yet (a *straggler wait*, lesson 03), and the copies through
+#   the loopback compete with the compute.
+#
+# So the course checks *bytes* against the ring formula, and reads *times* as this machine's:
+# measured, compared by the numbers each run gives, never by a sentence typed in advance.
+#
+# **Predict before you run.** 2 ranks, a 16 MiB tensor. A reduce-scatter's ring cost is half
+# an all-reduce's. Does gloo's reduce-scatter take about half the time of gloo's all-reduce?
+# And zerokit's ring reduce-scatter, against zerokit's ring all-reduce?
+#
+# <details><summary>Answer</summary>
+#
+# On gloo, no: its reduce-scatter is an all-reduce and a slice, so it takes at least an
+# all-reduce's time (the first sentence under the run gives this machine's numbers).
+# zerokit's ring reduce-scatter runs half the rounds and sends half the bytes of its
+# all-reduce — measured in the "sent" column — and its time follows them (the second).
+#
+# </details>
+
+# %%
+import statistics
+import time
+
+
+def gloo_and_ring(ctx, numel, repeats=9):
+    """Each rank times the four calls, step starts aligned by a barrier; the ledger's last four records."""
+    x = torch.ones(numel, device=ctx.device)
+    shard = x.new_empty(numel // ctx.world_size)
+    calls = {("gloo", "all_reduce"): lambda: zerokit.comm.all_reduce(x),
+             ("gloo", "reduce_scatter"): lambda: zerokit.comm.reduce_scatter(shard, x),
+             ("zerokit ring", "all_reduce"): lambda: ring.ring_all_reduce(x),
+             ("zerokit ring", "reduce_scatter"): lambda: ring.ring_reduce_scatter(shard, x)}
+    seconds = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, call in calls.items():
+            torch.distributed.barrier()  # aligned starts: no straggler wait inside the time
+            start = time.perf_counter()
+            call()
+            seconds[key].append(time.perf_counter() - start)
+    return seconds, zerokit.comm.ledger().records[-len(calls):]
+
+
+per_rank = zerokit.launch(gloo_and_ring, 2, 4 * 2**20)  # 4 Mi fp32 elements: 16 MiB
+timing = {}
+for key in per_rank[0][0]:  # a call lasts until its slowest rank returns
+    slowest = [max(rank[0][key][i] for rank in per_rank) for i in range(len(per_rank[0][0][key]))]
+    q1, _, q3 = statistics.quantiles(slowest, n=4)
+    timing[key] = (statistics.median(slowest), (q3 - q1) / statistics.median(slowest))
+course.table([{"algorithm": algorithm, "op": record.op, "payload B (measured)": record.payload_bytes,
+               "ring cost B (formula)": record.ring_cost_bytes, "sent B (measured)": record.sent_bytes,
+               "ms per call (measured)": round(1e3 * timing[(algorithm, record.op)][0], 2)}
+              for (algorithm, _), record in zip(per_rank[0][0], per_rank[0][1])])
+
+# %%
+for algorithm, elsewhere in (
+        ("gloo", "On NCCL, whose reduce-scatter is a real one, a large reduce-scatter would take about half an "
+                 "all-reduce's time."),
+        ("zerokit ring", "The ring's reduce-scatter has half the rounds and half the bytes of its all-reduce.")):
+    (rs, rs_spread), (ar, ar_spread) = timing[(algorithm, "reduce_scatter")], timing[(algorithm, "all_reduce")]
+    course.show(course.speed_sentence(f"{algorithm}'s reduce-scatter", rs, f"{algorithm}'s all-reduce", ar,
+                                      spread=max(rs_spread, ar_spread), elsewhere=elsewhere))
+
+# %% [checks]
+for (algorithm, op), record in zip(per_rank[0][0], per_rank[0][1]):
+    assert record.op == op and record.payload_bytes == 16 * 2**20
+    assert record.ring_cost_bytes == theory.ring_bytes_sent(op, record.payload_bytes, 2)  # the formula, on B
+    assert record.sent_bytes == (record.ring_cost_bytes if algorithm == "zerokit ring" else None)  # wire: ring only
 #
 # ## Try it
 #
@@ -238,6 +365,10 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 #   to the payloads it measures: the **ring cost**, not a count of the wire.
 # - Time = rounds·α + bytes/β. Real gradients are bandwidth-bound; latency is fought with
 #   fewer, larger calls (buckets).
+# - For a backend's collective the ledger records the **payload** (measured) and its **ring
+#   cost** (the formula on it); only zerokit's ring measures what it sent. gloo's
+#   reduce-scatter is an all-reduce underneath, so its bytes and its time are an all-reduce's:
+#   the course checks bytes against the ring and reads times as this machine's.
 # - The ring's latency term, `2(N−1)·α`, grows with N; a tree's, `2⌈log₂N⌉·α`, with log N —
 #   which is why NCCL runs small messages and large worlds on trees.
 #
@@ -269,3 +400,8 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 #    bandwidth-bound.
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/01_ring_allreduce.ipynb](../exercises/01_ring_allreduce.ipynb) — the
+# ring all-reduce from send/recv, graded by `zerokit grade 01` · **Next:** [lesson 02 — anatomy
+# of training memory](02_training_memory.ipynb)

@@ -10,6 +10,12 @@
 # `2Ψ + 2Ψ + 12Ψ/N`; the saving against `0.75·(1 − 1/N)` — a function of N, not a fixed
 # 33 %; the traffic — the ring cost of the payloads the ledger measured — equal to DDP's;
 # and a panel over stage, world size and precision.
+#
+# **Time:** about 20 min to read and run (the run itself: about 7 s on a 2-core laptop) ·
+# **Needs:** lessons 01 (reduce-scatter + all-gather) and 02 (the 16Ψ of mixed-precision
+# Adam), nothing else · **After it you can answer:** *How much memory does ZeRO-1 save on N
+# GPUs?* · *Does ZeRO-1 communicate more than DDP?* · *What does ZeRO-1 leave whole on every
+# rank, and when is that too much?*
 
 # %%
 %matplotlib inline
@@ -38,6 +44,18 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 # 3. step the own shard; 4. **all-gather** the updated parameters.
 #
 # A reduce-scatter plus an all-gather is exactly an all-reduce, cut in two (lesson 01).
+#
+# **Predict before you run.** 4 ranks, bf16 mixed precision with Adam. What share of DDP's
+# model states does ZeRO-1 save on each rank: the seed's 33 %, about 56 %, or 75 %?
+#
+# <details><summary>Answer</summary>
+#
+# About 56 %, the N = 4 row below: ZeRO-1 shards the 12 of 16 bytes per parameter that are
+# optimizer states and keeps 1/4 of them, so it saves `0.75·(1 − 1/4)` = 56.25 % (the
+# measured figure differs by Adam's small `step` scalars). 75 % is the limit as N grows; 33 %
+# is no N's value.
+#
+# </details>
 
 # %%
 world_sizes = [2, 3, 4]
@@ -45,13 +63,13 @@ runs = {n: compare(work, n, ["single", "ddp", "zero1"], steps=2, precision="bf16
 rows = []
 for n, report in runs.items():
     ddp, zero1 = (sum(report[s].ranks[0].model_state_bytes.values()) for s in ("ddp", "zero1"))
-    rows.append({"N": n, "DDP B": ddp, "ZeRO-1 B": zero1, "ZeRO-1 theory B": report["zero1"].ranks[0].theory_model_states["total"],
-                 "paper 4Ψ + 12Ψ/N": theory.paper_model_state_bytes(1, psi, n),
-                 "saving measured": f"{100 * (1 - zero1 / ddp):.1f} %",
-                 "0.75·(1 − 1/N)": f"{100 * theory.zero1_saving_fraction(n, 'bf16-mixed'):.1f} %"})
+    rows.append({"N": n, "DDP B (measured)": ddp, "ZeRO-1 B (measured)": zero1,
+                 "ZeRO-1 B (theory)": report["zero1"].ranks[0].theory_model_states["total"],
+                 "saving (measured)": f"{100 * (1 - zero1 / ddp):.1f} %",
+                 "0.75·(1 − 1/N) (formula)": f"{100 * theory.zero1_saving_fraction(n, 'bf16-mixed'):.1f} %"})
 course.table(rows)
 
-# %%
+# %% [checks]
 for n, report in runs.items():
     for name in ("ddp", "zero1"):
         result = report[name]
@@ -60,13 +78,15 @@ for n, report in runs.items():
             assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
     ddp = sum(report["ddp"].ranks[0].model_state_bytes.values())
     zero1 = sum(report["zero1"].ranks[0].model_state_bytes.values())
-    # the exact figure pads shards and counts Adam's step scalars; the paper's formula does neither
+    # the exact figure pads shards and counts Adam's step scalars; the paper's 4Ψ + 12Ψ/N does neither
     assert abs(zero1 - theory.paper_model_state_bytes(1, psi, n)) / zero1 < 0.01
     assert abs((1 - zero1 / ddp) - theory.zero1_saving_fraction(n, "bf16-mixed")) < 0.005
 
 # %% [markdown]
 # The saving is `0.75·(1 − 1/N)`: it grows with N towards the whole optimizer share, 12 of
-# 16 bytes. The seed's fixed "33 %" is none of these values. In fp32, where Adam's states
+# 16 bytes. The seed's fixed "33 %" is none of these values. (The measured bytes also equal
+# the paper's `4Ψ + 12Ψ/N` to within 1 %: the exact figure pads the shards and counts Adam's
+# `step` scalars.) In fp32, where Adam's states
 # are 8 of 16 bytes, the saving is `0.5·(1 − 1/N)`. At the sizes of real jobs:
 
 # %%
@@ -85,10 +105,11 @@ ax.figure.tight_layout()
 # %% [markdown]
 # ## And the communication?
 #
-# The ledger measures each collective's payload (the bytes of its tensor) and prices it with
-# the ring formula: the **ring cost**, what a ring would send for that payload. It is a
-# formula, not a count of the wire — gloo runs the collectives its own way and counts
-# nothing. Next to it, the theory's formula on Ψ and N:
+# The ledger measures each collective's **payload** (the bytes of its tensor) and prices it
+# with the ring formula: the **ring cost**, what a ring would send for that payload — a
+# formula, not a count of gloo's wire (lesson 01, [Why gloo's times are not a
+# ring's](01_collectives.ipynb#Why-gloo's-times-are-not-a-ring's)). Next to it, the theory's
+# formula on Ψ and N:
 
 # %%
 rows = []
@@ -96,28 +117,27 @@ for n, report in runs.items():
     for name in ("ddp", "zero1"):
         rank0 = report[name].ranks[0]
         rows.append({"N": n, "strategy": name, "payload B/step (measured)": rank0.comm_payload_bytes_per_step,
-                     "ring cost B/step (formula on measured payload)": rank0.comm_ring_cost_bytes_per_step,
-                     "theory B/step": rank0.theory_comm_bytes_per_step,
-                     "2(N−1)/N·Ψb": theory.comm_bytes_per_step(0, psi, n, 2),
+                     "ring cost B/step (formula on it)": rank0.comm_ring_cost_bytes_per_step,
+                     "theory B/step (formula on Ψ)": rank0.theory_comm_bytes_per_step,
                      "ops": ", ".join(f"{row['op']} ({row['phase']})" for row in rank0.comm_summary)})
 course.table(rows)
 
-# %%
+# %% [checks]
 for n, report in runs.items():
     for rank in report["zero1"].ranks:
         assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
         # as DDP's all-reduce, plus the padding of the flat shards
         ddp_bytes = theory.comm_bytes_per_step(0, psi, n, 2)
         assert ddp_bytes <= rank.comm_ring_cost_bytes_per_step < 1.01 * ddp_bytes
+    assert report["ddp"].ranks[0].theory_comm_bytes_per_step == theory.comm_bytes_per_step(0, psi, n, 2)  # 2(N−1)/N·Ψb
     assert {row["op"] for row in report["zero1"].ranks[0].comm_summary} == {"reduce_scatter", "all_gather"}
 
 # %% [markdown]
 # On a ring, ZeRO-1 sends what DDP sends, to within the padding that makes the flat
 # buffers divide by N: a reduce-scatter of the gradients and an all-gather of the
 # parameters are the two halves of DDP's all-reduce. The memory saving is free in bytes —
-# on a ring. gloo's own reduce-scatter is not one: it runs a whole all-reduce and keeps a
-# slice, so on this backend the wire carries more; lesson 05 runs ZeRO-2 on zerokit's ring,
-# counts the bytes, and shows the ledger's note on gloo's reduce-scatter.
+# on a ring; on gloo, whose reduce-scatter is an all-reduce underneath, the wire carries
+# more (lesson 01's section linked above; lesson 05 counts ZeRO-2's bytes on zerokit's ring).
 #
 # ## Try it
 #
@@ -167,3 +187,8 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #    It shards only the optimizer states; `4Ψ` stays on every rank (the bars).
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/04_zero1.ipynb](../exercises/04_zero1.ipynb) — a ZeRO-1 step
+# (reduce-scatter, step the own shard, all-gather), graded by `zerokit grade 04` ·
+# **Next:** [lesson 05 — ZeRO-2](05_zero2.ipynb)
