@@ -14,8 +14,16 @@
 # coordinates, model states and bytes per axis measured next to `zerokit.theory`. The seed's
 # comparison table rebuilt from four runs on the same 8 ranks — DDP, ZeRO-3, model parallel
 # (TP 2 × PP 4) and the 3-D grid: memory per rank, traffic per axis, bubble, each measured
-# next to its formula. Then a decision guide with the planner (`zerokit.plan`) on real sizes,
-# and a panel (`course.GridPanel`) where you set dp, tp, pp and the ZeRO stage.
+# next to its formula. Then a decision guide with the planner (`zerokit.plan`) on real sizes
+# at realistic micro-batch counts — flat ZeRO-3 next to hierarchical sharding (HSDP, ZeRO++'s
+# hpZ) and model parallelism — and a panel (`course.GridPanel`) where you set dp, tp, pp and
+# the ZeRO stage.
+#
+# **Time:** about 30 min to read and run (the run itself: about 8 s on a 2-core laptop) ·
+# **Needs:** lessons 03–08 (DDP, the three ZeRO stages, tensor and pipeline parallelism),
+# nothing else · **After it you can answer:** *Along which axis of a 3-D mesh does ZeRO shard?*
+# · *Is ZeRO-3's traffic O(P/N)?* · *What is HSDP, and when does it send fewer bytes across
+# nodes than ZeRO-3?* · *Given a model and a cluster, which layout do you try first?*
 
 # %%
 %matplotlib inline
@@ -62,7 +70,7 @@ course.table(course.grid_rows(grid))
 # vocabulary-parallel loss's three reductions only on the last stage, which computes the loss),
 # `theory.pipeline_p2p_bytes` on pp.
 
-# %%
+# %% [checks]
 # 8 ranks on three axes train the model one process trains: the same losses, the same parameters to fp32 rounding
 # (AdamW divides by √v, which magnifies the rounding of a reduction order on near-zero gradients: 1e-5, as lesson 13)
 assert all(abs(a - b) <= 1e-5 for a, b in zip(result.losses, grid.reference.losses)), (result.losses, grid.reference.losses)
@@ -95,24 +103,29 @@ for rank in sorted(result.ranks, key=lambda r: r.rank):
     ddp = theory.model_state_bytes(0, psi_rank, GRID["dp"], "fp32", "adamw")
     rows.append({"stage": rank.coords["pp"], "Ψ on this rank": psi_rank,
                  "optimizer B (measured)": rank.model_state_bytes["optimizer"],
-                 "ZeRO-1 optimizer B (theory)": rank.theory_model_states["optimizer"],
-                 "DDP optimizer B (theory, same shard)": ddp.optimizer,
+                 "ZeRO-1 optimizer B (formula)": rank.theory_model_states["optimizer"],
+                 "DDP optimizer B (formula, same shard)": ddp.optimizer,
                  "dp B/step (ledger)": rank.comm_bytes_by_axis["dp"]["ring_cost_bytes"],
                  "dp B/step (theory 2(N−1)/N·Ψb)": theory.comm_bytes_per_step(1, psi_rank, GRID["dp"], 4)})
-course.table(rows)
+course.table([{k: v for k, v in row.items() if not k.startswith("dp B/step")} for row in rows])
+
+# %% [markdown]
+# A pipeline takes ZeRO-1 at most. Ask zerokit for ZeRO-2 or ZeRO-3 on the same mesh:
 
 # %%
-for row in rows:
-    assert row["optimizer B (measured)"] == row["ZeRO-1 optimizer B (theory)"] < row["DDP optimizer B (theory, same shard)"]
-    assert row["dp B/step (ledger)"] == row["dp B/step (theory 2(N−1)/N·Ψb)"]
 refusals = {}
-for stage in ("zero2", "zero3"):  # a pipeline takes ZeRO-1 at most, as DeepSpeed: refused before any process starts
+for stage in ("zero2", "zero3"):  # refused before any process starts, as DeepSpeed refuses them
     try:
         zerokit.train(work, stage, world_size=8, parallel=GRID, micro_batches=M, reference=False)
     except ValueError as exc:
         refusals[stage] = str(exc)
-assert set(refusals) == {"zero2", "zero3"} and all("pipeline" in msg for msg in refusals.values())
 print(refusals["zero3"][:160], "…")
+
+# %% [checks]
+for row in rows:
+    assert row["optimizer B (measured)"] == row["ZeRO-1 optimizer B (formula)"] < row["DDP optimizer B (formula, same shard)"]
+    assert row["dp B/step (ledger)"] == row["dp B/step (theory 2(N−1)/N·Ψb)"]
+assert set(refusals) == {"zero2", "zero3"} and all("pipeline" in msg for msg in refusals.values())
 
 # %% [markdown]
 # Why not ZeRO-2 or 3 under a pipeline? A pipeline runs m micro-batches' backwards per step;
@@ -127,6 +140,18 @@ print(refusals["zero3"][:160], "…")
 # above — each trained for a step, every number read off the ledgers or the recorded
 # pipeline actions and set next to its formula. "model parallel" is Megatron's recipe: TP 2
 # inside a pair of ranks, PP 4 across, no data parallelism.
+#
+# **Predict before you run.** The seed says ZeRO-3's traffic is O(P/N). On these 8 ranks
+# ZeRO-3 holds about 1/8 of the model states DDP holds. What multiple of DDP's dp bytes per
+# rank will ZeRO-3 send: 1/8, 1, or something else? Write a number.
+#
+# <details><summary>Answer</summary>
+#
+# 1.5 — the `dp B/step (measured)` column below: ZeRO-3 gathers the parameters in forward and
+# again in backward and reduce-scatters the gradients, three (N−1)/N·Ψb collectives against
+# DDP's all-reduce (two). Memory is O(P/N); traffic stays O(P).
+#
+# </details>
 
 # %%
 layouts = {
@@ -170,9 +195,11 @@ for name, report in runs.items():
                  "bubble (measured)": round(b_measured, 3), "bubble (simulated)": round(b_simulated, 3),
                  "bubble (theory)": round(b_formula, 3)})
 seed_table = rows
-course.table(rows)
+course.table([{"layout": r["layout"], "states per rank ÷ one process (measured)": r["÷ one process (measured)"],
+               **{f"{a} B/step (measured)": r[f"{a} B/step (ledger)"] for a in ("dp", "tp", "pp")},
+               "bubble (formula)": r["bubble (theory)"]} for r in seed_table])
 
-# %%
+# %% [checks]
 for name, report in runs.items():
     for rank in report.results[0].ranks:
         assert sum(rank.model_state_bytes.values()) == rank.theory_model_states["total"], (name, rank.rank)
@@ -193,8 +220,8 @@ for name, strategy in (("DP (DDP, dp 8)", "ddp"), ("ZeRO-3 (dp 8)", "zero3")):
     assert planned.comm_bytes_per_step["dp"] == row[name]["dp B/step (ledger)"], name
 
 # %%
-names = [r["layout"].split(" (")[0] if not r["layout"].startswith("3-D") else "3-D + ZeRO-1" for r in seed_table]
-fig, (ax_mem, ax_comm, ax_bubble) = course.new_figure(13, 3.4, ncols=3)
+names = ["DP", "ZeRO-3", "model\nparallel", "3-D +\nZeRO-1"]
+fig, (ax_mem, ax_comm, ax_bubble) = course.new_figure(13, 4.4, ncols=3)
 xs = range(len(seed_table))
 ax_mem.bar(xs, [r["states B/rank (measured, max)"] / 1024 for r in seed_table], color="#4C72B0", label="measured")
 ax_mem.plot(xs, [r["states B/rank (theory, max)"] / 1024 for r in seed_table], "k_", ms=30, mew=2, label="theory")
@@ -204,7 +231,7 @@ ax_mem.set_title("model states per rank", fontsize=9)
 width = 0.25
 for i, (axis, color) in enumerate((("dp", "#4C72B0"), ("tp", "#DD8452"), ("pp", "#55A868"))):
     ax_comm.bar([x + (i - 1) * width for x in xs], [r[f"{axis} B/step (ledger)"] / 1024 for r in seed_table], width,
-                color=color, label=f"{axis} (ledger)")
+                color=color, label=f"{axis} (measured)")
     ax_comm.plot([x + (i - 1) * width for x in xs], [r[f"{axis} B/step (theory)"] / 1024 for r in seed_table], "k_",
                  ms=10, mew=2, label="theory" if i == 0 else None)
 ax_comm.set_ylabel("KiB per rank per step (busiest rank)")
@@ -213,12 +240,12 @@ ax_bubble.bar([x - 0.2 for x in xs], [r["bubble (measured)"] for r in seed_table
               label="measured (noisy: 8 ranks, 2 cores)")
 ax_bubble.bar([x + 0.2 for x in xs], [r["bubble (theory)"] for r in seed_table], 0.4, color="white", edgecolor="#C44E52",
               hatch="///", label="theory (p − 1)/(m + p − 1)")
-ax_bubble.set_ylim(0, 1.5 * max(r["bubble (measured)"] for r in seed_table))
+ax_bubble.set_ylim(0, 1.15 * max(max(r["bubble (measured)"], r["bubble (theory)"]) for r in seed_table))
 ax_bubble.set_ylabel("idle share of the step")
 ax_bubble.set_title(f"pipeline bubble, m = {M}", fontsize=9)
 for ax in (ax_mem, ax_comm, ax_bubble):
     ax.set_xticks(list(xs), names, fontsize=8)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # below: off the bars
 fig.suptitle(f"the seed's table on one model ({work.name}, Ψ = {psi:,}), 8 ranks, fp32 AdamW", fontsize=10)
 fig.tight_layout()
 fig
@@ -247,44 +274,157 @@ fig
 #
 # On real sizes nothing here can run; the planner (`zerokit.plan`) composes the same formulas
 # — the ones the ledgers just matched — for a model preset and a cluster, and estimates each
-# axis's time on its link (NVLink inside a node, InfiniBand across). First the rule of thumb,
-# then the planner on GPT-3 175 B with 1024 GPUs of 80 GB (8 per node), 16 micro-batches,
-# full activation checkpointing:
+# axis's time on its link (NVLink inside a node, InfiniBand across). Every comparison below
+# keeps the **global batch** fixed — the sequences per optimizer step a training recipe sets
+# — so the micro-batches per GPU follow from dp: A = global batch ÷ (dp × micro-batch size).
+# Comparing layouts at one A instead compares different batches: 16 micro-batches at dp 1024
+# is 16,384 sequences a step, eight times GPT-3's.
+#
+# ### Flat or hierarchical sharding: LLaMA-7B on 64 GPUs
+#
+# ZeRO-3 shards over all N ranks, so every gather and reduce-scatter runs on a ring that
+# spans every node. **Hierarchical sharding** keeps most of that inside a node:
+#
+# - **HSDP** (FSDP2's `fully_shard(model, mesh=init_device_mesh("cuda", (nodes, 8),
+#   mesh_dim_names=("replicate", "shard")))`; DeepSpeed's MiCS, `mics_shard_size`): ZeRO-3
+#   inside each group of g GPUs (a node), the groups replicas of each other. Gathers and
+#   reduce-scatters stay in the node; rank j of every node then holds the same gradient shard
+#   j, and those ranks all-reduce it across nodes — 2(r−1)/r·Ψb/g per GPU, once a step. Memory:
+#   16Ψ/g with Adam, not 16Ψ/N.
+# - **hpZ** (ZeRO++, `zero_hpz_partition_size: 8`): ZeRO-3 over all N, plus a **secondary
+#   copy** of the 16-bit parameters sharded over the node (2Ψ/g more per GPU), kept from the
+#   forward gather; the backward gather reads it inside the node. One of ZeRO-3's three
+#   collectives leaves the inter-node link.
+#
+# The formulas, derived in `zerokit.theory.hierarchical`, are what the planner composes
+# (`zerokit plan --strategy hsdp` or `hpz`, `--shard-group`); zerokit's training strategies do
+# not run these two (zerokit's choice: they are planned, not measured here).
+#
+# **Predict before you run.** LLaMA-7B, 64 GPUs in 8 nodes of 8, 1 M tokens a step (512
+# sequences of 2048: A = 8 micro-batches per GPU). How many times more bytes leave each node
+# per step under ZeRO-3 than under HSDP with groups of 8?
+#
+# <details><summary>Answer</summary>
+#
+# About 13.5 — the ratio printed under the table. ZeRO-3 sends 3·A·(N−1)/N·Ψb per GPU on rings
+# that cross nodes, and a ring leaves a node once, carrying one GPU's bytes; HSDP's only
+# crossing is the all-reduce of each GPU's 1/8 shard, once a step, and all 8 GPUs of a node
+# send theirs: 8 · 2(r−1)/r·Ψb/8. The ratio is 1.5·A·(63/64)/(7/8): it grows with the
+# micro-batches per step. hpZ sits at 2/3 of ZeRO-3.
+#
+# </details>
 
 # %%
-candidates = {
-    "ZeRO-3, dp 1024": ("zero3", None),
-    "ZeRO-1, tp 8 × dp 128": ("zero1", {"dp": 128, "tp": 8, "pp": 1}),
-    "ZeRO-1, tp 16 × dp 64": ("zero1", {"dp": 64, "tp": 16, "pp": 1}),
-    "ZeRO-1, tp 8 × pp 8 × dp 16": ("zero1", {"dp": 16, "tp": 8, "pp": 8}),
-    "ZeRO-1, tp 8 × pp 16 × dp 8": ("zero1", {"dp": 8, "tp": 8, "pp": 16}),
-}
-plans = {name: zerokit.plan(preset="gpt3-175b", gpus=1024, gpu_memory=80e9, strategy=s, parallel=par, micro_batches=16,
-                            checkpointing="full") for name, (s, par) in candidates.items()}
-course.table([{"layout (planned)": name, "GB per GPU (formula)": round(p.total_bytes / 1e9, 1), "fits 80 GB": p.fits,
-               **{f"{a} GB/step (formula)": round(p.comm_bytes_per_step.get(a, 0) / 1e9, 1) for a in ("dp", "tp", "pp")},
-               "link s/step (estimate)": round(p.comm_seconds, 2),
-               "bubble (formula)": round(p.bubble["fraction_of_wall_time"], 3)} for name, p in plans.items()])
+A_7B = 512 // 64  # 1 M tokens a step: 512 sequences of 2048 on 64 GPUs, one sequence per micro-batch
+flat_or_not = {"DDP": {"strategy": "ddp"}, "ZeRO-1": {"strategy": "zero1"}, "ZeRO-3": {"strategy": "zero3"},
+               "HSDP, groups of 8": {"strategy": "hsdp", "shard_group": 8},
+               "hpZ, groups of 8": {"strategy": "hpz", "shard_group": 8}}
+plans_7b = {name: zerokit.plan(preset="llama-7b", gpus=64, micro_batches=A_7B, checkpointing="full", **kw)
+            for name, kw in flat_or_not.items()}
+display(course.table([{"layout (planned)": name, "GB per GPU (formula; 80 fit)": round(p.total_bytes / 1e9, 1),
+               "GB/step per GPU inside a node (formula)": round(p.comm_bytes_by_link.get("intra-node", 0) / 1e9, 1),
+               "GB/step per GPU across nodes (formula)": round(p.comm_bytes_by_link.get("inter-node", 0) / 1e9, 1),
+               "GB leaving each node per step (formula)": round(p.bytes_leaving_node / 1e9, 1),
+               "link s/step (estimate)": round(p.comm_seconds, 2)} for name, p in plans_7b.items()]))
+ratio = plans_7b["ZeRO-3"].bytes_leaving_node / plans_7b["HSDP, groups of 8"].bytes_leaving_node
+advice = zerokit.plan(preset="llama-7b", gpus=64, micro_batches=A_7B, checkpointing="full").advise()
+print(f"bytes leaving each node per step, ZeRO-3 ÷ HSDP: {ratio:.1f}; hpZ ÷ ZeRO-3: "
+      f"{plans_7b['hpZ, groups of 8'].bytes_leaving_node / plans_7b['ZeRO-3'].bytes_leaving_node:.2f}")
+print("the advisor's first three (least estimated link time):", "; ".join(o.label for o in advice.fits[:3]))
 
-# %%
-for name, p in plans.items():  # the planner's bubble is theory's; its per-rank states are theory's on its shard
-    layout = p.layout
-    assert p.bubble["fraction_of_wall_time"] == (theory.bubble_fraction(layout.pp, 16) if layout.pp > 1 else 0.0), name
-intra, inter = plans["ZeRO-1, tp 8 × dp 128"], plans["ZeRO-1, tp 16 × dp 64"]
-assert inter.comm_seconds > 5 * intra.comm_seconds  # tp 16 leaves the node: its all-reduces cross InfiniBand
-best = min((p for p in plans.values() if p.fits), key=lambda p: p.comm_seconds)
-assert best.bubble["fraction_of_wall_time"] > plans["ZeRO-1, tp 8 × pp 8 × dp 16"].bubble["fraction_of_wall_time"]
-print(f"least estimated link time among those that fit: {best.layout.describe()} — "
-      f"and it idles {best.bubble['fraction_of_wall_time']:.0%} of the step")
+# %% [checks]
+r, n, g = 8, 64, 8  # the planner's bytes are zerokit.theory.hierarchical's, on the planner's own units
+for name, p in plans_7b.items():
+    strategy, units = p.layout.strategy, (p.memory.units if p.layout.stage == 3 else None)
+    split = theory.hierarchical_link_bytes(strategy, p.memory.psi_rank, n, g, 2, A_7B, units=units) \
+        if strategy in ("ddp", "zero3", "hsdp", "hpz") else None
+    if split:
+        assert split["leaving_node"] == p.bytes_leaving_node, name
+        assert split["inter_node"] == p.comm_bytes_by_link.get("inter-node", 0), name
+        assert split["intra_node"] == p.comm_bytes_by_link.get("intra-node", 0), name
+assert abs(ratio / (1.5 * A_7B * (n - 1) / n * r / (r - 1)) - 1) < 1e-3  # the answer's formula, padding aside
+assert abs(plans_7b["hpZ, groups of 8"].bytes_leaving_node / plans_7b["ZeRO-3"].bytes_leaving_node - 2 / 3) < 1e-9
+assert not plans_7b["DDP"].fits and all(p.fits for name, p in plans_7b.items() if name != "DDP")
+labels = [o.label for o in advice.fits]
+assert labels.index("HSDP (groups of 8), dp=64, checkpointing full") < labels.index("ZeRO-3, dp=64, checkpointing full")
 
 # %% [markdown]
-# Read the rows: ZeRO-3 alone fits but its dp bytes are absurd — it gathers the whole model
-# for every micro-batch, 16 times a step, across nodes. tp 8 × dp 128 doesn't fit; tp 16 fits
-# but its all-reduces leave the node (the link time jumps). The pipelines fit with little
-# traffic, and the one with the least link time idles almost half the step: the planner's
-# link estimate does not include the bubble, so weigh the two — pp 8 idles 30 % at m = 16,
-# and more micro-batches per step (a larger global batch, or gradient accumulation) would
-# shrink both.
+# Read the rows. DDP does not fit (16Ψ = 108 GB of states). HSDP holds 16Ψ/8 — a node's worth
+# of sharding, enough for 7 B — and its bytes leaving a node are one gradient all-reduce a
+# step, about DDP's; ZeRO-3's are 1.5 × DDP's **per micro-batch**, so at a fixed global batch
+# the fewer the GPUs, the more micro-batches each runs and the more crosses nodes. hpZ keeps
+# ZeRO-3's memory (plus the 2Ψ/8 secondary copy) and moves a third of its crossing into the
+# node. ZeRO-1 fits here too and, reducing once a step, crosses as little as HSDP; HSDP's
+# sharded parameters and gradients leave more room for activations (ZeRO-2 would
+# reduce-scatter every micro-batch, A × its bytes). The advisor ranks all of them by the link
+# estimate; its first three are printed above.
+#
+# The link estimate runs a ring that spans nodes at **one GPU's** inter-node link for all its
+# bytes (one rail: the planner says so in its notes). Where NCCL spreads a ring's channels
+# over the node's 8 network cards, a flat ring's time can drop by up to 8×, which narrows the
+# gap between the flat layouts and HSDP in the last column; the bytes leaving a node do not
+# depend on that, so weigh layouts by them too.
+#
+# ### GPT-3 175 B on 1024 GPUs at 4 M tokens a step
+#
+# 2048 sequences of 2048 tokens per step (GPT-3 used 3.2 M tokens), one sequence per
+# micro-batch, full activation checkpointing, 80 GB GPUs, 8 per node. Each layout's micro-batch
+# count follows from its dp: 2 at dp 1024, 128 for a pipeline with dp 16.
+
+# %%
+SEQUENCES = 2048
+candidates = {
+    "ZeRO-3, dp 1024": ("zero3", None, {}),
+    "hpZ (groups of 8), dp 1024": ("hpz", None, {"shard_group": 8}),
+    "HSDP (groups of 8), dp 1024": ("hsdp", None, {"shard_group": 8}),
+    "ZeRO-1, tp 8 × dp 128": ("zero1", {"dp": 128, "tp": 8, "pp": 1}, {}),
+    "ZeRO-1, tp 16 × dp 64": ("zero1", {"dp": 64, "tp": 16, "pp": 1}, {}),
+    "ZeRO-1, tp 8 × pp 8 × dp 16": ("zero1", {"dp": 16, "tp": 8, "pp": 8}, {}),
+    "ZeRO-1, tp 8 × pp 16 × dp 8": ("zero1", {"dp": 8, "tp": 8, "pp": 16}, {}),
+}
+plans = {name: zerokit.plan(preset="gpt3-175b", gpus=1024, gpu_memory=80e9, strategy=s, parallel=par,
+                            micro_batches=SEQUENCES // (par or {"dp": 1024})["dp"], checkpointing="full", **kw)
+         for name, (s, par, kw) in candidates.items()}
+display(course.table([{"layout (planned)": name, "micro-batches A": p.layout.micro_batches,
+               "GB per GPU (formula; 80 fit)": round(p.total_bytes / 1e9, 1),
+               "GB leaving each node per step (formula)": round(p.bytes_leaving_node / 1e9),
+               "link s/step (estimate)": round(p.comm_seconds, 2),
+               "bubble (formula)": round(p.bubble["fraction_of_wall_time"], 3)} for name, p in plans.items()]))
+best = min((p for p in plans.values() if p.fits), key=lambda p: p.comm_seconds)
+print(f"least estimated link time among those that fit: {best.layout.describe()} — "
+      f"and it idles {best.bubble['fraction_of_wall_time']:.0%} of the step")
+# what ZeRO-3's gathers ask of the link: 3·Ψ·b bytes per micro-batch against 6Ψ·s FLOPs (forward and backward)
+FLOPS = 300e12  # an assumption: what one GPU sustains in bf16
+seq = plans["ZeRO-3, dp 1024"].model.seq_len
+print(f"ZeRO-3 sends 3Ψb per micro-batch for 6Ψ·s FLOPs: to keep up at {FLOPS / 1e12:.0f} TFLOP/s a GPU needs "
+      f"{FLOPS / seq / 1e9:.0f} GB/s of its own (the planner assumes "
+      f"{plans['ZeRO-3, dp 1024'].cluster.inter_bandwidth / 1e9:.0f} GB/s per GPU across nodes)")
+
+# %% [checks]
+for name, p in plans.items():  # the planner's bubble is theory's at each layout's own micro-batch count
+    layout = p.layout
+    assert layout.micro_batches * layout.dp == SEQUENCES, name
+    assert p.bubble["fraction_of_wall_time"] == (theory.bubble_fraction(layout.pp, layout.micro_batches)
+                                                 if layout.pp > 1 else 0.0), name
+intra, inter = plans["ZeRO-1, tp 8 × dp 128"], plans["ZeRO-1, tp 16 × dp 64"]
+assert inter.comm_seconds > 5 * intra.comm_seconds  # tp 16 leaves the node: its all-reduces cross InfiniBand
+assert best.bubble["fraction_of_wall_time"] > plans["ZeRO-1, tp 8 × pp 8 × dp 16"].bubble["fraction_of_wall_time"]
+z3, hpz, hsdp = plans["ZeRO-3, dp 1024"], plans["hpZ (groups of 8), dp 1024"], plans["HSDP (groups of 8), dp 1024"]
+assert z3.fits and hpz.fits and not hsdp.fits  # 16Ψ/8 = 350 GB: a node cannot hold GPT-3's states
+assert abs(hpz.bytes_leaving_node / z3.bytes_leaving_node - 2 / 3) < 1e-9
+
+# %% [markdown]
+# Read the rows. HSDP with groups of 8 does not fit: a node would hold 16Ψ/8 = 350 GB of
+# states per GPU. (Groups of 64 fit, but then the groups' own rings span 8 nodes and their
+# bytes leave nodes as ZeRO-3's do: a group must fit in a node to keep its traffic there.)
+# ZeRO-3 fits with room; at A = 2 its bytes per GPU are still 3·A·Ψb, about 2 TB a step —
+# they don't shrink with N (measured above: O(P)) — and whether its gathers overlap with
+# compute depends on the link: the line above compares what a GPU would need with what the
+# planner assumes. hpZ fits (ZeRO-3's states plus the 44 GB secondary copy) and takes a third
+# of ZeRO-3's bytes off the nodes' links. tp 8 × dp 128 doesn't fit; tp 16 fits but its
+# all-reduces leave the node (the link time jumps). The pipelines fit with the fewest bytes;
+# with 128 or 256 micro-batches per step their bubble is about 5 %, and the planner's link
+# estimate does not include it, so weigh the two.
 #
 # The guide, each step backed by something measured above or in the earlier lessons:
 #
@@ -292,13 +432,13 @@ print(f"least estimated link time among those that fit: {best.layout.describe()}
 #    (16Ψ bytes of states with Adam, plus activations). If yes, use DDP — or ZeRO-1/2, which
 #    send the **same bytes** (measured equal in lessons 04–05) and free memory for a larger
 #    micro-batch.
-# 2. **States don't fit: shard them along dp.** ZeRO-1, then ZeRO-2, then ZeRO-3; ZeRO-3 costs
-#    1.5 × the traffic (measured above) and gathers every parameter per micro-batch — with
-#    many micro-batches per step that multiplies (the 1024-GPU ZeRO-3 row: its dp bytes are
-#    its whole model's, 1.5 × 2 bytes, times 16 micro-batches). Offload (lesson 09) trades GPU
-#    memory for PCIe.
-# 3. **Activations, or one layer, too large — or the dp all-reduce too slow across nodes: add
-#    tensor parallelism inside the node.** tp divides states and activations, but
+# 2. **States don't fit: shard them along dp.** ZeRO-1, then ZeRO-2; then the parameters too.
+#    If 16Ψ/g fits on a GPU (g = a node's GPUs), **HSDP** keeps the gathers in the node and
+#    crosses nodes once a step; if not, ZeRO-3 over every rank — 1.5 × DDP's bytes per
+#    micro-batch (measured above) — with **hpZ** where a 2Ψ/g secondary copy fits. Offload
+#    (lesson 09) trades GPU memory for PCIe.
+# 3. **Activations, or one layer, too large — or the dp traffic too much for the inter-node
+#    link: add tensor parallelism inside the node.** tp divides states and activations, but
 #    all-reduces `b·s·h` four times per layer: keep tp ≤ the GPUs that share NVLink (tp 16
 #    across two nodes: the planner's link time jumps).
 # 4. **Still too large: add pipeline stages across nodes.** pp sends only point-to-point
@@ -306,8 +446,8 @@ print(f"least estimated link time among those that fit: {best.layout.describe()}
 #    `(p − 1)/(m + p − 1)`: keep m ≥ 4p, use 1F1B for memory (lesson 08), interleaving or
 #    zero-bubble schedules for time. Only ZeRO-1 goes with it.
 # 5. **Then let the planner rank what fits** — `zerokit plan --preset … --gpus …` or
-#    `zerokit.plan(...).advise()` — and measure the chosen layout small, as above, before
-#    spending the cluster.
+#    `zerokit.plan(...).advise()`, which ranks DDP, ZeRO-1–3, HSDP and hpZ together — and
+#    measure the chosen layout small, as above, before spending the cluster.
 #
 # The planner panel puts steps 1–2 on sliders for real models (memory per GPU by strategy):
 
@@ -341,8 +481,10 @@ panel
 # - The seed's table, measured on one model: data parallelism is O(P) per rank, ZeRO-3 O(P/N)
 #   in memory but 1.5 × DDP in traffic (not O(P/N)); model parallelism divides the states by
 #   tp × pp and sends activations; only a pipeline idles, (p − 1)/(m + p − 1).
-# - Choose by memory first, then by which link each axis crosses: DDP/ZeRO-1/2 while states
-#   fit, ZeRO-3 or offload when they don't, TP inside a node, PP across nodes with m ≫ p, and
+# - Choose by memory first, then by which link each axis crosses, at the global batch the
+#   recipe fixes: DDP/ZeRO-1/2 while states fit; HSDP when 16Ψ/g fits a GPU (one all-reduce
+#   across nodes a step), else ZeRO-3 (1.5 × DDP's bytes per micro-batch), with hpZ to keep its
+#   backward gather in the node, or offload; TP inside a node, PP across nodes with m ≫ p; and
 #   the planner to rank what fits.
 #
 # ## Interview questions
@@ -358,18 +500,7 @@ panel
 #
 #    </details>
 #
-# 2. *Why does DeepSpeed pair pipeline parallelism with ZeRO-1 and refuse ZeRO-2/3?*
-#
-#    <details><summary>Answer</summary>
-#
-#    A pipeline runs m micro-batch backwards per step. ZeRO-2/3 free non-owned gradients after
-#    each backward, so they would reduce-scatter m times per step (and ZeRO-3 re-gather
-#    parameters m times); ZeRO-1 keeps full gradients until the step and reduces once. zerokit
-#    refuses the same combinations before any process starts.
-#
-#    </details>
-#
-# 3. *You have 1024 GPUs, 8 per node, and a 175 B model. Why tp = 8 and not 16, and what
+# 2. *You have 1024 GPUs, 8 per node, and a 175 B model. Why tp = 8 and not 16, and what
 #    limits pp?*
 #
 #    <details><summary>Answer</summary>
@@ -380,3 +511,24 @@ panel
 #    is bounded by the micro-batches a step can have (m ≥ 4p keeps the bubble under ~20 %).
 #
 #    </details>
+#
+# 3. *Your 7 B model trains with ZeRO-3 on 64 GPUs (8 per node) and the inter-node link is
+#    the bottleneck. What do you change, and what does it cost?*
+#
+#    <details><summary>Answer</summary>
+#
+#    Shard inside the node and replicate across: HSDP (FSDP2 with a 2-D mesh, DeepSpeed's
+#    MiCS). Gathers and reduce-scatters then ride NVLink and only the gradient shard crosses
+#    nodes, once a step — about DDP's bytes leaving a node, against ZeRO-3's 1.5 × DDP's per
+#    micro-batch (13.5 × less at 8 micro-batches, in the table above). The cost is memory:
+#    16Ψ/8 = 14 GB of states per GPU instead of 16Ψ/64. If that does not fit, ZeRO++'s hpZ
+#    keeps ZeRO-3's sharding, adds a 2Ψ/8 secondary copy, and takes the backward gather (a
+#    third of the crossing bytes) into the node. Where 4Ψ + 12Ψ/N and the activations fit,
+#    ZeRO-1 with gradient accumulation also crosses nodes once a step.
+#
+#    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — predict a rank's
+# ZeRO-1 bytes, ZeRO-3's bytes per step and a 1F1B bubble before a run shows them, graded by
+# `zerokit grade 09` · **Next:** [lesson 12 — the interview](12_the_interview.ipynb)
