@@ -148,7 +148,7 @@ CLI_CASES = [
     ("cli-compare-optimizer", ["compare", "--model", MODEL, "--world-size", "2", "--strategies", "ddp",
                                "--optimizer", "lion"], ["--optimizer", "adamw"]),
     ("cli-compare-parallel", ["compare", "--model", MODEL, "--world-size", "2", "--strategies", "ddp",
-                              "--parallel", "dp=x"], ["--parallel", "AXIS=N", "dp, tp, pp"]),
+                              "--parallel", "dp=x"], ["--parallel", "AXIS=N", "dp, cp, ep, tp, pp"]),
     ("cli-compare-option", ["compare", "--model", MODEL, "--world-size", "2", "--strategies", "ddp",
                             "--option", "noequals"], ["--option", "KEY=VALUE"]),
     ("cli-compare-deepspeed-config", ["compare", "--model", MODEL, "--world-size", "2", "--strategies", "ddp",

@@ -34,8 +34,9 @@ def test_parallel_is_parsed_into_degrees():
             cli.parse_parallel_arg(text, 2)
     with pytest.raises(cli.UsageError, match="dp is given twice"):
         cli.parse_parallel_arg("dp=1,dp=2", 2)
-    with pytest.raises(cli.UsageError, match="unknown axis 'ep'"):
-        cli.parse_parallel_arg("dp=2,ep=1", 2)
+    with pytest.raises(cli.UsageError, match="unknown axis 'xp'"):
+        cli.parse_parallel_arg("dp=2,xp=1", 2)
+    assert cli.parse_parallel_arg("dp=2,ep=2", 2) == {"dp": 2, "ep": 2}  # ep is carved from dp
     with pytest.raises(cli.UsageError, match="the world size is 2"):
         cli.parse_parallel_arg("dp=4", 2)
 

@@ -68,7 +68,7 @@ def test_degrees_are_checked_before_any_process_starts():
     assert parse_parallel(None, 4) == {"pp": 1, "dp": 4, "tp": 1}
     assert parse_parallel({"tp": 2}, 8) == {"pp": 1, "dp": 4, "tp": 2}
     assert parse_parallel({"cp": 2}, 8) == {"pp": 1, "dp": 4, "cp": 2, "tp": 1}
-    for bad, match in [({"dp": 3}, "multiply"), ({"ep": 2}, "unknown axis"), ({"dp": 0}, "positive"),
+    for bad, match in [({"dp": 3}, "multiply"), ({"xp": 2}, "unknown axis"), ({"ep": 3}, "must divide dp=4"), ({"dp": 0}, "positive"),
                        ("dp=2", "dict"), ({"tp": 3}, "does not divide")]:
         with pytest.raises(ValueError, match=match):
             parse_parallel(bad, 4)

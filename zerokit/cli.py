@@ -17,7 +17,7 @@ from .train import reference_device, run_job, run_reference
 from .workloads import Workload
 
 #: how ``--parallel`` is written, for its help and its error messages
-PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, tp, pp, e.g. dp=2,tp=1,pp=1"
+PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, ep, tp, pp, e.g. dp=2,tp=1,pp=1 (ep is carved from dp)"
 
 
 class UsageError(ValueError):

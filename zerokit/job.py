@@ -96,6 +96,13 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     if cls.name == "single":  # the one-process reference a comparison runs the same options against: no cp
         cp_attention = None
     cp_attention = _check_context_parallel(workload, shape, cp_attention)
+    if shape.get("ep", 1) > 1:
+        from .expert_parallel.apply import check_model as check_experts
+
+        if shape.get("cp", 1) > 1 or shape["tp"] > 1 or shape["pp"] > 1:
+            raise ValueError(f"parallel ep={shape['ep']} with cp, tp or pp above 1: expert parallelism composes "
+                             f"with dp only so far; use cp=1, tp=1, pp=1")
+        check_experts(workload.build_model(), shape["ep"])
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
     degree = shape["dp"] if cls.data_parallel else 1

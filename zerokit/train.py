@@ -90,6 +90,22 @@ def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
         return {name: t.float().cpu() for name, t in full_parameters(model, ctx.mesh.group("tp")).items()}
 
 
+def _theory_ep_bytes(strategy, model, ctx: RankContext, dtype, steps: int) -> dict:
+    """Expert parallelism's bytes per step: the dense gradients over dp, the experts' over edp, and the MoE
+    all-to-alls on ep — the last a formula on the measured split (the router decides where each row goes)."""
+    from .expert_parallel import moe_layers
+
+    b = torch.empty((), dtype=dtype).element_size()
+    experts = sum(p.numel() for p in model.parameters() if getattr(p, "_zerokit_expert", False))
+    dense = sum(p.numel() for p in model.parameters()) - experts
+    out = {"dp": strategy.theory_comm_bytes(dense),
+           "ep": sum(theory.moe_alltoall_bytes(*m.exchanged[:2], m.router.in_features, b, ctx.mesh.size("ep"),
+                                               calls=m.exchanged[2]) for m in moe_layers(model)) / steps}
+    if ctx.mesh.size("edp") > 1:
+        out["edp"] = theory.ring_bytes_sent("all_reduce", experts * b, ctx.mesh.size("edp"))
+    return out
+
+
 def run_rank(ctx: RankContext, job: Job) -> RankResult:
     """Train on this rank and return its measurements."""
     cls = get_strategy(job.strategy)
@@ -107,6 +123,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tensor_parallel:
         with comm.phase("setup"):
             plan, loss_fn = _tensor_parallel(job, ctx, model)
+    if ctx.mesh.size("ep") > 1:  # before any strategy: this rank keeps its experts
+        from .expert_parallel import apply_expert_parallel
+
+        apply_expert_parallel(model, ctx.mesh)
     if ctx.mesh.size("cp") > 1:  # before any strategy: the attention cores and positions of this rank's tokens
         from .context_parallel import apply_context_parallel
 
@@ -191,6 +211,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     ran = job.steps - start  # the steps this call ran: fewer after resume_from, and the ledgers hold only those
     with comm.phase("setup"):
         params = _full_parameters(strategy, model, ctx, tensor_parallel)
+        if ctx.mesh.size("ep") > 1 and params is not None:  # the ep peers' experts too, under the whole model's names
+            from .expert_parallel import gather_experts
+
+            params = gather_experts(params, model, ctx.mesh, [n for n, _ in job.workload.build_model().named_parameters()])
         if pipeline is not None:
             params = pipeline.full_parameters(params, {id(p): n for n, p in model.named_parameters()})
     memory.remove_hooks()
@@ -198,6 +222,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         tracer.remove_hooks()
     ledger.resolve()
     theory_by_axis = {"dp" if ctx.mesh.size("cp") == 1 else "dp_cp": strategy.theory_comm_bytes(psi_rank)}
+    if ctx.mesh.size("ep") > 1:
+        theory_by_axis.update(_theory_ep_bytes(strategy, model, ctx, dtype, ran))
     if ctx.mesh.size("cp") > 1:
         from .context_parallel.apply import theory_bytes
 

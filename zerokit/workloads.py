@@ -95,12 +95,17 @@ class Block(nn.Module):
     """A pre-norm block; ``dropout`` > 0 adds GPT-2's residual dropout after attention and after
     the MLP (at 0, the default, there is no dropout module and the block is unchanged)."""
 
-    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, moe: Optional[dict] = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = MLPBlock(d_model)
+        if moe:  # a mixture of experts in place of the MLP (zerokit.expert_parallel)
+            from .expert_parallel.moe import MoEMLP
+
+            self.mlp = MoEMLP(d_model, **moe)
+        else:
+            self.mlp = MLPBlock(d_model)
         self.resid_dropout = nn.Dropout(dropout) if dropout else None
 
     def _dropout(self, y):
@@ -143,11 +148,11 @@ class TinyGPT(nn.Module):
     """
 
     def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int, n_head: int,
-                 tie_weights: bool = False, dropout: float = 0.0):
+                 tie_weights: bool = False, dropout: float = 0.0, moe: Optional[dict] = None):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, moe) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         for m in self.modules():
@@ -186,11 +191,20 @@ def _lm_loss(logits, targets):
 
 
 def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 4, n_head: int = 4,
-             batch_size: int = 8, seed: int = 0, tie_weights: bool = False, dropout: float = 0.0) -> Workload:
+             batch_size: int = 8, seed: int = 0, tie_weights: bool = False, dropout: float = 0.0,
+             n_experts: int = 0, top_k: int = 1, capacity_factor: Optional[float] = None,
+             aux_weight: float = 0.01) -> Workload:
     """A tiny GPT (about 1 M parameters by default) on random tokens with a learnable pattern;
     ``tie_weights=True`` shares the token embedding with the output head (GPT-2). ``dropout`` > 0
     adds GPT-2's residual dropout in every block (for measuring its activation memory: the
-    masks are random, so a run no longer matches the single-process reference)."""
+    masks are random, so a run no longer matches the single-process reference). ``n_experts`` > 0
+    makes every MLP a mixture of that many experts, each token routed to ``top_k``
+    (:class:`zerokit.expert_parallel.moe.MoEMLP`: ``capacity_factor`` None is dropless,
+    ``aux_weight`` the load-balancing loss's)."""
+    if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 0:
+        raise ValueError(f"tiny_gpt: n_experts={n_experts!r} must be an integer >= 0 (0: a dense MLP)")
+    moe = dict(n_experts=n_experts, top_k=top_k, capacity_factor=capacity_factor,
+               aux_weight=aux_weight) if n_experts else None
     if not isinstance(tie_weights, bool):
         raise ValueError(f"tiny_gpt: tie_weights={tie_weights!r} must be True or False")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
@@ -208,13 +222,14 @@ def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: i
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     return Workload(
-        name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else ""),
-        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights, dropout),
+        name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else "") + (f"-moe{n_experts}" if n_experts else ""),
+        model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights, dropout, moe),
         batch_fn=batch, loss_fn=_lm_loss, seed=seed, tensor_parallel_plan=_tiny_gpt_tensor_parallel_plan,
         description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
                     f"sequence {seq_len}, global batch {batch_size}"
                     + (", embedding tied to the head" if tie_weights else "")
-                    + (f", residual dropout {dropout}" if dropout else ""))
+                    + (f", residual dropout {dropout}" if dropout else "")
+                    + (f", {n_experts} experts top-{top_k}" if n_experts else ""))
 
 
 # --- MLP -----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def assign_buckets(params: Sequence[torch.Tensor], bucket_mb: float,
     open_buckets: dict = {}  # (dtype, device) -> [indices, bytes]
     for i in reversed(range(len(params))):
         p = params[i]
-        key = (p.dtype, p.device)
+        key = (p.dtype, p.device, getattr(p, "_zerokit_expert", False))  # experts reduce over their own group
         indices, size = open_buckets.get(key, ([], 0))
         indices.append(i)
         size += p.numel() * p.element_size()

@@ -47,15 +47,19 @@ def one_of(*choices):
     return check
 
 
-def parameter_checksums(model: torch.nn.Module) -> torch.Tensor:
+def parameter_checksums(model: torch.nn.Module, experts: bool = False) -> torch.Tensor:
     """Two float64 numbers per parameter tensor: its sum, and a position-weighted sum.
 
     The weighted sum catches permuted values that a plain sum misses. Ranks holding the
-    same bits compute the same checksums exactly.
+    same bits compute the same checksums exactly. ``experts``: the expert-parallel experts'
+    parameters (marked ``_zerokit_expert``) instead of the rest — ranks of one ep group hold
+    different experts, so those are checked over the ranks that hold the same ones.
     """
     sums = []
     with torch.no_grad():
         for p in model.parameters():
+            if getattr(p, "_zerokit_expert", False) != experts:
+                continue
             x = p.detach().reshape(-1).to(torch.float64)
             weights = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
             sums.append(torch.stack([x.sum(), (x * weights).sum()]))
@@ -64,21 +68,22 @@ def parameter_checksums(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat(sums).cpu()
 
 
-def check_replicas_match(model: torch.nn.Module, group=None, device=None) -> None:
-    """All-gather every rank's parameter checksums (phase "setup") and fail if any rank differs from rank 0."""
+def check_replicas_match(model: torch.nn.Module, group=None, device=None, experts: bool = False) -> None:
+    """All-gather every rank's parameter checksums (phase "setup") and fail if any rank differs from rank 0
+    (``experts``: the expert-parallel experts', over the group that holds the same ones)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     n = dist.get_world_size(group)
     if n == 1:
         return
-    mine = parameter_checksums(model)
+    mine = parameter_checksums(model, experts)
     if device is not None:
         mine = mine.to(device)
     gathered = torch.empty(n * mine.numel(), dtype=torch.float64, device=mine.device)
     with comm.phase("setup"):
         comm.all_gather(gathered, mine, group=group, tag="start checksum")
     rows = gathered.cpu().view(n, -1)
-    names = [name for name, _ in model.named_parameters()]
+    names = [name for name, p in model.named_parameters() if getattr(p, "_zerokit_expert", False) == experts]
     for r in range(1, n):
         same = (rows[r] == rows[0]) | (rows[r].isnan() & rows[0].isnan())
         if not bool(same.all()):
@@ -110,9 +115,20 @@ class DataParallel(Replicated):
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
         check_replicas_match(model, self.group, ctx.device)
+        if ctx.mesh.size("ep") > 1:  # the experts: equal across the ranks that hold the same ones
+            check_replicas_match(model, ctx.mesh.group("edp"), ctx.device, experts=True)
         self.param_names = {p: n for n, p in model.named_parameters() if p.requires_grad}
 
     # -- the reduction ---------------------------------------------------------------
+    def average_experts(self, tensor: torch.Tensor, tag: str = "", async_op: bool = False) -> Optional[comm.Work]:
+        """Experts' gradients: each already holds the sum over its ep group's tokens (the combine's backward brought
+        them), so divide by N and sum over the ranks holding the same experts (``edp``, N / ep of them)."""
+        tensor.div_(self.world)
+        group = self.ctx.mesh.group("edp")
+        if self.ctx.mesh.size("edp") == 1:
+            return None
+        return comm.all_reduce(tensor, group=group, async_op=async_op, tag=f"experts {tag}")
+
     def average(self, tensor: torch.Tensor, tag: str = "", async_op: bool = False) -> Optional[comm.Work]:
         """Divide by N, then sum over the ranks in place: every rank ends with the mean."""
         tensor.div_(self.world)
@@ -156,14 +172,15 @@ class DataParallel(Replicated):
         return [p.numel() for p in self.params]
 
     def theory_comm_bytes(self, psi):
-        """2(N−1)/N·Ψb over the parameters that require grad (frozen ones are never reduced).
+        """2(N−1)/N·Ψb over the parameters that require grad (frozen ones are never reduced; an expert-parallel
+        expert is reduced over its own group, counted on that axis).
 
         The ring pads each reduced tensor to a multiple of N and counts the padding.
         """
         b = theory.param_bytes_per_element(self.config.precision)
         n = self.world
         if self.opts["algorithm"] != "ring":
-            trainable = sum(p.numel() for p in self.params)
+            trainable = sum(p.numel() for p in self.params if not getattr(p, "_zerokit_expert", False))
             return theory.comm_bytes_per_step(0, trainable, n, b, self.config.micro_batches)
         return sum(theory.ring_bytes_sent("all_reduce", theory.padded_numel([u], n) * b, n)
                    for u in self.reduction_units())

@@ -52,7 +52,7 @@ class OverlappedDataParallel(DataParallel):
 
     name = "ddp"
     #: data parallelism over tensor-parallel shards and pipeline stages (2-D and 3-D parallelism)
-    axes = ("dp", "cp", "tp", "pp")
+    axes = ("dp", "cp", "ep", "tp", "pp")
     options = {
         **DataParallel.options,
         **PIPELINE_OPTIONS,
@@ -96,7 +96,8 @@ class OverlappedDataParallel(DataParallel):
 
     def _launch(self, index: int) -> None:
         bucket = self.buckets.buckets[index]
-        self.reducer.track(self.average(bucket.buffer, tag=f"bucket {bucket.index}", async_op=True))
+        reduce = self.average_experts if getattr(bucket.params[0], "_zerokit_expert", False) else self.average
+        self.reducer.track(reduce(bucket.buffer, tag=f"bucket {bucket.index}", async_op=True))
 
     def _fill_missing(self) -> None:
         """End of backward, before the last buckets launch: a parameter without a gradient reduces zeros."""

@@ -26,6 +26,7 @@ for what is left of it. Without a link nothing is booked and nothing sleeps.
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -210,15 +211,24 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     return _finish(work, record, async_op)
 
 
-def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, tag: str = ""):
-    """Split ``input`` along dim 0 in n equal chunks, chunk j to rank j; ``output`` chunk j from rank j; sends (n−1)/n
-    of the input (context parallelism's Ulysses, expert parallelism's dispatch and combine)."""
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, tag: str = "",
+                      output_split_sizes=None, input_split_sizes=None):
+    """Split ``input`` along dim 0, chunk j to rank j; ``output`` chunk j from rank j. Equal chunks by default, sending
+    (n−1)/n of the input (context parallelism's Ulysses); with split sizes (expert parallelism's dispatch and
+    combine: rows per peer) the ring cost is exactly the rows that leave this rank."""
     n = _group_size(group)
-    if input.shape[0] % n or output.numel() != input.numel():
-        raise ValueError(f"all_to_all_single: input dim 0 ({input.shape[0]}) must split in {n} equal chunks and the "
-                         f"output hold as many elements ({output.numel()} vs {input.numel()})")
-    record = new_record("all_to_all", input, _bytes(input), group, async_op, tag)
-    work = dist.all_to_all_single(output, input, group=group, async_op=async_op)
+    if input_split_sizes is None:
+        if input.shape[0] % n or output.numel() != input.numel():
+            raise ValueError(f"all_to_all_single: input dim 0 ({input.shape[0]}) must split in {n} equal chunks and "
+                             f"the output hold as many elements ({output.numel()} vs {input.numel()})")
+        record = new_record("all_to_all", input, _bytes(input), group, async_op, tag)
+    else:
+        row = math.prod(input.shape[1:]) * input.element_size()
+        me = dist.get_rank(group)
+        record = new_record("all_to_all", input, _bytes(input), group, async_op, tag)
+        record.ring_cost_bytes = (sum(input_split_sizes) - input_split_sizes[me]) * row
+    work = dist.all_to_all_single(output, input, output_split_sizes=output_split_sizes,
+                                  input_split_sizes=input_split_sizes, group=group, async_op=async_op)
     return _finish(work, record, async_op)
 
 

@@ -35,9 +35,12 @@ AXES = ("pp", "dp", "cp", "tp")
 AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
                 "pp": "pipeline parallelism", "cp": "context parallelism (the sequence cut over ranks)"}
 #: axes some strategy runs on; a degree above 1 on another axis is refused before any process starts
-BUILT_AXES = ("dp", "cp", "tp", "pp")
+BUILT_AXES = ("dp", "cp", "ep", "tp", "pp")
 #: groups made of several axes: name -> the axes, outermost first
 FLAT_AXES = {"dp_cp": ("dp", "cp")}
+#: groups carved out of dp by the expert-parallel degree ep (DeepSpeed-MoE's and Megatron's convention): ``ep`` the
+#: ep consecutive dp ranks that hold different experts, ``edp`` the dp ranks that hold the same experts
+EXPERT_AXES = ("ep", "edp")
 
 
 def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
@@ -47,9 +50,13 @@ def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
         return {"pp": 1, "dp": world_size, "tp": 1}
     if not isinstance(parallel, dict):
         raise ValueError(f"parallel={parallel!r} must be a dict of axis degrees, e.g. {{'dp': 2, 'tp': 1, 'pp': 1}}")
-    unknown = sorted(set(parallel) - set(AXES))
+    unknown = sorted(set(parallel) - set(AXES) - {"ep"})
     if unknown:
-        raise ValueError(f"parallel: unknown axis {', '.join(map(repr, unknown))}; allowed: dp, cp, tp, pp")
+        raise ValueError(f"parallel: unknown axis {', '.join(map(repr, unknown))}; allowed: dp, cp, ep, tp, pp")
+    parallel = dict(parallel)
+    ep = parallel.pop("ep", 1)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ValueError(f"parallel: ep={ep!r} must be a positive integer")
     shape = {}
     for axis in AXES:
         value = parallel.get(axis, 1)
@@ -67,11 +74,19 @@ def parse_parallel(parallel, world_size: int) -> Dict[str, int]:
                          f"degrees must multiply to the number of ranks")
     if shape["cp"] == 1:  # the shape names cp only where the sequence is cut: (pp, dp, tp) as before otherwise
         del shape["cp"]
+    if ep > 1:  # carved from dp, not a grid axis of its own: the world stays dp × cp × tp × pp
+        if shape["dp"] % ep:
+            raise ValueError(f"parallel: ep={ep} must divide dp={shape['dp']} (the expert-parallel ranks are carved "
+                             f"from the data-parallel ones)")
+        shape["ep"] = ep
     return shape
 
 
 def check_built(shape: Dict[str, int], axes=BUILT_AXES, who: str = "zerokit") -> None:
     """Refuse degrees above 1 on axes outside ``axes``: the parallelisms ``who`` (zerokit, or one strategy) runs."""
+    if shape.get("ep", 1) > 1 and "ep" not in axes:
+        raise ValueError(f"parallel: ep={shape['ep']} asks for expert parallelism, which {who} does not implement "
+                         f"yet; use ep=1 (expert parallelism runs under ddp)")
     for axis in AXES:
         if axis not in axes and shape.get(axis, 1) > 1:
             allowed = " and ".join(a for a in AXES if a in axes)
@@ -103,7 +118,11 @@ def rank_of(coords: Dict[str, int], shape: Dict[str, int]) -> int:
 
 def axis_ranks(rank: int, shape: Dict[str, int], axis: str) -> List[int]:
     """The global ranks in ``rank``'s group along ``axis`` (its other coordinates fixed), in axis order; a flat
-    group (``dp_cp``) runs its axes outermost first."""
+    group (``dp_cp``) runs its axes outermost first; ``ep`` / ``edp`` are carved from dp."""
+    if axis in EXPERT_AXES:
+        ep, dp = shape.get("ep", 1), axis_ranks(rank, shape, "dp")
+        i = dp.index(rank)
+        return dp[i - i % ep:i - i % ep + ep] if axis == "ep" else dp[i % ep::ep]
     mine = coords_of(rank, shape)
     shape = _full(shape)
     axes = FLAT_AXES.get(axis, (axis,))
@@ -172,6 +191,16 @@ class Mesh:
                 groups[flat] = groups["dp"]  # cp = 1: the data-parallel group itself
             else:  # its own group object, world-sized or not, so the ledger names its traffic dp_cp
                 groups[flat] = mesh[axes]._flatten(flat).get_group()
+        if shape.get("ep", 1) > 1:  # every rank makes every group, in one order (torch's new_group rule)
+            for axis in EXPERT_AXES:
+                made = {}
+                for r in range(world_size):
+                    members = tuple(axis_ranks(r, shape, axis))
+                    if members not in made:
+                        made[members] = dist.new_group(list(members))
+                groups[axis] = made[tuple(axis_ranks(rank, shape, axis))]
+        else:
+            groups.update({"ep": None, "edp": groups["dp"]})
         return cls(shape, rank, groups, mesh)
 
     @property
@@ -179,9 +208,14 @@ class Mesh:
         return coords_of(self.rank, self.shape)
 
     def size(self, axis: str) -> int:
+        if axis in EXPERT_AXES:
+            ep = self.shape.get("ep", 1)
+            return ep if axis == "ep" else self.shape["dp"] // ep
         return math.prod(self.shape.get(a, 1) for a in FLAT_AXES.get(axis, (axis,)))
 
     def coord(self, axis: str) -> int:
+        if axis in EXPERT_AXES:
+            return self.ranks(axis).index(self.rank)
         coords, index = self.coords, 0
         for a in FLAT_AXES.get(axis, (axis,)):
             index = index * self.shape.get(a, 1) + coords.get(a, 0)
@@ -189,9 +223,9 @@ class Mesh:
 
     def group(self, axis: str):
         """The process group along ``axis`` (None: the world, when the axis spans every rank)."""
-        if axis not in AXES and axis not in FLAT_AXES:
-            raise ValueError(f"axis={axis!r}; allowed: {', '.join((*AXES, *FLAT_AXES))}")
-        return _alive(self.groups[axis], axis)
+        if axis not in AXES and axis not in FLAT_AXES and axis not in EXPERT_AXES:
+            raise ValueError(f"axis={axis!r}; allowed: {', '.join((*AXES, *FLAT_AXES, *EXPERT_AXES))}")
+        return _alive(self.groups.get(axis), axis)
 
     def ranks(self, axis: str) -> List[int]:
         return axis_ranks(self.rank, self.shape, axis)
@@ -209,7 +243,7 @@ class Mesh:
             held = self.groups.get(axis)
             if (held() if held is not None else None) is group and (group is not None or self.size(axis) > 1):
                 return axis
-        for axis in FLAT_AXES:
+        for axis in (*FLAT_AXES, *EXPERT_AXES):
             held = self.groups.get(axis)
             if group is not None and held is not None and held() is group:
                 return axis

@@ -1,0 +1,98 @@
+"""Expert parallelism: the MoE layer's routing, capacity and load-balancing loss in one process; its experts spread
+over ep ranks (dispatch and combine by all-to-all) against the same layer whole; the tiny MoE GPT in zerokit.train
+under ddp at dp=2×ep=2 and dp=4×ep=2 against one process, every axis's bytes against its formula."""
+import pytest
+import torch
+
+import zerokit
+from zerokit import theory
+from zerokit.expert_parallel import MoEMLP
+from zerokit.runtime import comm
+
+D, E = 8, 4
+
+
+def test_routing_capacity_and_the_load_balancing_loss():
+    torch.manual_seed(0)
+    x = torch.randn(3, 10, D)
+    dropless = MoEMLP(D, E, top_k=2)
+    dropless(x)
+    assert int(dropless.tokens_per_expert.sum()) == 3 * 10 * 2 and dropless.dropped == 0  # every slot served
+    capped = MoEMLP(D, E, top_k=2, capacity_factor=0.5)
+    capped.load_state_dict(dropless.state_dict())
+    capped(x)
+    cap = -(-int(0.5 * 10 * 2) // E)  # ⌈c·T·k/E⌉ slots per expert per sequence
+    assert capped.dropped > 0 and int(capped.tokens_per_expert.sum()) + capped.dropped == 60
+    assert int(capped.tokens_per_expert.max()) <= 3 * cap
+    # Switch's loss is E·Σ f_e·P_e: 1 when routing is uniform; a router that sends everything to one expert with
+    # probability ~1 scores ~E
+    skewed = MoEMLP(D, E, top_k=1)
+    with torch.no_grad():
+        skewed.router.weight.zero_()
+        skewed.router.weight[0].fill_(50.0)
+    skewed(torch.ones(2, 5, D))
+    assert float(skewed.aux) == pytest.approx(E, rel=1e-3)
+    with pytest.raises(ValueError, match="top_k=5 must be between 1 and n_experts=4"):
+        MoEMLP(D, E, top_k=5)
+
+
+def _sharded_layer(ctx):
+    torch.manual_seed(0)
+    whole = MoEMLP(D, E, top_k=2)
+    torch.manual_seed(0)
+    layer = MoEMLP(D, E, top_k=2)
+    layer.shard(None)
+    g = torch.Generator().manual_seed(1 + ctx.rank)  # each rank its own tokens
+    x = torch.randn(2, 6, D, generator=g)
+    ledger = comm.ledger()
+    ledger.reset()
+    ours = layer(x)
+    ours.sum().backward()
+    theirs = whole(x)
+    theirs.sum().backward()
+    dispatch = [r.payload_bytes for r in ledger.records if r.tag == "moe dispatch"]
+    return {"out": float((ours - theirs).abs().max()), "router": float((layer.router.weight.grad
+                                                                        - whole.router.weight.grad).abs().max()),
+            "experts": sorted(layer.experts), "dispatch": dispatch}
+
+
+def test_experts_on_two_ranks_compute_what_the_whole_layer_does():
+    for rank, got in enumerate(zerokit.launch(_sharded_layer, 2)):
+        assert got["experts"] == [str(e) for e in range(rank * 2, rank * 2 + 2)]  # E/ep experts each
+        assert got["out"] < 1e-6 and got["router"] < 1e-6  # the same sums: its own experts' rows come back
+        assert got["dispatch"] == [theory.moe_dispatch_payload(2 * 6, 2, D, 4)]  # T·k·d·b, dropless
+
+
+def _moe_gpt():
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8, n_experts=4, top_k=2)
+
+
+@pytest.mark.parametrize("parallel", [{"dp": 2, "ep": 2}, {"dp": 4, "ep": 2}])
+def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel):
+    from zerokit.cli import compare
+
+    report = compare(_moe_gpt(), parallel["dp"], ["single", "ddp"], steps=3, optimizer="sgd", lr=0.1,
+                     parallel=parallel)
+    result = report["ddp"]
+    assert result.param_diff["max_abs"] <= 1e-5, result.param_diff  # fp32: the same sums in another order
+    assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
+    model = _moe_gpt().build_model()
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    dense = sum(p.numel() for p in model.parameters()) - experts
+    for rank in result.ranks:
+        # each rank holds the dense weights and 1/ep of the experts (measured by the memory ledger)
+        assert rank.model_state_bytes["params"] == 4 * (dense + experts // parallel["ep"])
+        measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+        # dense gradients over dp, the experts' over edp (the ranks holding the same ones), tokens on ep
+        assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5)
+        assert set(measured) == ({"dp", "ep", "edp"} if parallel["dp"] > parallel["ep"] else {"dp", "ep"})
+
+
+def test_expert_parallel_settings_are_checked_before_any_process_starts():
+    with pytest.raises(ValueError, match="ep=2 must divide dp=3"):
+        zerokit.train(_moe_gpt(), "ddp", world_size=3, steps=1, parallel={"dp": 3, "ep": 2})
+    with pytest.raises(ValueError, match="no mixture-of-experts layer"):
+        zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8), "ddp",
+                      world_size=2, steps=1, parallel={"dp": 2, "ep": 2})
+    with pytest.raises(ValueError, match="expert parallelism, which strategy 'zero3' does not implement"):
+        zerokit.train(_moe_gpt(), "zero3", world_size=2, steps=1, parallel={"dp": 2, "ep": 2})

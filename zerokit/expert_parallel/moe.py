@@ -1,0 +1,171 @@
+"""A mixture-of-experts MLP (Shazeer et al.; GShard; Switch), its experts optionally spread over the ``ep`` ranks.
+
+Each token's router scores the E experts; the token goes to its top-k, and its output is the
+sum of those experts' outputs weighted by their router probabilities (the gates). Lifecycle of
+one forward, per MoE layer:
+
+1. **route**: router logits → softmax probabilities p (fp32) → top-k experts and gates per
+   token. The load-balancing loss (Switch Transformer §2.2, GShard's per-group form) is
+   E · Σ_e f_e · P_e per sequence — f_e the fraction of the sequence's routed slots that chose
+   expert e, P_e its mean probability — averaged over the sequences; it reaches the
+   gradients with ``aux_weight`` by :class:`AuxLoss` (Megatron's way: the output unchanged,
+   the loss's gradient added in backward), so the training loop's loss needs no change.
+2. **capacity**: with ``capacity_factor`` c, each expert takes at most ⌈c · T · k / E⌉ slots
+   of a sequence of T tokens, first come first served; the rest are dropped (that expert
+   contributes nothing to them) and counted in :attr:`dropped`. None (the default): dropless.
+3. **dispatch** (with an ``ep`` group of n ranks, each holding E/n experts): the routed slots
+   are sorted by expert, counts are exchanged, the token rows travel to their experts' ranks
+   in one uneven all-to-all (:mod:`.alltoall`), each rank runs its experts on what arrived,
+   and a second all-to-all brings the outputs back (**combine**), where they are weighted by
+   the gates and summed per token. Without a group every expert is local.
+
+:attr:`tokens_per_expert` counts the slots each expert received in the last forward
+(measured). Expert parameters are marked ``_zerokit_expert``: a data-parallel strategy
+reduces their gradients over the ranks holding the same experts (:mod:`.apply`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .alltoall import counts_exchange, exchange
+
+
+class Expert(nn.Module):
+    """One expert: the tiny GPT's MLP (d → 4d → d, GELU)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class AuxLoss(torch.autograd.Function):
+    """Returns ``output``; in backward adds ``weight`` · d(aux) to the graph (the aux loss's own gradient)."""
+
+    @staticmethod
+    def forward(ctx, output, aux, weight):
+        ctx.weight = weight
+        ctx.save_for_backward(aux)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.weight), None
+
+
+class MoEMLP(nn.Module):
+    """E experts, top-k routing, optional capacity, load-balancing loss; see the module docstring."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int = 1, capacity_factor: Optional[float] = None,
+                 aux_weight: float = 0.01):
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k!r} must be between 1 and n_experts={n_experts}")
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor={capacity_factor!r} must be a positive number or None (dropless)")
+        self.n_experts, self.top_k, self.capacity_factor, self.aux_weight = n_experts, top_k, capacity_factor, aux_weight
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        #: experts by their global index (as strings): all of them, or this ep rank's share after :meth:`shard`
+        self.experts = nn.ModuleDict({str(e): Expert(d_model) for e in range(n_experts)})
+        self.group = None
+        #: measured in the last forward: routed slots per expert (global index), dropped slots, the aux loss
+        self.tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)
+        self.dropped = 0
+        self.aux = None
+        #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
+        self.exchanged = [0, 0, 0]
+
+    # -- expert parallelism ------------------------------------------------------------
+    def shard(self, group) -> None:
+        """Keep this rank's E/n experts of the ep ``group`` (None: every rank; the others live on its peers)."""
+        group = dist.group.WORLD if group is None else group
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        if self.n_experts % n:
+            raise ValueError(f"{self.n_experts} experts do not divide over ep = {n} ranks")
+        per = self.n_experts // n
+        for e in range(self.n_experts):
+            if not r * per <= e < (r + 1) * per:
+                del self.experts[str(e)]
+        self.group = group
+        for p in self.experts.parameters():
+            p._zerokit_expert = True
+
+    def owner(self, expert: torch.Tensor) -> torch.Tensor:
+        n = 1 if self.group is None else dist.get_world_size(self.group)
+        return expert // (self.n_experts // n)
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, x):
+        b, t, d = x.shape
+        probs = torch.softmax(self.router(x).float(), dim=-1)                       # [b, t, E]
+        gates, chosen = probs.topk(self.top_k, dim=-1)                                # [b, t, k]
+        keep = self._capacity(chosen)                                                 # [b, t, k] bool
+        onehot = F.one_hot(chosen, self.n_experts).float()                            # [b, t, k, E]
+        f = onehot.sum(dim=(1, 2)) / (t * self.top_k)                                 # [b, E]
+        aux = (self.n_experts * (f * probs.mean(dim=1)).sum(-1)).mean()
+        self.aux = aux.detach()
+        self.tokens_per_expert = (onehot * keep[..., None]).sum(dim=(0, 1, 2)).long().cpu()
+        self.dropped = int((~keep).sum())
+        rows = x.reshape(b * t, d)
+        slot_token = torch.arange(b * t, device=x.device).repeat_interleave(self.top_k)
+        slot_expert, slot_gate = chosen.reshape(-1), gates.reshape(-1)
+        kept = keep.reshape(-1)
+        slot_token, slot_expert, slot_gate = slot_token[kept], slot_expert[kept], slot_gate[kept]
+        out = self._experts(rows[slot_token], slot_expert) * slot_gate[:, None].to(x.dtype)
+        y = torch.zeros_like(rows).index_add(0, slot_token, out).view(b, t, d)
+        return AuxLoss.apply(y, aux, self.aux_weight) if self.training and torch.is_grad_enabled() else y
+
+    def _capacity(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Which routed slots an expert takes: all (dropless), or the first ⌈c·T·k/E⌉ per expert per sequence."""
+        if self.capacity_factor is None:
+            return torch.ones_like(chosen, dtype=torch.bool)
+        b, t, k = chosen.shape
+        cap = math.ceil(self.capacity_factor * t * k / self.n_experts)
+        onehot = F.one_hot(chosen.reshape(b, t * k), self.n_experts)                  # slots in token order
+        position = (onehot.cumsum(dim=1) * onehot).sum(-1)                            # 1-based place in its expert
+        return (position <= cap).view(b, t, k)
+
+    def _experts(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """Each slot's row through its expert: locally, or dispatched to the expert's ep rank and combined back."""
+        order = torch.argsort(expert, stable=True)
+        rows, expert = rows[order], expert[order]
+        if self.group is None:
+            out = self._local(rows, expert)
+        else:
+            n = dist.get_world_size(self.group)
+            dest = self.owner(expert)
+            send = torch.bincount(dest, minlength=n).tolist()
+            recv = counts_exchange(send, self.group, rows.device)
+            me = dist.get_rank(self.group)
+            if torch.is_grad_enabled():
+                self.exchanged[0] += sum(send) - send[me]
+                self.exchanged[1] += sum(recv) - recv[me]
+                self.exchanged[2] += 1
+            arrived = exchange(rows, send, recv, self.group, "moe dispatch")
+            ids = exchange(expert.to(rows.dtype)[:, None], send, recv, self.group, "moe expert ids")[:, 0].long()
+            local = torch.argsort(ids, stable=True)
+            computed = torch.empty_like(arrived)
+            computed = computed.index_copy(0, local, self._local(arrived[local], ids[local]))
+            out = exchange(computed, recv, send, self.group, "moe combine")
+        return torch.empty_like(out).index_copy(0, order, out)
+
+    def _local(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert, each through its (local) expert."""
+        pieces = []
+        counts = torch.bincount(expert, minlength=self.n_experts).tolist()
+        start = 0
+        for e, c in enumerate(counts):
+            if str(e) in self.experts:  # every local expert runs, on no rows too: its gradients exist (zeros)
+                pieces.append(self.experts[str(e)](rows[start:start + c]))
+            start += c
+        return torch.cat(pieces) if pieces else rows[:0]
