@@ -5,12 +5,18 @@ CATEGORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A86
                    "buffers": "#8172B3", "activations": "#C44E52"}
 
 
-def memory_bars(report, ax=None, categories=("params", "grads", "optimizer")):
-    """Stacked bytes per rank and strategy, measured, with the theory's total as a black tick."""
+def memory_bars(report, ax=None, categories=("params", "grads", "optimizer"), legend: bool = True):
+    """Stacked bytes per rank and strategy, measured, with the theory's total as a black tick.
+
+    The key sits to the right of the bars (``legend=False`` leaves it out: a second panel
+    of the same colours beside this one)."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(max(4, 1.2 * sum(len(r.ranks) for r in report.results)), 3.5))
+    from .course.figures import legend_outside
+
+    own = ax is None
+    if own:  # a pyplot figure: a cell that draws it shows it
+        _, ax = plt.subplots(figsize=(max(3.0, 1.0 * sum(len(r.ranks) for r in report.results)) + 2.6, 3.6))
     labels, x = [], 0
     for result in report.results:
         for rank in result.ranks:
@@ -24,10 +30,15 @@ def memory_bars(report, ax=None, categories=("params", "grads", "optimizer")):
                     label="theory" if x == 0 else None)
             labels.append(f"{result.strategy}\nr{rank.rank}")
             x += 1
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=9)
     ax.set_ylabel("MiB per rank")
-    ax.set_title("model states per rank: measured (bars) vs theory (line)")
-    ax.legend(fontsize=8)
+    ax.set_title("model states per rank:\nmeasured (bars), theory (line)", fontsize=10)
+    if legend:
+        handles, names = ax.get_legend_handles_labels()
+        order = [names.index(c) for c in reversed(categories)] + [names.index("theory")]  # top of the stack first
+        legend_outside(ax, handles=[handles[i] for i in order], labels=[names[i] for i in order], fontsize=9)
+    if own:
+        ax.figure.tight_layout()
     return ax
 
 
@@ -101,8 +112,8 @@ def timeline_legend(ax, legend_size: float = 9, **where):
     from matplotlib.patches import Patch
 
     where = where or dict(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
-    ax.legend(handles=[Patch(color=v, label=k) for k, v in TIMELINE_COLORS.items()], fontsize=legend_size - 1,
-              frameon=False, **where)
+    return ax.legend(handles=[Patch(color=v, label=k) for k, v in TIMELINE_COLORS.items()], fontsize=legend_size - 1,
+                     frameon=False, **where)
 
 
 def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
@@ -127,6 +138,23 @@ def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
     shown = ", ".join(f"r{r} {1000 * s:.1f} ms" for r, s in exposed.items())
     ax.set_title(f"compute (top) and communication (bottom) per rank; exposed communication: {shown}",
                  fontsize=9)
-    timeline_legend(ax, bbox_to_anchor=(0.5, -0.25 - 0.3 / len(ranks)), loc="upper center", ncol=4)
-    ax.figure.tight_layout()
+    legend = timeline_legend(ax, loc="upper center", ncol=4)
+    _below_the_axis_label(ax, legend)
     return ax, exposed
+
+
+def _below_the_axis_label(ax, legend) -> None:
+    """Lay the figure out with ``legend`` (anchored at its top centre) just under ``ax``'s x-axis label."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ax.figure
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    for _ in range(3):  # the layout moves the label, the legend moves with it: a few rounds settle it
+        fig.tight_layout()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        bottom = min(ax.xaxis.label.get_window_extent(renderer).y0,
+                     *(t.get_window_extent(renderer).y0 for t in ax.get_xticklabels() if t.get_text()))
+        legend.set_bbox_to_anchor((0.5, ax.transAxes.inverted().transform((0, bottom - 4))[1]), transform=ax.transAxes)
+    fig.tight_layout()

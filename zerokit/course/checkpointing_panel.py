@@ -22,7 +22,7 @@ import math
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import new_figure, png
+from .figures import legend_outside, new_figure, png
 from .panel import ipywidgets, mimebundle
 
 #: zerokit's policies and torch's, as ``zerokit.train(checkpointing=…)`` takes them
@@ -110,7 +110,7 @@ class CheckpointingPanel:
 
     def draw(self) -> None:
         r = self.result
-        fig, (left, right) = new_figure(10.0, 3.4, ncols=2, width_ratios=[3, 2])
+        fig, (left, right) = new_figure(11.0, 4.4, ncols=2, width_ratios=[3, 2])
         width = 0.38
         for i, (label, stored, peak) in enumerate((("none", r["none_stored"], r["none_peak"]),
                                                    (r["policy"], r["stored"], r["peak"]))):
@@ -118,7 +118,7 @@ class CheckpointingPanel:
             left.bar(i + width / 2, peak / 1024, width, color="#C44E52", label="peak in backward" if i == 0 else None)
         if r["theory_peak"] is not None:
             left.plot([1 - width, 1], [r["theory_stored"] / 1024] * 2, color="black", lw=2, zorder=3,
-                      label="theory.checkpointed_activation_bytes (on measured A, X)")
+                      label="formula on measured A, X\n(theory.checkpointed_activation_bytes)")
             left.plot([1, 1 + width], [r["theory_peak"] / 1024] * 2, color="black", lw=2, zorder=3)
         left.plot([-width, 0], [r["n"] * r["korthikanti_A"] / 1024] * 2, color="black", lw=2, ls=":", zorder=3,
                   label="n × Korthikanti's A (term by term)")
@@ -126,12 +126,12 @@ class CheckpointingPanel:
         left.set_xticks([0, 1], ["none", f"{r['policy']}{k}"])
         left.set_ylabel(f"KiB kept for backward ({r['counted_by']})")
         left.set_title(f"{r['n']} blocks: activations, measured", fontsize=9)
-        left.legend(fontsize=7)
-        right.bar([0, 1], [1000 * r["none_s"], 1000 * r["policy_s"]], color=["#999999", "#55A868"])
+        legend_outside(left, "below", ncol=2, fontsize=8, bbox_to_anchor=(0.5, -0.14))
+        right.bar([0, 1], [1000 * r["none_s"], 1000 * r["policy_s"]], color="#55A868")
         right.set_xticks([0, 1], ["none", r["policy"]])
         right.set_ylabel("ms per forward + backward (median)")
-        right.set_title(f"recomputed forwards: {r['recomputed_forwards']}; time ×{r['policy_s'] / r['none_s']:.2f}",
-                        fontsize=9)
+        right.set_title(f"recomputed forwards: {r['recomputed_forwards']};\ntime ×{r['policy_s'] / r['none_s']:.2f}"
+                        " (measured)", fontsize=9)
         fig.tight_layout()
         self.image.value = png(fig)
         saved = 1 - r["peak"] / r["none_peak"]

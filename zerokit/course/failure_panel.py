@@ -135,11 +135,13 @@ _COLORS = {"finished": "#55A868", "dead": "#C44E52", "waiting": "#DD8452", "in":
 
 def diagnosis_figure(d: Diagnosis):
     """One row per rank: where it was when the launch failed, coloured by state, the blamed rank outlined."""
+    from matplotlib.patches import Patch
+
     from .figures import new_figure
 
     parts = d.per_rank()
     ranks = sorted(parts) or list(d.ranks)
-    fig, ax = new_figure(10, 0.8 + 0.55 * max(1, len(ranks)))
+    fig, ax = new_figure(10, 1.3 + 0.55 * max(1, len(ranks)))
     for row, rank in enumerate(ranks):
         part = parts.get(rank, "")
         color = _COLORS.get(part.split(" ")[0].rstrip(";"), "#4C72B0")
@@ -151,6 +153,13 @@ def diagnosis_figure(d: Diagnosis):
     ax.set_xticks([])
     ax.set_xlim(0, 1)
     ax.invert_yaxis()
+    states = {_COLORS.get(parts.get(r, "").split(" ")[0].rstrip(";"), "#4C72B0") for r in ranks}
+    keys = [(c, label) for c, label in (("#55A868", "finished"), ("#C44E52", "dead"),
+                                        ("#DD8452", "in a call"), ("#8C8C8C", "not in a call"),
+                                        ("#4C72B0", "elsewhere")) if c in states]
+    if keys:  # what each row's colour says
+        ax.legend(handles=[Patch(facecolor=c, alpha=0.35, label=label) for c, label in keys], loc="upper center",
+                  bbox_to_anchor=(0.5, 0.0), ncol=len(keys), frameon=False, fontsize=10)
     ax.set_title(f"{d.lab}: {d.error or 'no error'} after {d.seconds:.1f} s (measured)"
                  + (f" — {d.cause}" if d.cause else ""), fontsize=11)
     fig.tight_layout()

@@ -33,6 +33,35 @@ def new_figure(width: float, height: float, ncols: int = 1, width_ratios=None):
     return fig, fig.subplots(1, ncols, gridspec_kw={"width_ratios": width_ratios} if width_ratios else None)
 
 
+def legend_outside(ax, where: str = "right", **kwargs):
+    """The axes' legend off the data: to its right (``where="right"``) or under it (``"below"``, entries in a row).
+
+    A legend inside the axes hides bars or points sooner or later (a taller bar, another
+    world size); outside, :meth:`Figure.tight_layout` makes room for it. ``kwargs`` go to
+    :meth:`Axes.legend` (``handles``, ``ncol``, ``title`` …)."""
+    kwargs.setdefault("fontsize", LEGEND_SIZE)
+    if where == "right":
+        kwargs.setdefault("loc", "upper left")
+        kwargs.setdefault("bbox_to_anchor", (1.02, 1.0))
+    elif where == "below":
+        kwargs.setdefault("loc", "upper center")
+        kwargs.setdefault("bbox_to_anchor", (0.5, -0.22))
+        kwargs.setdefault("ncol", 3)
+    else:
+        raise ValueError(f"where={where!r}; allowed: right, below")
+    kwargs.setdefault("borderaxespad", 0.0)
+    kwargs.setdefault("frameon", False)
+    return ax.legend(**kwargs)
+
+
+def plain_log_ticks(axis) -> None:
+    """Tick labels of a log axis as plain numbers (``60``, ``0.5``), never ``6×10¹``; minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def png(fig) -> bytes:
     """The figure as PNG bytes."""
     buffer = io.BytesIO()
@@ -57,7 +86,7 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
     other world sizes than the points. ``reference = (value, label)`` adds a dashed
     horizontal line (an asymptote).
     """
-    fig, ax = new_figure(5.5, 3.2)
+    fig, ax = new_figure(8.0, 3.2)  # the points' width and, to its right, the key
     for i, (name, s) in enumerate(series.items()):
         color = f"C{i}"
         kinds = [k for k in POINT_KINDS if k in s]
@@ -72,6 +101,6 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=TITLE_SIZE)
-    ax.legend(fontsize=LEGEND_SIZE)
+    legend_outside(ax)
     fig.tight_layout()
     return fig

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .figures import new_figure, png
+from .figures import legend_outside, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import table
 
@@ -110,7 +110,7 @@ class GridPanel(Panel):
         from ..plot import CATEGORY_COLORS
 
         ranks = _ranks(report)
-        fig, (left, right) = new_figure(min(12.0, 4.0 + 1.1 * len(ranks)), 3.6, ncols=2)
+        fig, (left, right) = new_figure(max(10.0, min(16.0, 5.0 + 1.3 * len(ranks))), 3.9, ncols=2)
         states = []
         for x, rank in enumerate(ranks):
             bottom = 0.0
@@ -124,8 +124,9 @@ class GridPanel(Panel):
         labels = [_label(r) for r in ranks]
         left.set_xticks(range(len(ranks)), labels, fontsize=7)
         left.set_ylabel("KiB per rank (ledger)")
-        left.set_title("model states per rank: ledger, theory as a tick", fontsize=9)
-        left.legend(fontsize=7)
+        left.set_title("model states per rank:\nledger, theory as a tick", fontsize=9)
+        handles, names = left.get_legend_handles_labels()
+        legend_outside(left, handles=handles[::-1], labels=names[::-1], fontsize=8)
         width, traffic = 0.8 / len(AXES), {}
         for i, axis in enumerate(AXES):
             rows = [(r.comm_bytes_by_axis or {}).get(axis, {}).get("ring_cost_bytes") or 0 for r in ranks]
@@ -136,11 +137,9 @@ class GridPanel(Panel):
                       edgecolor=AXIS_COLORS[axis], hatch="///", label=f"{axis}: theory")
             traffic[axis] = rows
         right.set_xticks(range(len(ranks)), labels, fontsize=7)
-        tallest = max([1.0] + [v / 2**10 for r in ranks for v in (r.theory_comm_bytes_by_axis or {}).values()])
-        right.set_ylim(0, 1.35 * tallest)  # room for the legend above the bars
         right.set_ylabel("KiB per rank per step")
-        right.set_title("traffic per axis: ring cost of the ledger's calls vs theory", fontsize=9)
-        right.legend(fontsize=6, ncol=3)
+        right.set_title("traffic per axis: ring cost of\nthe ledger's calls vs theory", fontsize=9)
+        legend_outside(right, fontsize=8)
         result = report.results[0]
         mesh = " × ".join(f"{a} {result.parallel.get(a, 1)}" for a in ("dp", "tp", "pp"))
         fig.suptitle(f"{self.workload.name}, Ψ = {result.param_count:,}: {result.strategy} on dp, {mesh}", fontsize=9)

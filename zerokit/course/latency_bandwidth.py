@@ -18,7 +18,7 @@ import time
 from typing import Iterable, Sequence
 
 from .. import theory
-from .figures import LEGEND_SIZE, TITLE_SIZE, new_figure
+from .figures import TITLE_SIZE, legend_outside, new_figure, plain_log_ticks
 
 
 def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> list:
@@ -96,7 +96,7 @@ def modelled_seconds(fit: dict, op: str, payload_bytes: int, n: int) -> dict:
 
 def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
     """Measured seconds against payload size per world size, with the α-β fit as lines (log-log)."""
-    fig, ax = new_figure(5.5, 3.2)
+    fig, ax = new_figure(7.5, 3.4)
     by_n: dict = {}
     for p in points:
         by_n.setdefault(p["n"], []).append(p)
@@ -108,11 +108,12 @@ def latency_bandwidth_figure(points: Sequence[dict], fit: dict):
         ax.plot(sizes, [1e3 * m for m in model], color=f"C{i}", lw=1, label=f"N={n} α-β fit")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("all-reduce payload S (bytes)")
     ax.set_ylabel("ms per call")
     ax.set_title(f"fit: α = {1e6 * fit['alpha_s']:.0f} µs per round, β = {fit['beta_Bps'] / 2**20:.0f} MiB/s",
                  fontsize=TITLE_SIZE)
-    ax.legend(fontsize=LEGEND_SIZE, loc="upper left")
+    legend_outside(ax)
     fig.tight_layout()
     return fig
 
@@ -128,7 +129,7 @@ def all_reduce_scaling_figure(link: dict, payload_bytes: Sequence[int], world_si
     alpha, beta = link.get("alpha_s"), link.get("beta_Bps")
     if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)) or alpha < 0 or beta <= 0:
         raise ValueError(f"link={link!r} needs alpha_s >= 0 (seconds per hop) and beta_Bps > 0 (bytes per second)")
-    fig, ax = new_figure(6.5, 3.6)
+    fig, ax = new_figure(8.5, 3.6)
     ns = sorted(world_sizes)
     for i, size in enumerate(payload_bytes):
         for algorithm, style in (("ring", "-"), ("tree", "--")):
@@ -136,10 +137,13 @@ def all_reduce_scaling_figure(link: dict, payload_bytes: Sequence[int], world_si
             ax.plot(ns, ms, style, color=f"C{i}", lw=1.8, label=f"S = {_size_text(size)}, {algorithm}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(ns)
+    plain_log_ticks(ax.xaxis)
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("world size N")
     ax.set_ylabel("ms per all-reduce (α-β model)")
     ax.set_title(title or f"α = {1e6 * alpha:g} µs per hop, β = {beta / 1e9:g} GB/s: ring vs tree")
-    ax.legend(fontsize=LEGEND_SIZE, ncol=2, loc="upper left")
+    legend_outside(ax)
     fig.tight_layout()
     return fig
 

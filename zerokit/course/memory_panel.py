@@ -12,17 +12,20 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, legend_outside, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import RING_COST, THEORY, summary_rows, table
 
 
-def peak_bars(report, ax=None):
-    """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a tick."""
+def peak_bars(report, ax=None, legend: bool = True):
+    """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a
+    tick; the key to the right of the bars (``legend=False``: none)."""
     from ..plot import CATEGORY_COLORS
 
-    if ax is None:
-        _, ax = new_figure(max(4, 1.2 * sum(len(r.ranks) for r in report.results)), 3.5)
+    own = ax is None
+    bars = sum(len(r.ranks) for r in report.results)
+    if own:
+        _, ax = new_figure(max(3.0, 1.1 * bars) + 3.0, 3.8)
     labels, x = [], 0
     mixed = len({r.precision for r in report.results}) > 1
     for result in report.results:
@@ -34,12 +37,18 @@ def peak_bars(report, ax=None):
                 bottom += value
             ax.plot([x - 0.4, x + 0.4], [rank.theory_model_states["total"] / 2**20] * 2, color="black", lw=2,
                     label="theory: model states" if x == 0 else None)
-            labels.append(f"{result.strategy}\n{result.precision + ' ' if mixed else ''}r{rank.rank}")
+            labels.append(f"{result.strategy}\n{result.precision + chr(10) if mixed else ''}r{rank.rank}")
             x += 1
-    ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
+    ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE - (2 if mixed else 0))
     ax.set_ylabel("MiB per rank at its peak")
-    ax.set_title("peak memory per rank, by category (measured)", fontsize=TITLE_SIZE)
-    ax.legend(fontsize=LEGEND_SIZE)
+    ax.set_title("peak memory per rank,\nby category (measured)", fontsize=TITLE_SIZE - 1)
+    if legend:
+        handles, names = ax.get_legend_handles_labels()
+        order = [names.index(c) for c in reversed(CATEGORY_COLORS)] + [names.index("theory: model states")]
+        legend_outside(ax, handles=[handles[i] for i in order], labels=[names[i] for i in order],
+                       fontsize=LEGEND_SIZE - 1)  # the top of the stack first
+    if own:
+        ax.figure.tight_layout()
     return ax
 
 
@@ -89,15 +98,14 @@ class MemoryPanel(Panel):
         from ..plot import memory_bars
 
         bars = sum(len(r.ranks) for r in report.results)
-        fig, ax = new_figure(min(11.0, max(4.5, 0.6 * bars + 1.5)), 3.4)
+        fig, ax = new_figure(min(14.0, max(7.0, 0.75 * bars + 4.0)), 3.8)
         if self.view.value == "peak":
             peak_bars(report, ax=ax)
         else:
             memory_bars(report, ax=ax)
-            ax.title.set_fontsize(9)
         first = report.results[0]
         ax.set_xlabel(f"{self.workload.name}, Ψ = {first.param_count:,}, N = {first.world_size}, {first.precision}",
-                      fontsize=LABEL_SIZE)
+                      fontsize=LABEL_SIZE - 1)
         fig.tight_layout()
         self.image.value = png(fig)
         self.details.value = table(summary_rows(report), ["strategy", "model states B", "theory B", RING_COST,

@@ -14,28 +14,35 @@ import time
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, legend_outside, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import table
+
+
+#: the colour of each half of a ring collective in :func:`ring_schedule_figure`, and its key
+PHASE_COLORS = {"reduce_scatter": "#DD8452", "all_gather": "#55A868"}
+PHASE_KEYS = {"reduce_scatter": "reduce-scatter\n(add, pass on)", "all_gather": "all-gather\n(pass the sum on)"}
 
 
 def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
     """The ring's rounds as a grid: one row per rank, one column per round, the chunk each rank sends.
 
     Drawn from :func:`zerokit.ring.ring_schedule`: reduce-scatter rounds in orange,
-    all-gather rounds in green; "c2 → r1" means "sends chunk 2 to rank 1". Returns the
-    figure (a new one unless ``ax`` is given).
+    all-gather rounds in green, said by the key under the grid; "c2 → r1" means "sends
+    chunk 2 to rank 1". Returns the figure (a new one unless ``ax`` is given).
     """
+    from matplotlib.patches import Patch
+
     from ..runtime.ring import ring_phase, ring_schedule
 
     rounds = len(ring_schedule(op, n, 0))
-    if ax is None:
-        fig, ax = new_figure(1.2 + 0.9 * rounds, 0.6 + 0.5 * n)
-    colors = {"reduce_scatter": "#DD8452", "all_gather": "#55A868"}
+    own = ax is None
+    if own:
+        fig, ax = new_figure(max(6.0, 3.4 + 0.9 * rounds), 1.2 + 0.5 * max(n, 3))
     for rank in range(n):
         y = n - 1 - rank
         for step in ring_schedule(op, n, rank):
-            ax.add_patch(_rectangle(step.round, y, colors[ring_phase(op, n, step.round)]))
+            ax.add_patch(_rectangle(step.round, y, PHASE_COLORS[ring_phase(op, n, step.round)]))
             ax.text(step.round + 0.5, y + 0.5, f"c{step.send_chunk} → r{(rank + 1) % n}", ha="center",
                     va="center", fontsize=LEGEND_SIZE if rounds > 8 else LABEL_SIZE)
     ax.set_xlim(0, rounds)
@@ -43,10 +50,12 @@ def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
     ax.set_xticks([k + 0.5 for k in range(rounds)], [str(k + 1) for k in range(rounds)], fontsize=LABEL_SIZE)
     ax.set_yticks([n - 1 - r + 0.5 for r in range(n)], [f"rank {r}" for r in range(n)], fontsize=LABEL_SIZE)
     ax.set_xlabel("round", fontsize=LABEL_SIZE)
-    halves = " + ".join(p.replace("_", "-") for p in ("reduce_scatter", "all_gather")
-                        if any(ring_phase(op, n, k) == p for k in range(rounds)))
-    ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds ({halves})", fontsize=TITLE_SIZE)
-    ax.figure.tight_layout()
+    phases = [p for p in PHASE_COLORS if any(ring_phase(op, n, k) == p for k in range(rounds))]
+    ax.set_title(f"ring {op.replace('_', '-')} on {n} ranks: {rounds} rounds", fontsize=TITLE_SIZE)
+    legend_outside(ax, handles=[Patch(color=PHASE_COLORS[p], alpha=0.6, label=PHASE_KEYS[p]) for p in phases],
+                   labelspacing=0.8)
+    if own:
+        ax.figure.tight_layout()
     return ax.figure
 
 
@@ -145,8 +154,10 @@ class CollectivePanel(Panel):
     def draw(self) -> None:
         result, op, n = self.last_result, self.op.value, self.world_size.value
         rounds = _rounds(op, n)
-        fig, (left, right) = new_figure(min(14, 3.5 + 0.8 * rounds), 1.0 + 0.45 * n, ncols=2,
-                                        width_ratios=[max(3, rounds / 2), 1.2])
+        # the rounds on top, the bytes under them: side by side, 8 ranks' 14 rounds would not fit a screen
+        fig, _ = new_figure(max(6.5, min(14.0, 3.4 + 0.8 * rounds)), 3.6 + 0.42 * max(n, 3))
+        fig.clear()
+        left, right = fig.subplots(2, 1, height_ratios=[max(n, 3), 3.2])
         ring_schedule_figure(n, op, ax=left)
         payload = result[0]["payload_bytes"]
         expected = theory.ring_bytes_sent(op, payload, n)
@@ -154,10 +165,10 @@ class CollectivePanel(Panel):
         right.plot([-0.4, n - 0.6], [expected / 1024] * 2, color="black", lw=2, label="ring formula")
         right.plot([-0.4, n - 0.6], [payload / 1024] * 2, color="#999999", lw=1, ls="--", label="payload S")
         right.set_xticks(range(n), [f"r{r}" for r in range(n)], fontsize=LABEL_SIZE)
-        right.set_ylabel("KiB sent per rank", fontsize=LABEL_SIZE)
-        right.set_title(f"{result[0]['rounds']} rounds", fontsize=TITLE_SIZE)
-        right.set_ylim(0, 1.9 * max(expected, payload, *(r["sent_bytes"] for r in result)) / 1024)  # room for the legend
-        right.legend(fontsize=LEGEND_SIZE, loc="upper center", framealpha=0.9)
+        right.set_ylabel("KiB per rank", fontsize=LABEL_SIZE)
+        right.set_title("bytes each rank sent", fontsize=TITLE_SIZE)
+        right.set_ylim(0, 1.15 * max(expected, payload, *(r["sent_bytes"] for r in result)) / 1024)
+        legend_outside(right)
         fig.tight_layout()
         self.image.value = png(fig)
         rows = [{"rank": r["rank"], "rounds": r["rounds"], "theory rounds": _rounds(op, n),
