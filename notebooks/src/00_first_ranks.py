@@ -56,7 +56,7 @@ print(course.machine_summary(world_sizes=(1, 2, 4)))
 #   `torch.cuda.max_memory_allocated` and names the gap;
 # - **an emulated link is refused on NCCL** (it would slow the CPU thread, not the GPU
 #   stream), and the failure labs of lesson 14 run on CPU ranks on any machine (on NCCL a
-#   rank that dies leaves the others hanging: the last section below).
+#   rank that dies leaves the others hanging: "When a rank fails" below).
 #
 # ## A rank
 #
@@ -158,7 +158,7 @@ course.volume_figure(
                          "theory_N": list(range(2, 9)),
                          "theory": [theory.ring_bytes_sent("all_reduce", payload, n) for n in range(2, 9)]}},
     ylabel="bytes sent per rank", reference=(2 * payload, "2S"),
-    title="ring all-reduce of S = 6 KiB: bytes each rank sends (measured), by world size")
+    title="ring all-reduce of S = 6 KiB: bytes sent per rank")
 
 # %% [checks]
 for n, rows_n in by_world.items():
@@ -212,7 +212,7 @@ print(f"first rank to fail: {failure.rank} (exit code {failure.exitcode})")
 print("its error:", failure.traceback.strip().splitlines()[-1])
 print("ranks that failed after it, because a peer vanished:", [rank for rank, _ in failure.others])
 for rank, summary in failure.others:  # what each survivor's gloo said (addresses left out)
-    print(f"  rank {rank}:", re.sub(r"\s*\[[^\]]*\](:\d+)?", "", summary).strip()[:100])
+    print(f"  rank {rank}:", re.sub(r"\s*\[[^\]]*\](:\d+)?", "", summary).split(". ")[0].strip()[:100])
 print("processes still running:", multiprocessing.active_children())
 
 # %% [checks]

@@ -151,14 +151,7 @@ course.table([{"scaling": k, "bytes per rank ×": round(v["bytes per rank"], 3),
 
 # %%
 fit = course.fit_latency_bandwidth(points)
-fig = course.latency_bandwidth_figure(points, fit)
-ax = fig.axes[0]  # the key beside the data, plain tick labels (1, 10, 100 ms)
-ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-fig.set_size_inches(7.2, 3.2)
-fig.tight_layout()
-fig
+course.latency_bandwidth_figure(points, fit)
 
 # %% [markdown]
 # Small calls sit on the flat part of the curve: their time is rounds × α, whatever their
