@@ -284,9 +284,11 @@ assert z3["params"].transfer_bytes_per_step["h2d"] == 2 * b * shard  # a fetch b
 #   is a condition.** Each rank's reduced shard (`2Ψ/N` per micro-batch at stages 2–3) goes
 #   to the host and nothing of it stays on the device. On a GPU, DeepSpeed and zerokit copy it
 #   on a side stream from pinned memory while the backward goes on: the copy is hidden where
-#   PCIe carries a bucket's shard in less time than the backward's remaining layers take,
-#   and the last bucket's copy is exposed whatever the link. This machine has no PCIe to
-#   time: the bytes are exact, the latency is not measurable here.
+#   PCIe carries a bucket's shard in less time than the backward's remaining layers take;
+#   the last bucket's copy ends after the backward whatever the link, and the host's step
+#   waits for it (ZeRO-Offload's one-step delayed parameter update moves the host's step
+#   behind the next step's compute, at the price of updating with gradients one step old).
+#   This machine has no PCIe to time: the bytes are exact, the latency is not measurable here.
 # - **Optimizer — "fully offloaded, bandwidth-sensitive, RDMA recommended": fully offloaded,
 #   yes; the rest is misplaced.** The device holds none of it (0 B), the host `12Ψ/N` plus
 #   the step counters, and the states themselves never cross: the traffic is the gradients
