@@ -354,7 +354,7 @@ assert labels.index("HSDP (groups of 8), dp=64, checkpointing full") < labels.in
 # step, about DDP's; ZeRO-3's are 1.5 × DDP's **per micro-batch**, so at a fixed global batch
 # the fewer the GPUs, the more micro-batches each runs and the more crosses nodes. hpZ keeps
 # ZeRO-3's memory (plus the 2Ψ/8 secondary copy) and moves a third of its crossing into the
-# node. ZeRO-1 fits here too and, reducing once a step, crosses as little as HSDP; HSDP's
+# node. ZeRO-1 fits here too and, reducing once a step, crosses about as little as HSDP; HSDP's
 # sharded parameters and gradients leave more room for activations (ZeRO-2 would
 # reduce-scatter every micro-batch, A × its bytes). The advisor ranks all of them by the link
 # estimate; its first three are printed above.
@@ -412,6 +412,8 @@ assert best.bubble["fraction_of_wall_time"] > plans["ZeRO-1, tp 8 × pp 8 × dp 
 z3, hpz, hsdp = plans["ZeRO-3, dp 1024"], plans["hpZ (groups of 8), dp 1024"], plans["HSDP (groups of 8), dp 1024"]
 assert z3.fits and hpz.fits and not hsdp.fits  # 16Ψ/8 = 350 GB: a node cannot hold GPT-3's states
 assert abs(hpz.bytes_leaving_node / z3.bytes_leaving_node - 2 / 3) < 1e-9
+hsdp64 = zerokit.plan(preset="gpt3-175b", gpus=1024, strategy="hsdp", shard_group=64, micro_batches=2, checkpointing="full")
+assert hsdp64.fits and hsdp64.bytes_leaving_node > z3.bytes_leaving_node  # groups of 8 nodes: their rings cross nodes
 
 # %% [markdown]
 # Read the rows. HSDP with groups of 8 does not fit: a node would hold 16Ψ/8 = 350 GB of
