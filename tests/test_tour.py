@@ -12,7 +12,7 @@ STEPS = 4  # `zerokit tour`'s default: the runs `make tour` just made are read b
 WORLD_SIZES = [2, 4]
 LR = 1e-3  # the tour's AdamW learning rate
 SECTIONS = ["data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "pipeline", "dp×tp grid", "offload",
-            "checkpointing"]
+            "checkpointing", "context parallel", "expert parallel"]
 
 
 @pytest.fixture(scope="module")

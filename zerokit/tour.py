@@ -7,10 +7,12 @@ Lifecycle:
    ZeroRedundancyOptimizer, FSDP2, DeepSpeed when it is installed, torch TP, torch's
    pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
    ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
-   micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2.
+   micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2;
+   context parallelism at cp=2 (ring and Ulysses) and dp=2×cp=2 under zero3; expert
+   parallelism at dp=2×ep=2 and dp=4×ep=2 on the tour's GPT with a mixture of experts.
 2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
    so a row the library cannot run fails in a second, naming the row.
-3. **run**: one single-process reference, then each row launched for real; each result holds
+3. **run**: one single-process reference per model, then each row launched for real; each result holds
    rank 0's ledgers, the busiest rank's traffic and the parameters.
 4. **print** (:func:`table`): per row, model states per rank (memory ledger) next to
    ``zerokit.theory``, traffic per step (the ring cost of the collectives the communication
@@ -34,6 +36,8 @@ from .report import StrategyResult
 TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
 #: the pipeline row: its schedule and micro-batches
 PIPELINE = dict(schedule="1f1b", stages=2, micro_batches=4)
+#: the expert-parallel rows' model: the tour's GPT with a mixture of experts in every block (its own reference)
+TOUR_EXPERTS = dict(n_experts=4, top_k=2)
 #: registered strategies the tour leaves out, and why; any other strategy must have a row (tests/test_tour.py)
 NOT_IN_TOUR = {
     "single": "the reference every row is held against",
@@ -57,11 +61,15 @@ class Row:
     micro_batches: int = 1
     #: a peer's row: the zerokit strategy it mirrors (printed under it)
     peer: bool = False
+    #: the row's model when it is not the tour's GPT: "experts" (:data:`TOUR_EXPERTS`)
+    model: str = "gpt"
 
     @property
     def layout(self) -> str:
         shape = self.parallel or {"dp": self.world_size}
-        return "×".join(str(shape.get(axis, 1)) for axis in ("dp", "tp", "pp"))
+        axes = ("dp", "tp", "pp") + tuple(a for a in ("cp", "ep") if shape.get(a, 1) > 1)
+        return "×".join(f"{shape.get(axis, 1)}" if axis in ("dp", "tp", "pp") else f"{axis}{shape[axis]}"
+                        for axis in axes)
 
     @property
     def label(self) -> str:
@@ -104,6 +112,11 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
     add("offload", "zero3", ["fsdp2-zero3-offload"], 2, options={"offload": "params"})
     rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "every"}))
     rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "torch-every"}, peer=True))
+    for attention in ("ring", "ulysses"):
+        add("context parallel", "ddp", [], 2, parallel={"cp": 2}, options={"cp_attention": attention})
+    add("context parallel", "zero3", [], 4, parallel={"dp": 2, "cp": 2}, options={"cp_attention": "ring"})
+    rows.append(Row("expert parallel", "ddp", 2, parallel={"dp": 2, "ep": 2}, model="experts"))
+    rows.append(Row("expert parallel", "ddp", 4, parallel={"dp": 4, "ep": 2}, model="experts"))
     return rows
 
 
@@ -111,11 +124,14 @@ def plan(rows: List[Row], workload, steps: int) -> list:
     """``[(row, job), …]``: every row checked (ValueError naming the row) before any process starts."""
     from .job import make_job
 
+    from .workloads import tiny_gpt
+
+    models = {"gpt": workload, "experts": tiny_gpt(**TOUR_WORKLOAD, **TOUR_EXPERTS)}
     jobs = []
     for row in rows:
         try:
-            job = make_job(workload, row.strategy, row.world_size, steps, "fp32", "adamw", 1e-3, row.micro_batches,
-                           dict(row.options), parallel=row.parallel)
+            job = make_job(models[row.model], row.strategy, row.world_size, steps, "fp32", "adamw", 1e-3,
+                           row.micro_batches, dict(row.options), parallel=row.parallel)
         except ValueError as e:
             raise ValueError(f"tour row {row.section} / {row.strategy} on {row.layout}: {e}") from e
         jobs.append((row, job))
@@ -127,11 +143,16 @@ def run(jobs: list, timeout_s: float, progress=None) -> tuple:
     from .runtime.errors import RankFailed, RankTimeout
     from .train import reference_device, run_job, run_reference
 
-    reference = run_reference(jobs[0][1], reference_device(None, max(row.world_size for row, _ in jobs)))
+    device = reference_device(None, max(row.world_size for row, _ in jobs))
+    references = {}  # one single-process run per model
+    for row, job in jobs:
+        if row.model not in references:
+            references[row.model] = run_reference(job, device)
+    reference = references[jobs[0][0].model]
     results = []
     for row, job in jobs:
         try:
-            result = run_job(job, row.world_size, reference, timeout_s=timeout_s)
+            result = run_job(job, row.world_size, references[row.model], timeout_s=timeout_s)
         except (RankFailed, RankTimeout) as e:
             e.strategy, e.world_size = f"tour row {row.section} / {row.strategy} on {row.layout}", row.world_size
             raise
@@ -158,7 +179,7 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
         return (f"bubble {bubble:.2f} measured (a rank waiting for a CPU core counts as idle), "
                 f"{simulate(sched).bubble_fraction:.2f} simulated (t_b = 2·t_f), (p−1)/(m+p−1) = "
                 f"{theory.bubble_fraction(p, m):.2f}")
-    if row.section == "dp×tp grid" and rank0.comm_bytes_by_axis:
+    if row.section in ("dp×tp grid", "context parallel", "expert parallel") and rank0.comm_bytes_by_axis:
         theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
         return "by axis, ledger / theory KiB/step: " + ", ".join(
             f"{axis} {_kib(v['ring_cost_bytes'])} / {_kib(theory_by_axis.get(axis))}"
@@ -190,9 +211,9 @@ def table(results: list, steps: int) -> str:
     """The tour's table: one line per row, and under a row what it is there to show (the module's docstring
     says what each column is)."""
     width = max(len(row.label) for row, _ in results) + 2
-    header = (f"{'parallelism':<16}{'strategy':<{width}}{'dp×tp×pp':<10}{'states KiB':>21}{'traffic KiB/step':>21}"
+    header = (f"{'parallelism':<18}{'strategy':<{width}}{'dp×tp×pp':<12}{'states KiB':>21}{'traffic KiB/step':>21}"
               f"{'|Δp| vs':>10}")
-    kinds = (f"{'':<16}{'':<{width}}{'':<10}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
+    kinds = (f"{'':<18}{'':<{width}}{'':<12}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
              f"{'single':>10}")
     lines = [header, kinds, "-" * len(header)]
     ddp_at_2 = next((r for row, r in results if row.strategy == "ddp" and row.world_size == 2 and not row.options),
@@ -206,12 +227,12 @@ def table(results: list, steps: int) -> str:
         diff = "—" if r.max_abs_param_diff is None else f"{r.max_abs_param_diff:.1e}"
         name = row.section if row.section != section else ""
         section = row.section
-        lines.append(f"{name:<16}{row.label:<{width}}{row.layout:<10}{_kib(states):>10} "
+        lines.append(f"{name:<18}{row.label:<{width}}{row.layout:<12}{_kib(states):>10} "
                      f"{_kib(rank0.theory_model_states['total']):>10}{_kib(traffic):>10} {_kib(traffic_theory):>10}"
                      f"{diff:>10}")
         note = _notes(row, r, steps, ddp_at_2)
         if note:
-            lines.append(f"{'':<16}{'    ' if row.peer else '  '}{note}")
+            lines.append(f"{'':<18}{'    ' if row.peer else '  '}{note}")
     return "\n".join(lines)
 
 
