@@ -287,10 +287,11 @@ fig
 #
 # - **HSDP** (FSDP2's `fully_shard(model, mesh=init_device_mesh("cuda", (nodes, 8),
 #   mesh_dim_names=("replicate", "shard")))`; DeepSpeed's MiCS, `mics_shard_size`): ZeRO-3
-#   inside each group of g GPUs (a node), the groups replicas of each other. Gathers and
+#   inside each group of g GPUs (a node); the groups are replicas of each other. Gathers and
 #   reduce-scatters stay in the node; rank j of every node then holds the same gradient shard
-#   j, and those ranks all-reduce it across nodes — 2(r−1)/r·Ψb/g per GPU, once a step. Memory:
-#   16Ψ/g with Adam, not 16Ψ/N.
+#   j, and those ranks all-reduce it across nodes — 2(r−1)/r·Ψb/g per GPU, once a step (FSDP2
+#   all-reduces after every micro-batch unless `set_requires_all_reduce(False)` skips all but
+#   the last; the planner assumes it does). Memory: 16Ψ/g with Adam, not 16Ψ/N.
 # - **hpZ** (ZeRO++, `zero_hpz_partition_size: 8`): ZeRO-3 over all N, plus a **secondary
 #   copy** of the 16-bit parameters sharded over the node (2Ψ/g more per GPU), kept from the
 #   forward gather; the backward gather reads it inside the node. One of ZeRO-3's three
