@@ -106,7 +106,7 @@ def test_timeline_panel_reruns_when_the_bucket_slider_moves(work, capsys):
     assert small.ranks[0].comm_sent_bytes_per_step is None  # gloo ran it: nothing counted the wire
     assert picture(panel).startswith(PNG) and picture(panel) != first
     assert set(panel.last_exposed_s) == {0, 1} and all(s >= 0 for s in panel.last_exposed_s.values())
-    assert "exposed ms/step" in panel.details.value
+    assert "exposed − wait ms/step" in panel.details.value and "straggler wait" in panel.details.value
     assert "ring cost B/step (formula on measured payload)" in panel.details.value
 
     panel.strategy.value = "ddp-bucketed"  # has no overlap option: its checkbox is disabled

@@ -125,7 +125,10 @@ class MemoryLedger:
     def watch_activations(self) -> Iterator[None]:
         """Count tensors saved for backward inside the block until autograd frees them."""
         def pack(t):
-            holder = _Saved(t)
+            # detached: the same storage, without the grad_fn that holds this very holder — a saved output kept
+            # with its grad_fn would make a cycle through autograd's C++ nodes that no collector frees, and a
+            # graph kept by retain_graph=True (ZB-H1's split backward) would then never be freed
+            holder = _Saved(t.detach())
             self._saved.append(weakref.ref(holder))
             return holder
 
