@@ -14,6 +14,13 @@
 # parallelism replacing them by all-gathers and reduce-scatters of the same bytes; torch's
 # own tensor parallelism side by side; and each rank's model states next to
 # `theory.tp_model_state_bytes`.
+#
+# **Time:** about 25 min to read and run (the run itself: 6 s on a 2-core laptop) ·
+# **Needs:** lessons 01 (all-reduce, reduce-scatter, all-gather on a ring) and 02 (model states
+# and activations), nothing else ·
+# **After it you can answer:** *Why column-parallel first and row-parallel second?* · *How many
+# bytes does tensor parallelism send per layer?* · *What does sequence parallelism change?* ·
+# *What does a rank hold under tensor parallelism, and why does t stay within a node?*
 
 # %%
 %matplotlib inline
@@ -82,7 +89,7 @@ course.table([{k: v for k, v in got.items() if k != "collectives"} for got in pa
 course.table([{"rank": got["rank"], "phase": phase, "op": op, "tag": tag, "elements": numel,
                "= b·s·h": numel == B * S * H} for got in pair for phase, op, tag, numel in got["collectives"]])
 
-# %%
+# %% [checks]
 for got in pair:
     assert got["max |Z − Z_ref|"] <= 1e-5 and got["max |dX − dX_ref|"] <= 1e-5 and got["max |dW − dW_ref|"] <= 1e-5
     assert got["A shard"] == (4 * H // T, H) and got["B shard"] == (H, 4 * H // T)
@@ -104,7 +111,24 @@ for got in pair:
 # (`tp.tiny_gpt_plan`): attention and MLP as above, a vocabulary-parallel embedding (a g in
 # forward), a vocabulary-parallel head (an f) and a cross-entropy that never gathers the
 # logits (three all-reduces of `b·s` numbers: the max, the sum of exponentials, the target's
-# logit). Trained next to one process, with SGD, fp32, and with sequence parallelism:
+# logit). Trained next to one process, with SGD, fp32, and with sequence parallelism.
+#
+# The bytes below are the **ring cost**: the ring formula applied to the payloads the ledger
+# measured, since gloo's all-reduce is not a ring and nothing counts its wire (lesson 01, [Why
+# gloo's times are not a ring's](01_collectives.ipynb#Why-gloo's-times-are-not-a-ring's)).
+#
+# **Predict before you run.** Sequence parallelism replaces each of a layer's 4 all-reduces by
+# an all-gather and a reduce-scatter. Per layer, will its ring cost be larger, smaller or the
+# same as plain tensor parallelism's — and how many calls will the ledger count?
+#
+# <details><summary>Answer</summary>
+#
+# The same bytes in twice the calls: in the table below each `blocks.i` row has the same ring
+# cost with and without sequence parallelism, equal to the `8·b·s·h·(t−1)/t` column, in 4 calls
+# (all-reduce) or 8 (all-gather + reduce-scatter). A ring all-reduce *is* a reduce-scatter then an
+# all-gather, so splitting it moves no extra byte.
+#
+# </details>
 
 # %%
 SGD = dict(optimizer="sgd", lr=0.1)
@@ -131,7 +155,7 @@ rows = []
 for sp, result in runs.items():
     for where, row in per_layer(result.ranks[0]).items():
         rows.append({"sequence_parallel": sp, "where": where, "calls": row["calls"], "ops": ", ".join(sorted(row["ops"])),
-                     "ring cost B (measured)": row["ring cost B"],
+                     "ring cost B (formula on measured payload)": row["ring cost B"],
                      "theory 8·b·s·h·(t−1)/t ·4 B": per_layer_theory if where.startswith("blocks.") else ""})
 course.table(rows)
 
@@ -148,11 +172,11 @@ replicated_sp = S * H + (4 * L + 2) * H + 2 * L * H   # positions, LayerNorms, r
 formula = {sp: theory.tp_comm_bytes_per_step(B * S, (4 * L + 2) * H, T, 4, loss_reductions=3,
                                              sequence_parallel_numel=replicated_sp if sp else 0) for sp in (False, True)}
 course.table([{"sequence_parallel": sp, "param diff vs one process": result.param_diff["max_abs"],
-               "ring cost B/step (measured)": result.ranks[0].comm_bytes_by_axis["tp"]["ring_cost_bytes"],
+               "ring cost B/step (formula on measured payload)": result.ranks[0].comm_bytes_by_axis["tp"]["ring_cost_bytes"],
                "theory.tp_comm_bytes_per_step": formula[sp],
                "calls/step": result.ranks[0].comm_bytes_by_axis["tp"]["calls"]} for sp, result in runs.items()])
 
-# %%
+# %% [checks]
 for sp, result in runs.items():
     assert result.param_diff["max_abs"] <= 1e-6  # the same training as one process
     for rank in result.ranks:
@@ -177,19 +201,20 @@ for sp, result in runs.items():
 # by t.
 
 # %%
-fig, ax = course.new_figure(8, 3.2)
+fig, ax = course.new_figure(10, 3.6)
 wheres = list(dict.fromkeys([*per_layer(runs[False].ranks[0]), *per_layer(runs[True].ranks[0])]))
 width = 0.38
 for i, (sp, color) in enumerate(((False, "#4C72B0"), (True, "#DD8452"))):
     layer = per_layer(runs[sp].ranks[0])
     ax.bar(np.arange(len(wheres)) + (i - 0.5) * width, [layer.get(w, {"ring cost B": 0})["ring cost B"] / 1024
                                                          for w in wheres],
-           width, color=color, label="sequence parallel: all-gather + reduce-scatter" if sp else "tp: all-reduce")
-ax.axhline(per_layer_theory / 1024, color="#333333", ls="--", lw=1, label="8·b·s·h·(t−1)/t per layer (fp32)")
-ax.set_xticks(range(len(wheres)), [w.replace("_", " ") for w in wheres], fontsize=7, rotation=12)
-ax.set_ylabel("KiB sent per step (ring cost)")
-ax.set_title(f"rank 0, t = {T}: traffic per layer and at the edges, measured", fontsize=9)
-ax.legend(fontsize=7)
+           width, color=color, label="sequence parallel:\nall-gather + reduce-scatter" if sp else "tp: all-reduce")
+ax.axhline(per_layer_theory / 1024, color="#333333", ls="--", lw=1, label="8·b·s·h·(t−1)/t per layer\n(fp32, theory)")
+ax.set_xticks(range(len(wheres)), [w.replace("_", "\n", 2) if not w.startswith("blocks.") else w for w in wheres],
+              fontsize=9)
+ax.set_ylabel("KiB per step (ring cost)")
+ax.set_title(f"rank 0, t = {T}: traffic per layer and at the edges (ring formula on measured payloads)", fontsize=10)
+course.figures.legend_outside(ax, fontsize=9)
 fig.tight_layout()
 fig
 
@@ -198,8 +223,13 @@ fig
 #
 # `torch-tp` runs the same plan through `torch.distributed.tensor.parallel`
 # (`ColwiseParallel`, `RowwiseParallel` on a DeviceMesh). Both train the same model as one
-# process. The difference is at the head: torch gathers the logits whole (`b·s·V`) for the
-# loss, zerokit's vocabulary-parallel cross-entropy exchanges three numbers per token.
+# process. The difference is at the head. zerokit's `torch-tp` gives the head
+# `ColwiseParallel(output_layouts=Replicate())`, the plain plan: the logits are gathered whole
+# (`b·s·V`) before a plain cross-entropy. zerokit's `tp` keeps them split and exchanges three
+# numbers per token, as Megatron's vocabulary-parallel cross-entropy does; torch offers the same
+# with its `loss_parallel()` context (logits left sharded, `Shard(-1)`), which needs the loss
+# computed inside that context — zerokit's loop computes it outside the strategy, so its
+# `torch-tp` gathers: zerokit's choice, not a limit of torch.
 
 # %%
 side = compare(work, T, ["single", "tp", "torch-tp"], steps=3, parallel={"dp": 1, "tp": T}, **SGD)
@@ -209,7 +239,7 @@ course.table([{"strategy": name, "param diff vs one process": side[name].param_d
                "ops": ", ".join(sorted({row["op"] for row in side[name].ranks[0].comm_summary
                                         if row["axis"] == "tp"}))} for name in ("tp", "torch-tp")])
 
-# %%
+# %% [checks]
 for name in ("tp", "torch-tp"):
     assert side[name].param_diff["max_abs"] <= 1e-6, name
 assert side["tp"].ranks[0].comm_bytes_by_axis["tp"]["payload_bytes"] < \
@@ -234,12 +264,12 @@ for t in (2, 4):
                                            optimizer_tensors=tensors)
     measured_states[t] = ([rank.model_state_bytes for rank in report.result.ranks], expected)
     rows.append({"t": t, "sharded elements": counts["sharded"], "replicated elements": counts["replicated"],
-                 "per rank elements": counts["per_rank"], "measured B (rank 0)": sum(report.result.ranks[0].model_state_bytes.values()),
+                 "measured B (rank 0)": sum(report.result.ranks[0].model_state_bytes.values()),
                  "theory B": expected.params + expected.grads + expected.optimizer,
                  "unsharded 16Ψ B (fp32 AdamW)": 16 * psi})
 course.table(rows)
 
-# %%
+# %% [checks]
 for t, (ranks, expected) in measured_states.items():
     for states in ranks:
         assert states == {"params": expected.params, "grads": expected.grads, "optimizer": expected.optimizer}
@@ -247,8 +277,10 @@ for t, (ranks, expected) in measured_states.items():
 # %% [markdown]
 # Tensor parallelism divides the *sharded* part by t, never the replicated rest — and, unlike
 # ZeRO, it divides the **compute** and the activations inside the f/g regions too. Its price
-# is on the critical path: the all-reduces sit between layers and nothing can compute while
-# g waits, which is why it stays inside a node (NVLink) and t rarely exceeds 8.
+# is on the critical path: the all-reduces sit between layers, and the next layer cannot start
+# until g's sum has arrived, so each step waits for them wherever the link is slow next to the
+# compute. That is why Megatron keeps t within a node, on NVLink (t ≤ 8 on an 8-GPU node), and
+# crosses nodes with pipeline or data parallelism.
 #
 # ## Try it
 #
@@ -303,3 +335,9 @@ course.CollectivePanel(ops=("all_reduce", "reduce_scatter", "all_gather"), world
 #    total; it saves the LayerNorm/dropout activations and compute (the bars).
 #
 #    </details>
+
+# %% [markdown]
+# **Exercise:** [exercises/07_megatron_mlp.ipynb](../exercises/07_megatron_mlp.ipynb) — the
+# column-then-row MLP with its f and g, written by you, graded by `zerokit grade 07` ·
+# **Next:** [lesson 08 — pipeline parallelism: schedules as data, the bubble, and 1F1B's
+# memory](08_pipeline_parallel.ipynb)
