@@ -16,7 +16,7 @@
 # over the loopback interface. On a machine with a GPU per rank, the same cells run on
 # **NCCL** unchanged.
 #
-# **Time:** about 15 min to read and run (the run itself: about 6 s on a 2-core laptop) ·
+# **Time:** about 15 min to read and run (the run itself: about 5 s on a 2-core laptop) ·
 # **Needs:** Python and `make lab` (the repository's README), nothing else ·
 # **After it you can answer:** *What are a rank, a process group and a collective?* · *How
 # many bytes does each rank send to all-reduce a tensor on a ring?* · *One rank dies: what
@@ -292,5 +292,6 @@ course.CollectivePanel(ops=("all_reduce",), world_sizes=(2, 3, 4, 6, 8), payload
 
 # %% [markdown]
 # **Exercise:** none of its own — [exercises/01_ring_allreduce.ipynb](../exercises/01_ring_allreduce.ipynb),
-# after lesson 01, writes the ring all-reduce this lesson ran, graded by `zerokit grade 01` ·
+# after lesson 01, writes the ring all-reduce this lesson ran, graded by
+# `zerokit grade exercises/01_ring_allreduce.ipynb` ·
 # **Next:** [lesson 01 — collectives: all-reduce = reduce-scatter + all-gather](01_collectives.ipynb)

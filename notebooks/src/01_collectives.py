@@ -396,5 +396,5 @@ course.CollectivePanel(world_sizes=(2, 3, 4, 6, 8), payload_kib=(4, 64, 1024))
 
 # %% [markdown]
 # **Exercise:** [exercises/01_ring_allreduce.ipynb](../exercises/01_ring_allreduce.ipynb) — the
-# ring all-reduce from send/recv, graded by `zerokit grade 01` · **Next:** [lesson 02 — anatomy
-# of training memory](02_training_memory.ipynb)
+# ring all-reduce from send/recv, graded by `zerokit grade exercises/01_ring_allreduce.ipynb` ·
+# **Next:** [lesson 02 — anatomy of training memory](02_training_memory.ipynb)

@@ -190,5 +190,6 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 
 # %% [markdown]
 # **Exercise:** [exercises/04_zero1.ipynb](../exercises/04_zero1.ipynb) — a ZeRO-1 step
-# (reduce-scatter, step the own shard, all-gather), graded by `zerokit grade 04` ·
+# (reduce-scatter, step the own shard, all-gather), graded by
+# `zerokit grade exercises/04_zero1.ipynb` ·
 # **Next:** [lesson 05 — ZeRO-2](05_zero2.ipynb)

@@ -790,5 +790,5 @@ for row in claims + follow_ups:
 # %% [markdown]
 # **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — predict the
 # number (bytes per rank, traffic per step, a bubble) before the grader runs it, as in the
-# room, graded by `zerokit grade 09` · **Next:** [lesson 13 — your own model: one line from
-# DDP to ZeRO-3](13_own_model.ipynb)
+# room, graded by `zerokit grade exercises/09_predict.ipynb` · **Next:** [lesson 13 — your own
+# model: one line from DDP to ZeRO-3](13_own_model.ipynb)
