@@ -24,6 +24,7 @@ MODULES = {
     "12_checkpoint_policy": "checkpoint_policy",
     "13_zero3_prefetch": "zero3_prefetch",
     "14_interleaved_1f1b": "interleaved_1f1b",
+    "15_ring_attention": "ring_attention",
 }
 KEYS = tuple(MODULES)
 
