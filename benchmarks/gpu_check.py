@@ -26,7 +26,9 @@ On one GPU (one rank on the CPU with ``--dry``):
   where, next to ``zerokit.theory.step_transients`` (``n/a`` without CUDA).
 
 On 2 GPUs (2 gloo ranks with ``--dry``; ``skip`` with fewer GPUs), each with ``heartbeat_s`` so a
-deadlock fails in a minute instead of hanging: ddp (overlap on/off, ``algorithm="ring"``), zero1,
+deadlock fails in a minute instead of hanging: context parallelism at cp=2 (ring attention's
+``batch_isend_irecv`` and Ulysses' all-to-all on NCCL) and expert parallelism at dp=2×ep=2 (the uneven
+all-to-all of dispatch and combine), each with its bytes per axis equal to the theory; ddp (overlap on/off, ``algorithm="ring"``), zero1,
 zero2, zero2 ``overlap_comm``, zero3, zero3 ``prefetch``, offload on 2 ranks, zero3
 ``offload="params"`` with ``param_persistence_threshold``, tp=2 with sequence parallelism, the four
 pipeline schedules at pp=2 (one micro-batch's boundary activation ≥ 16 MiB on the GPU), dp×tp×pp
@@ -76,6 +78,9 @@ SIZES = {
             dict(vocab=32000, seq_len=1024, d_model=2048, n_layer=20, n_head=16, batch_size=4)),
     "memory": (dict(vocab=128, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=4),
                dict(vocab=32000, seq_len=512, d_model=1024, n_layer=8, n_head=16, batch_size=8)),
+    # expert parallelism: the gpt with a mixture of 4 experts, top-2, in every block
+    "moe": (dict(vocab=128, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=4, n_experts=4, top_k=2),
+            dict(vocab=4096, seq_len=256, d_model=256, n_layer=4, n_head=4, batch_size=8, n_experts=4, top_k=2)),
 }
 MICRO = 4  # the pipelines' micro-batches
 #: dense bf16 peak FLOP/s by device name (first match)
@@ -342,6 +347,14 @@ def multi(strategy: str, world: int = 2, name: str = "gpt", **kw):
         if fields["blocked_s"] <= 0:
             raise AssertionError("no time blocked in any collective: the blocked-time measurement is broken")
         extra = ""
+        if "cp" in kw.get("parallel", {}) or "ep" in kw.get("parallel", {}):  # NCCL's send/recv and all-to-all
+            for rank in result.ranks:
+                measured = {a: row["ring_cost_bytes"] for a, row in rank.comm_bytes_by_axis.items()}
+                formula = rank.theory_comm_bytes_by_axis
+                if set(measured) != set(formula) or any(abs(measured[a] - formula[a]) > 0.5 for a in formula):
+                    raise AssertionError(f"rank {rank.rank}: bytes per axis {measured} != theory {formula}")
+            fields["bytes_by_axis"] = measured
+            extra = "; bytes per axis = theory (" + ", ".join(f"{a} {mib(v)}" for a, v in sorted(measured.items())) + ")"
         if name == "pipe":  # fp32 activations of one micro-batch on this rank's share of the batch
             s, dp = size("pipe"), kw["parallel"].get("dp", 1)
             fields["boundary_bytes"] = s["batch_size"] // dp // kw["micro_batches"] * s["seq_len"] * s["d_model"] * 4
@@ -471,6 +484,9 @@ CHECKS = [
     ("tp=2 sequence parallel", multi("tp", parallel={"tp": 2}, sequence_parallel=True)),
     *[(f"pp=2 {s}", pipeline(s)) for s in ("gpipe", "1f1b", "interleaved", "zb-h1")],
     ("dp×tp×pp 2×2×2", multi("zero1", 8, "pipe", parallel={"dp": 2, "tp": 2, "pp": 2}, micro_batches=2)),
+    ("cp=2 ring attention", multi("ddp", parallel={"cp": 2}, cp_attention="ring")),
+    ("cp=2 Ulysses", multi("ddp", parallel={"cp": 2}, cp_attention="ulysses")),
+    ("dp×ep 2×2 mixture of experts", multi("ddp", 2, "moe", parallel={"dp": 2, "ep": 2})),
     ("checkpoint round trip", checkpoint_round_trip),
     ("own loop under torchrun", own_loop),
 ]
