@@ -169,9 +169,9 @@ for n, rows_n in by_world.items():
 # %% [markdown]
 # ## When a rank fails
 #
-# A collective waits for every rank. So if rank 1 raises before it reaches the all-reduce,
-# ranks 0 and 2 are left waiting for a peer that will never come. What happens next depends
-# on the backend:
+# A collective waits for every rank. So if, after a first step that all three ranks complete,
+# rank 1 raises before it reaches the next all-reduce, ranks 0 and 2 are left waiting for a
+# peer that will never come. What happens next depends on the backend:
 #
 # - **gloo** (here): its peers talk over TCP sockets, and when rank 1's process exits the
 #   kernel closes its sockets; ranks 0 and 2, blocked in the all-reduce, see the connection
@@ -197,6 +197,7 @@ for n, rows_n in by_world.items():
 # %%
 def fails_on_rank_1(ctx):
     x = torch.ones(4, device=ctx.device)
+    zerokit.comm.all_reduce(x)  # a first step that every rank completes
     if ctx.rank == 1:
         raise ValueError("rank 1 found a bad batch")
     zerokit.comm.all_reduce(x)  # ranks 0 and 2 wait here for rank 1
