@@ -79,7 +79,7 @@ class MoEMLP(nn.Module):
         self.experts = nn.ModuleDict({str(e): Expert(d_model) for e in range(n_experts)})
         self.group = None
         #: measured in the last forward: routed slots per expert (global index), dropped slots, the aux loss
-        self.tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)
+        self.tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)  # host: a count the run reports
         self.dropped = 0
         self.aux = None
         #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
