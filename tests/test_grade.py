@@ -338,3 +338,14 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert "which exercise" in capsys.readouterr().err
     assert main(["grade", "--list"]) == 0
     assert "09_predict" in capsys.readouterr().out
+    assert main(["grade", "99"]) == 2 and "no such file or folder: 99" in capsys.readouterr().err
+
+
+def test_cli_grades_an_exercise_by_its_number_as_the_lessons_write_it(capsys, monkeypatch):
+    """A lesson's closing cell says `zerokit grade 07`: from the repository root, exercises/07_*.ipynb (the
+    untouched exercise fails its checks, exit 1; a number that names no exercise is a usage error, exit 2)."""
+    from zerokit.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["grade", "07"]) == 1
+    assert "07_megatron_mlp" in capsys.readouterr().out

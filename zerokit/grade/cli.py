@@ -1,7 +1,8 @@
 """``zerokit grade``: grade exercises from the shell — one submission, many, or a class's folder as one table.
 
 Lifecycle: :func:`add_grade_command` puts the ``grade`` subcommand on ``zerokit``'s parser;
-:func:`cmd_grade` expands each PATH (a folder: every notebook and ``.py`` under it), grades
+:func:`cmd_grade` expands each PATH (a folder: every notebook and ``.py`` under it; a bare number
+``06``: ``exercises/06_*.ipynb``, as the lessons' closing cells write it), grades
 each submission with :func:`zerokit.grade.grade`, prints every report in full, or with
 ``--table`` one row per submission (a workshop teacher's view), or ``--json``. The exit
 status is 0 only when every check of every submission passed, 1 otherwise, 2 for bad
@@ -30,6 +31,15 @@ def _list_exercises() -> str:
     return "\n".join(lines)
 
 
+def _by_number(text: str):
+    """``zerokit grade 06``: the exercise numbered 06 in ./exercises (where a lesson's closing cell sends you), when no
+    file or folder of that name exists; None otherwise."""
+    if Path(text).exists() or not (text.isdigit() and len(text) <= 2):
+        return None
+    found = sorted(Path("exercises").glob(f"{int(text):02d}_*.ipynb"))
+    return found[0] if found else None
+
+
 def cmd_grade(args) -> int:
     from . import grade, grade_folder, class_table
     from .exercises import get
@@ -52,7 +62,7 @@ def cmd_grade(args) -> int:
         raise _usage_error(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     reports = []
     for text in args.paths:
-        path = Path(text)
+        path = _by_number(text) or Path(text)
         if not path.exists():
             raise _usage_error(f"grade: no such file or folder: {text}")
         try:
@@ -80,7 +90,8 @@ def add_grade_command(sub) -> None:
                            description="Grade exercise submissions on gloo ranks, check by check; exit status 0 "
                                        "only when every check passes.")
     grade.add_argument("paths", nargs="*", metavar="PATH",
-                       help="a notebook (.ipynb) or .py file, or a folder: every submission under it")
+                       help="a notebook (.ipynb) or .py file, a folder (every submission under it), or an exercise's "
+                            "number (06: exercises/06_*.ipynb)")
     grade.add_argument("--exercise", metavar="NN",
                        help="the exercise (e.g. 03 or 03_bucketed_ddp); default: from the file name")
     grade.add_argument("--check", action="append", metavar="NAME", help="grade only this check (repeatable)")
