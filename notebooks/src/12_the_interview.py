@@ -723,6 +723,18 @@ for row in claims + follow_ups:
 # again in backward). What it lowers is memory, not traffic. It does not shard activations,
 # so checkpointing or TP still matter.
 #
+# **The other two axes.** Activations grow with the sequence, not the parameters: at long
+# context they run out first, and context parallelism cuts the sequence over cp ranks
+# (activations ÷ cp), attention reaching the other ranks' keys by a ring of key/value blocks
+# (`2(cp−1)·|K|` forward per layer, overlapped with the blocks' compute) or by Ulysses'
+# all-to-alls to heads and back (four each way; cp ≤ heads); the causal mask needs zig-zag
+# chunks to keep the ranks' work equal (lesson 15). A mixture of experts multiplies the
+# parameters without the compute: each token visits k of E experts, and expert parallelism
+# spreads the experts over ep ranks carved from dp (expert states ÷ ep), moving tokens by two
+# all-to-alls per layer (`T·k·d·b` each way) instead of activations' all-reduces; the dense
+# weights still reduce over dp, the experts' over the ranks holding the same ones (lesson 16).
+# Five axes, one mesh: tp inside a node, cp and ep next, dp (with ZeRO) and pp across nodes.
+#
 # **In practice.** Memory first: DDP or ZeRO-1/2 while the model fits, ZeRO-3 or offload when
 # it doesn't; TP inside a node when a layer or the activations are too large; PP across nodes
 # with many micro-batches; ZeRO-1 on the data-parallel axis of a 3-D mesh (DeepSpeed refuses
