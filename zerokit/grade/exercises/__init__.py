@@ -25,6 +25,7 @@ MODULES = {
     "13_zero3_prefetch": "zero3_prefetch",
     "14_interleaved_1f1b": "interleaved_1f1b",
     "15_ring_attention": "ring_attention",
+    "16_moe_dispatch": "moe_dispatch",
 }
 KEYS = tuple(MODULES)
 

@@ -1,0 +1,121 @@
+"""Exercise 16 (MoE dispatch and combine): the solution and zerokit's own all-to-all pass every check, and each
+planted wrong answer fails the check that names it, in a learner's words.
+
+One launch: the solution and its wrong variants are loaded as submissions, and both ranks run the exercise's
+scenario on each in turn (the grader's seed for each, as ``zerokit.grade.core`` does); each check then judges
+each submission's measurements. Every wrong answer here gives wrong numbers, never an error or a hang, so the
+variants share the ranks. (``tests/test_grade.py`` grades the solution and the untouched exercise through
+``zerokit.grade``.)
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from zerokit.grade import core, loader
+from zerokit.grade.exercises import get
+from zerokit.runtime.launch import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "16_moe_dispatch"
+
+EVERY_SLOT_DISPATCH = '''    n, k, me = dist.get_world_size(group), chosen.shape[1], dist.get_rank(group)
+    expert, slots = chosen.reshape(-1), chosen.numel()
+    rows = AllToAll.apply(x.repeat_interleave(k, dim=0).repeat(n, 1), [slots] * n, [slots] * n, group)
+    ids = AllToAll.apply(expert.to(x.dtype)[:, None].repeat(n, 1), [slots] * n, [slots] * n, group)[:, 0].long()
+    keep = (owner(ids, n_experts, n) == me).nonzero().flatten()
+    return rows[keep], ids[keep], {"keep": keep, "slots": slots, "k": k}
+'''
+EVERY_SLOT_COMBINE = '''    n = dist.get_world_size(group)
+    full = out.new_zeros((n * plan["slots"], out.shape[1])).index_copy(0, plan["keep"], out)
+    back = AllToAll.apply(full, [plan["slots"]] * n, [plan["slots"]] * n, group)
+    slots = back.view(n, plan["slots"], -1).sum(0)
+    return (slots * gates.reshape(-1, 1)).view(-1, plan["k"], slots.shape[-1]).sum(dim=1)
+'''
+
+#: wrong answer -> ([(old, new) edits of the solution; old "dispatch"/"combine": that function's solution block],
+#: the check that must fail, words its message holds)
+WRONG = {
+    "combine without the gates": (
+        [("    weighted = slots * gates.reshape(-1, 1).to(slots.dtype)\n", "    weighted = slots\n")],
+        "same-outputs", "without the gates"),
+    "rows not restored to token order": (
+        [('    slots = torch.empty_like(back).index_copy(0, plan["order"], back)      # slot (token) order again\n',
+          "    slots = back\n")],
+        "same-outputs", "not restored to token order"),
+    "rows detached before the all-to-all": (
+        [("x.repeat_interleave(k, dim=0)[order], send", "x.repeat_interleave(k, dim=0)[order].detach(), send")],
+        "same-gradients", "only the router's part"),
+    "ids sent in token order, rows sorted": (
+        [("    ids = AllToAll.apply(expert[order].to(x.dtype)[:, None]", "    ids = AllToAll.apply(expert.to(x.dtype)[:, None]")],
+        "dispatch", "wrong experts"),
+    "every slot to every rank": (
+        [("dispatch", EVERY_SLOT_DISPATCH), ("combine", EVERY_SLOT_COMBINE)],
+        "bytes", "every slot went to every rank"),
+}
+
+#: zerokit's own exchange (zerokit.expert_parallel.alltoall) in place of the learner's: it must pass too
+LIBRARY = '''
+from zerokit.expert_parallel.alltoall import counts_exchange as _counts, exchange as _exchange
+
+
+def exchange_counts(send_counts, group=None):
+    return _counts(send_counts, group, torch.device("cpu"))
+
+
+class AllToAll:
+    apply = staticmethod(lambda rows, send, recv, group: _exchange(rows, send, recv, group, "moe"))
+'''
+
+
+def _edited(source: str, edits) -> str:
+    text = source
+    for old, new in edits:
+        if old in ("dispatch", "combine"):  # the function's whole solution block
+            block = re.search(rf"(?ms)^def {old}\(.*?# BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*# END SOLUTION", text)
+            old = block.group(1)
+        assert text.count(old) == 1, f"the edit's text {old[:60]!r} is not in the solution once"
+        text = text.replace(old, new)
+    return text
+
+
+def _entry(ctx, fn, namespaces):
+    """Every rank: the scenario on each submission in turn, each with the grader's seed and probe."""
+    from zerokit.grade import probe as probe_module
+
+    probe = probe_module.install()
+    out = {}
+    for name, ns in namespaces.items():
+        torch.manual_seed(0)
+        probe.reset()
+        out[name] = fn(ctx, ns, probe)
+    return out
+
+
+def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path):
+    source = (ROOT / "solutions" / f"{KEY}.py").read_text()
+    variants = {"solution": source, "library": source + LIBRARY,
+                **{what: _edited(source, edits) for what, (edits, _, _) in WRONG.items()}}
+    namespaces = {}
+    for i, (name, text) in enumerate(variants.items()):
+        path = tmp_path / str(i) / f"{KEY}.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        namespaces[name] = loader.load_path(path)
+    spec = get(KEY)
+    (scenario,) = spec.scenarios.values()
+    by_rank = launch(_entry, scenario.world_size, scenario.fn, namespaces, backend="gloo", timeout_s=60)
+    graded = {name: {c.name: core._judge(c, [r[name] for r in by_rank], ns, None) for c in spec.checks}
+              for name, ns in namespaces.items()}
+    for right in ("solution", "library"):
+        failed = {name: r.detail for name, r in graded[right].items() if not r.passed}
+        assert not failed, f"the {right} fails {failed}"
+    for what, (_, check, words) in WRONG.items():
+        result = graded[what][check]
+        assert not result.passed, f"{what}: {check} passed"
+        assert words in result.detail, f"{what}: {result.detail}"
+        assert result.hint, f"{what}: no hint"
+    # the traffic mistake gives the right numbers: only the bytes tell it
+    assert [c for c, r in graded["every slot to every rank"].items() if not r.passed] == ["bytes"]
