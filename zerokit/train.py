@@ -101,8 +101,9 @@ def _theory_ep_bytes(strategy, model, ctx: RankContext, dtype, steps: int) -> di
     out = {"dp": strategy.theory_comm_bytes(dense),
            "ep": sum(theory.moe_alltoall_bytes(*m.exchanged[:2], m.router.in_features, b, ctx.mesh.size("ep"),
                                                calls=m.exchanged[2]) for m in moe_layers(model)) / steps}
-    if ctx.mesh.size("edp") > 1:
-        out["edp"] = theory.ring_bytes_sent("all_reduce", experts * b, ctx.mesh.size("edp"))
+    if ctx.mesh.size("edp") > 1:  # ZeRO: the expert units' own collectives (the strategy's split)
+        split = getattr(strategy, "theory_expert_comm_bytes", None)
+        out["edp"] = split() if split else theory.ring_bytes_sent("all_reduce", experts * b, ctx.mesh.size("edp"))
     return out
 
 

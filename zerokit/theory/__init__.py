@@ -27,6 +27,7 @@ from .deepspeed import (  # noqa: F401
     deepspeed_model_state_bytes)
 from .context import ring_attention_bytes, ulysses_bytes  # noqa: F401
 from .experts import moe_alltoall_bytes, moe_dispatch_payload  # noqa: F401
+from .experts_zero import expert_zero_model_state_bytes, expert_zero_comm_bytes  # noqa: F401
 from .communication import (  # noqa: F401
     RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds,
     ALL_REDUCE_ALGORITHMS, all_reduce_rounds, all_reduce_seconds)

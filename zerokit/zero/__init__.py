@@ -2,5 +2,6 @@
 
 ``flat_buffer`` (padded, sharded storage) → ``stage1`` → ``stage2_naive`` / ``stage2`` →
 ``stage3`` (with ``units`` and ``prefetch``); ``config`` maps DeepSpeed's
-``zero_optimization`` keys, ``state_dict`` gathers the full model back.
+``zero_optimization`` keys, ``state_dict`` gathers the full model back; ``experts``: with expert
+parallelism, the experts' units sharded over the ranks holding the same experts (edp), the dense ones over dp.
 """

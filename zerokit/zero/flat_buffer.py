@@ -47,25 +47,28 @@ def check_elements(name: str, value) -> int:
     return int(value)
 
 
-def assign_units(params: Sequence[torch.Tensor], max_numel: int) -> List[List[int]]:
+def assign_units(params: Sequence[torch.Tensor], max_numel: int, key=None) -> List[List[int]]:
     """Indices into ``params``, unit by unit, in reverse registration order (the order backward produces them).
 
     DeepSpeed's bucket rule: a unit takes tensors while their total stays within
     ``max_numel`` elements; a tensor larger than that gets a unit of its own.
+    ``key(param)``: tensors of different keys never share a unit (expert parameters, sharded over
+    their own group: :mod:`.experts`); each key fills its own units by the same rule, and the units
+    are ordered by their last tensor in backward order (the order they fill).
     """
     units: List[List[int]] = []
-    current: List[int] = []
-    size = 0
+    open_units: dict = {}  # key -> (indices, elements)
     for i in reversed(range(len(params))):
         numel = params[i].numel()
+        kind = None if key is None else key(params[i])
+        current, size = open_units.get(kind, ([], 0))
         if current and size + numel > max_numel:
             units.append(current)
             current, size = [], 0
         current.append(i)
-        size += numel
-    if current:
-        units.append(current)
-    return units
+        open_units[kind] = (current, size + numel)
+    units.extend(current for current, _ in open_units.values())
+    return sorted(units, key=lambda unit: -unit[-1])
 
 
 def free_storage(t: torch.Tensor) -> None:
@@ -92,7 +95,7 @@ class FlatUnit:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], world_size: int, rank: int, index: int = 0,
                  names: Sequence[str] = (), compute_dtype: Optional[torch.dtype] = None,
-                 reduce_dtype: Optional[torch.dtype] = None):
+                 reduce_dtype: Optional[torch.dtype] = None, expert: bool = False):
         if not params:
             raise ValueError("a flat unit needs at least one parameter")
         dtypes = {p.dtype for p in params}
@@ -103,6 +106,8 @@ class FlatUnit:
                              f"{', '.join(sorted(map(str, devices)))}) cannot share one flat buffer; cast the model to "
                              f"one dtype (zerokit's bf16-mixed keeps fp32 masters in the optimizer, not the model)")
         self.index = index
+        #: expert-parallel experts' parameters: sharded over the ranks holding the same experts (``edp``), not dp
+        self.expert = expert
         self.params = list(params)
         self.names = list(names) or [f"param {i}" for i in range(len(self.params))]
         self.world_size = world_size
@@ -198,7 +203,8 @@ class FlatUnit:
         return self.data.untyped_storage().nbytes() > 0
 
     def __repr__(self) -> str:
-        return (f"FlatUnit({self.index}: {len(self.params)} tensors, {self.numel} elements, padded to "
+        return (f"FlatUnit({self.index}{' experts' if self.expert else ''}: {len(self.params)} tensors, "
+                f"{self.numel} elements, padded to "
                 f"{self.padded_numel} = {self.world_size} × {self.shard_numel})")
 
 

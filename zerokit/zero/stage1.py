@@ -20,6 +20,10 @@ step:
 send/recv, so the ledger's ``sent_bytes`` shows a reduce-scatter really sending
 (N−1)/N of the buffer (gloo's own reduce-scatter is an all-reduce underneath).
 
+With expert parallelism (``ep`` > 1, :mod:`.experts`) the experts' parameters get units of their
+own, sharded over the dp/ep ranks that hold the same experts (``edp``); their gradients are divided
+by N = dp and reduce-scattered over edp, and their shards all-gathered there.
+
 ``offload="optimizer"`` (:mod:`zerokit.offload`): step 3 runs on the host — the reduced
 gradient shards are copied out, the fp32 masters and states live there, the updated shards
 come back before the all-gather.
@@ -48,6 +52,8 @@ from ..runtime.ring import ring_all_reduce, ring_reduce_scatter
 from ..data_parallel.reducer import Reducer
 from .flat_buffer import (FlatUnit, all_gather_unit, assign_units, check_elements, check_trainable,
                           check_world_size)
+from .experts import (check_expert_options, check_expert_replicas, group_of, is_expert, reduce_local,
+                      shard_groups, unit_params)
 
 #: DeepSpeed's defaults for its bucket sizes, in elements (FACTS §7)
 DEFAULT_REDUCE_BUCKET = 500_000_000
@@ -107,7 +113,11 @@ def all_reduce_flat(flat: torch.Tensor, group, algorithm: str, async_op: bool, t
 
 
 class ShardedDataParallel(Strategy):
-    """Flat units of whole parameters on every rank; each rank steps its shards and all-gathers the rest."""
+    """Flat units of whole parameters on every rank; each rank steps its shards and all-gathers the rest.
+
+    With expert parallelism (``ep`` > 1) the experts' parameters get units of their own, sharded over the ranks
+    that hold the same experts (``edp``), the dense ones over dp (:mod:`.experts`).
+    """
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
     axes = ("dp", "cp", "tp")
@@ -118,14 +128,24 @@ class ShardedDataParallel(Strategy):
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
         params = check_trainable(model, self.name)
-        check_world_size(sum(p.numel() for p in params), self.world)
+        check_expert_options(self)
+        #: the groups units are sharded over: dense ones over dp, the experts' over edp (None without experts)
+        self.dense_group, self.expert_group = shard_groups(self)
+        key = is_expert if self.expert_group is not None else None
+        for group, kind in ((self.dense_group, False), (self.expert_group, True)):
+            if group is not None:
+                check_world_size(sum(p.numel() for p in params if is_expert(p) == kind), group.world)
         check_replicas_match(model, self.group, ctx.device)
+        check_expert_replicas(self, model, ctx.device)
         names = {p: n for n, p in model.named_parameters()}
         self.params = params
         self.units: List[FlatUnit] = []
-        for index, members in enumerate(assign_units(params, self.unit_numel())):
+        for index, members in enumerate(assign_units(params, self.unit_numel(), key)):
             members = [params[i] for i in members]
-            self.units.append(FlatUnit(members, self.world, self.rank, index, [names[p] for p in members]))
+            expert = key is not None and is_expert(members[0])
+            group = self.expert_group if expert else self.dense_group
+            self.units.append(FlatUnit(members, group.world, group.rank, index, [names[p] for p in members],
+                                       expert=expert))
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self.param_shards = [unit.shard(unit.data) for unit in self.units]
         self.offload = Offload(self, self.opts.get("offload", "none"))  # zerokit.offload: the optimizer on the host
@@ -136,20 +156,27 @@ class ShardedDataParallel(Strategy):
     def unit_numel(self) -> int:
         return check_elements("reduce_bucket_size", self.opts["reduce_bucket_size"])
 
+    def unit_group(self, unit: FlatUnit):
+        """The :class:`~.experts.ShardGroup` ``unit`` is sharded over: dp, or edp for an expert unit."""
+        return group_of(self.dense_group, self.expert_group, unit)
+
     # -- the reduction ---------------------------------------------------------------
     def reduce_unit(self, unit: FlatUnit, flat: torch.Tensor, out: torch.Tensor,
                     async_op: bool) -> Optional[comm.Work]:
         """Average ``flat`` (this unit's gradients) over the ranks into ``out`` (this rank's shard).
 
-        Divides by N first (PREMUL_SUM fails on gloo), then sums. With
-        ``reduce_scatter=False`` the whole buffer is all-reduced and the caller keeps the
-        own slice (``out`` must then be that slice of ``flat``).
+        Divides by N first (PREMUL_SUM fails on gloo), then sums over the unit's group (dp; an expert
+        unit's over edp, still divided by N = dp). With ``reduce_scatter=False`` the whole buffer is
+        all-reduced and the caller keeps the own slice (``out`` must then be that slice of ``flat``).
         """
         flat.div_(self.world)
+        group = self.unit_group(unit)
         algorithm, tag = self.opts.get("algorithm", "torch"), f"grads unit {unit.index}"
+        if group.world == 1:  # ep = dp: the ranks holding these experts are this one alone
+            return reduce_local(out, flat)
         if self.opts.get("reduce_scatter", True):
-            return reduce_scatter_flat(out, flat, self.group, algorithm, async_op, tag)
-        return all_reduce_flat(flat, self.group, algorithm, async_op, tag)
+            return reduce_scatter_flat(out, flat, group.group, algorithm, async_op, tag)
+        return all_reduce_flat(flat, group.group, algorithm, async_op, tag)
 
     def grad_shards(self) -> List[torch.Tensor]:
         raise NotImplementedError
@@ -163,7 +190,10 @@ class ShardedDataParallel(Strategy):
         """All-gather every unit's updated shards into its full buffer (in place), asynchronously unit by unit."""
         works = []
         for unit, shard in zip(self.units, self.param_shards):
-            work = all_gather_unit(unit, shard, self.allgather_numel, group=self.group,
+            group = self.unit_group(unit)
+            if group.world == 1:  # the shard is the whole unit, updated in place
+                continue
+            work = all_gather_unit(unit, shard, self.allgather_numel, group=group.group,
                                    tag=f"params unit {unit.index}", async_op=True,
                                    algorithm=self.opts.get("algorithm", "torch"))
             if work is not None:
@@ -185,16 +215,33 @@ class ShardedDataParallel(Strategy):
     def optimizer_tensors(self):
         return self.optimizer.step_scalars
 
-    def theory_comm_bytes(self, psi):
+    def theory_model_states(self, psi):
+        if self.expert_group is None:
+            return super().theory_model_states(psi)
+        return theory.expert_zero_model_state_bytes(
+            self.stage, unit_params(self.units, False), self.world, unit_params(self.units, True),
+            self.expert_group.world, self.config.precision, self.config.optimizer.name,
+            optimizer_tensors=self.optimizer_tensors(), frozen_numel=self.frozen_numel())
+
+    def _group_comm_bytes(self, units, n: int):
         b = theory.param_bytes_per_element(self.config.precision)
         if self.opts.get("reduce_scatter", True):
-            return theory.comm_bytes_per_step(self.stage, psi, self.world, b, self.config.micro_batches,
-                                              units=self.flat_units())
+            return theory.comm_bytes_per_step(self.stage, sum(units), n, b, self.config.micro_batches, units=units)
         # all-reduce instead of reduce-scatter: ZeRO-1 once per step, ZeRO-2 every micro-batch
         reductions = self.config.micro_batches if self.stage == 2 else 1
-        padded = theory.padded_numel(self.flat_units(), self.world) * b
-        return (reductions * theory.ring_bytes_sent("all_reduce", padded, self.world)
-                + theory.ring_bytes_sent("all_gather", padded, self.world))
+        padded = theory.padded_numel(units, n) * b
+        return (reductions * theory.ring_bytes_sent("all_reduce", padded, n)
+                + theory.ring_bytes_sent("all_gather", padded, n))
+
+    def theory_comm_bytes(self, psi):
+        """Formula: bytes per step on dp (with expert parallelism: the dense units' alone)."""
+        return self._group_comm_bytes(unit_params(self.units, False), self.world)
+
+    def theory_expert_comm_bytes(self):
+        """Formula: bytes per step on edp, the expert units' (0 without expert parallelism)."""
+        if self.expert_group is None:
+            return 0
+        return self._group_comm_bytes(unit_params(self.units, True), self.expert_group.world)
 
 
 @register
@@ -204,7 +251,7 @@ class ZeroStage1(ShardedDataParallel):
     name = "zero1"
     stage = 1
     #: data parallelism over tensor-parallel shards and pipeline stages (DeepSpeed's pipeline + ZeRO-1)
-    axes = ("dp", "cp", "tp", "pp")
+    axes = ("dp", "cp", "ep", "tp", "pp")
     pipeline_refusal = ""
     options = {
         "stage": stage_option(1),

@@ -47,6 +47,8 @@ class ZeroStage2(ShardedDataParallel):
 
     name = "zero2"
     stage = 2
+    #: data parallelism over tensor-parallel shards; expert parallelism's experts sharded over edp (:mod:`.experts`)
+    axes = ("dp", "cp", "ep", "tp")
     options = {
         "stage": stage_option(2),
         **SHARED_OPTIONS,
@@ -126,7 +128,7 @@ class ZeroStage2(ShardedDataParallel):
                 else:
                     shard.add_(out)
             flight[0] = flight[1] = None  # the bucket's memory goes back now
-            self._in_flight.remove(flight)
+            self._in_flight[:] = [f for f in self._in_flight if f is not flight]  # by identity (lists of tensors)
 
         self.reducer.track(work, bucket.numel(), done)
 

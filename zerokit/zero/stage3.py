@@ -36,6 +36,10 @@ gradient elements in flight; otherwise each is waited for at once.
 kept whole, their gradients all-reduced once per micro-batch, stepped whole on every
 rank (DeepSpeed's ``stage3_param_persistence_threshold``).
 
+With expert parallelism (``ep`` > 1, :mod:`.experts`) a module's experts form a unit of their own on the
+same module, sharded over the ranks that hold the same experts (``edp``): gathered and reduce-scattered
+there, their gradients divided by N = dp like the dense ones.
+
 The step updates the shards only (on the host with ``offload``, :mod:`zerokit.offload`;
 ``"params"`` also rests them there); the next forward gathers them. Traffic per
 micro-batch: two all-gathers and one reduce-scatter of every unit, 3(N−1)/N·Ψb —
@@ -56,6 +60,8 @@ from ..data_parallel.reducer import Reducer
 from ..offload.zero_hooks import Offload
 from ..runtime import comm
 from ..strategies.base import Strategy, register
+from .experts import (check_expert_options, check_expert_replicas, gather_local, group_of, is_expert, reduce_local,
+                      shard_groups, unit_params)
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
 from .prefetch import Prefetcher
 from .stage1 import REFUSED, reduce_scatter_flat
@@ -69,8 +75,9 @@ from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_n
 class ZeroStage3(Strategy):
     """ZeRO-3: parameters sharded at rest, gathered unit by unit for forward and for backward."""
 
-    #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism)
-    axes = ("dp", "cp", "tp")
+    #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism); with expert
+    #: parallelism the experts' units are sharded over edp (:mod:`.experts`)
+    axes = ("dp", "cp", "ep", "tp")
     name = "zero3"
     stage = 3
     pipeline_refusal = REFUSED
@@ -87,13 +94,23 @@ class ZeroStage3(Strategy):
         params = [p for p in check_trainable(model, self.name) if id(p) not in exclude]
         if not params:
             raise ValueError(f"strategy {self.name!r}: every trainable parameter of this module is sharded already")
-        check_world_size(sum(p.numel() for p in params), self.world)
+        check_expert_options(self)
+        #: the groups units are sharded over: dense ones over dp, the experts' over edp (None without experts)
+        self.dense_group, self.expert_group = shard_groups(self)
+        if self.expert_group is None:
+            check_world_size(sum(p.numel() for p in params), self.world)
+        else:
+            for group, kind in ((self.dense_group, False), (self.expert_group, True)):
+                check_world_size(sum(p.numel() for p in params if is_expert(p) == kind), group.world)
         if not exclude:  # with exclude, the caller broadcast what this instance holds (the rest differs by rank)
             check_replicas_match(model, self.group, ctx.device)
+            check_expert_replicas(self, model, ctx.device)
         self.params = params
         self.names = {p: n for n, p in model.named_parameters()}
         threshold = int(self.opts["param_persistence_threshold"])
-        persistent = [p for p in params if p.numel() < threshold]
+        # zerokit's choice: an expert parameter is always sharded (over edp), however small; the threshold keeps
+        # small dense parameters whole
+        persistent = [p for p in params if p.numel() < threshold and not is_expert(p)]
         self.persistent: Optional[FlatUnit] = None
         dtypes = dict(compute_dtype=param_dtype, reduce_dtype=reduce_dtype)
         #: the persistent parameters in their own dtype, what the optimizer steps (under a 16-bit compute dtype
@@ -106,9 +123,19 @@ class ZeroStage3(Strategy):
                 self.persistent_master = self.persistent.data
         self.units: List[Unit] = []
         frozen = {p for p in model.parameters() if not p.requires_grad or id(p) in exclude}  # held whole / elsewhere
-        for index, spec in enumerate(form_units(model, self.opts["unit_size"], set(persistent) | frozen)):
-            flat = FlatUnit(spec.params, self.world, self.rank, index, [self.names[p] for p in spec.params], **dtypes)
-            self.units.append(Unit(spec, flat))
+        for spec in form_units(model, self.opts["unit_size"], set(persistent) | frozen):
+            # with expert parallelism a module's experts form a unit of their own on the same module (its hooks
+            # gather and free both), sharded over edp
+            parts = [(spec, False)] if self.expert_group is None else [
+                (spec._replace(params=[p for p in spec.params if is_expert(p) == kind],
+                               label=f"{spec.label} experts" if kind else spec.label), kind) for kind in (False, True)]
+            for part, expert in parts:
+                if not part.params:
+                    continue
+                group = self.expert_group if expert else self.dense_group
+                flat = FlatUnit(part.params, group.world, group.rank, len(self.units),
+                                [self.names[p] for p in part.params], expert=expert, **dtypes)
+                self.units.append(Unit(part, flat))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:
@@ -143,8 +170,16 @@ class ZeroStage3(Strategy):
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
 
     # -- gathering -------------------------------------------------------------------
+    def unit_group(self, unit: Unit):
+        """The :class:`~.experts.ShardGroup` ``unit`` is sharded over: dp, or edp for an expert unit."""
+        return group_of(self.dense_group, self.expert_group, unit.flat)
+
     def _gather(self, unit: Unit) -> None:
-        unit.gather(self.offload.gather_fn(lambda out, shard, tag: all_gather_flat(out, shard, self.group,
+        group = self.unit_group(unit)
+        if group.world == 1:  # ep = dp: the ranks holding these experts are this one alone
+            unit.gather(gather_local)
+            return
+        unit.gather(self.offload.gather_fn(lambda out, shard, tag: all_gather_flat(out, shard, group.group,
                                                                                     self.opts["algorithm"], True, tag)))
 
     def _free_all(self) -> None:
@@ -221,18 +256,24 @@ class ZeroStage3(Strategy):
         shard = self.grad_shards[index]
         out = shard if first and shard.dtype == unit.flat.reduce_dtype else unit.flat.new_shard()
         bucket, unit.bucket = unit.bucket, None
-        bucket.div_(self.world)
+        bucket.div_(self.world)  # N = dp for an expert unit too: its gradient holds its ep group's tokens already
         overlap = self.opts["overlap_comm"]
         if overlap:
             self.reducer.wait_until(int(self.opts["reduce_bucket_size"]), bucket.numel())
-        work = reduce_scatter_flat(out, bucket, self.group, self.opts["algorithm"], overlap, f"grads {unit.label}")
+        group = self.unit_group(unit)
+        if group.world == 1:
+            work = reduce_local(out, bucket)
+        else:
+            work = reduce_scatter_flat(out, bucket, group.group, self.opts["algorithm"], overlap,
+                                       f"grads {unit.label}")
         flight = [bucket, out]
         self._in_flight.append(flight)
 
         def done():
             if out is not shard:
                 shard.copy_(out) if first else shard.add_(out)
-            self._in_flight.remove(flight)
+            # by identity: a local reduction (a group of one) completes while older ones are still in flight
+            self._in_flight[:] = [f for f in self._in_flight if f is not flight]
 
         self.reducer.track(work, bucket.numel(), done)
 
@@ -348,8 +389,32 @@ class ZeroStage3(Strategy):
         """The units' shards, then the persistent parameters, held whole on every rank."""
         return [True] * len(self.units) + ([False] if self.persistent is not None else [])
 
-    def theory_comm_bytes(self, psi):
+    def theory_model_states(self, psi):
+        if self.expert_group is None:
+            return super().theory_model_states(psi)
+        return theory.expert_zero_model_state_bytes(
+            3, unit_params([u.flat for u in self.units], False), self.world,
+            unit_params([u.flat for u in self.units], True), self.expert_group.world, self.config.precision,
+            self.config.optimizer.name, optimizer_tensors=self.optimizer_tensors(),
+            persistent_numel=self.persistent_numel(), frozen_numel=self.frozen_numel())
+
+    def _theory_comm_by_axis(self) -> dict:
         b = theory.param_bytes_per_element(self.config.precision)
-        return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches, units=self.flat_units(),
-                                          persistent_numel=self.persistent_numel(),
-                                          reshard_after_forward=self.opts["reshard_after_forward"])
+        flats = [u.flat for u in self.units]
+        return theory.expert_zero_comm_bytes(3, unit_params(flats, False), self.world, unit_params(flats, True),
+                                             self.expert_group.world if self.expert_group is not None else 1, b,
+                                             self.config.micro_batches, persistent_numel=self.persistent_numel(),
+                                             reshard_after_forward=self.opts["reshard_after_forward"])
+
+    def theory_comm_bytes(self, psi):
+        """Formula: bytes per step on dp (with expert parallelism: the dense units' alone)."""
+        if self.expert_group is None:
+            b = theory.param_bytes_per_element(self.config.precision)
+            return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches,
+                                              units=self.flat_units(), persistent_numel=self.persistent_numel(),
+                                              reshard_after_forward=self.opts["reshard_after_forward"])
+        return self._theory_comm_by_axis()["dp"]
+
+    def theory_expert_comm_bytes(self):
+        """Formula: bytes per step on edp, the expert units' (0 without expert parallelism)."""
+        return 0 if self.expert_group is None else self._theory_comm_by_axis()["edp"]
