@@ -367,7 +367,7 @@ BAD = [
     (["--preset", "llama-7b", "--gpus", "0"], "--gpus 0: must be a positive whole number"),
     (["--preset", "llama-7b", "--micro-batch-size", "0"], "--micro-batch-size 0"),
     (["--preset", "llama-7b", "--gpu-memory", "-80"], "--gpu-memory"),
-    (["--preset", "llama-7b", "--gpus", "8", "--parallel", "tp=3"], "--parallel: parallel: tp × pp = 3 does not "
+    (["--preset", "llama-7b", "--gpus", "8", "--parallel", "tp=3"], "--parallel: parallel: cp × tp × pp = 3 does not "
                                                                     "divide the world size 8"),
     (["--preset", "gpt2-1.5b", "--gpus", "8", "--parallel", "tp=2"], "--parallel: tp=2 does not divide the 25 "
                                                                      "attention heads"),
