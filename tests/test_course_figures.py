@@ -1,4 +1,4 @@
-"""Every picture the course draws is readable: no text on text, no legend on the data, nothing cut off, every colour keyed.
+"""Every course picture reads: no text on text, no legend on the data, nothing cut off, every colour keyed.
 
 Each test renders one figure function or one panel's picture of :mod:`zerokit.course` and
 :mod:`zerokit.plot` on small inputs — four short real runs shared by the module (ddp in fp32
@@ -9,8 +9,8 @@ reads the drawn artists' window extents (``artist.get_window_extent`` on the fig
 renderer). :func:`problems` lists what a reader would trip over:
 
 - **text on text**: two texts (titles, axis labels, tick labels, annotations, legend
-  entries, the figure's title) whose boxes overlap by more than :data:`TEXT_OVERLAP_PX`
-  pixels each way (rotated texts as rotated rectangles);
+  entries, the figure's title) whose boxes come closer than 2 × :data:`TEXT_GAP_PX` pixels
+  (rotated texts as rotated rectangles): touching labels read as one;
 - **legend on data**: a legend's box over bars, filled patches, line segments or markers
   of any axes, beyond :data:`LEGEND_OVERLAP_PX`;
 - **clipped**: a text or legend past the figure's edge;
@@ -32,8 +32,8 @@ pytest.importorskip("ipywidgets")
 import zerokit  # noqa: E402
 from zerokit import course, plot  # noqa: E402
 
-#: two texts overlap when their boxes (each shrunk by this many pixels per side) still intersect
-TEXT_OVERLAP_PX = 1.5
+#: two texts collide when their boxes, each grown by this many pixels per side, intersect: a reader needs a gap
+TEXT_GAP_PX = 1.0
 #: a legend's box, shrunk by this many pixels per side, must not touch a data artist
 LEGEND_OVERLAP_PX = 2.0
 #: how far past the figure's edge (pixels) a text may reach: anti-aliasing
@@ -242,9 +242,9 @@ def problems(fig) -> list:
         if box.x0 < -EDGE_PX or box.y0 < -EDGE_PX or box.x1 > width + EDGE_PX or box.y1 > height + EDGE_PX:
             found.append(f"clipped by the figure's edge: {name} {t.get_text()!r}")
     for i, (n1, t1, c1, _) in enumerate(texts):
-        s1 = _shrink(c1, TEXT_OVERLAP_PX)
+        s1 = _shrink(c1, -TEXT_GAP_PX)
         for n2, t2, c2, _ in texts[i + 1:]:
-            if _convex_overlap(s1, _shrink(c2, TEXT_OVERLAP_PX)):
+            if _convex_overlap(s1, _shrink(c2, -TEXT_GAP_PX)):
                 found.append(f"text on text: {n1} {t1.get_text()!r} and {n2} {t2.get_text()!r}")
     for legend in _legends(fig):
         box = legend.get_window_extent(renderer)
@@ -260,7 +260,7 @@ def problems(fig) -> list:
             if name.startswith("legend"):
                 continue
             corners = [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
-            if _convex_overlap(_shrink(corners, LEGEND_OVERLAP_PX), _shrink(c, TEXT_OVERLAP_PX)):
+            if _convex_overlap(_shrink(corners, LEGEND_OVERLAP_PX), _shrink(c, -TEXT_GAP_PX)):
                 found.append(f"legend over text: {name} {t.get_text()!r}")
     keyed = _legend_colors(fig)
     for ax in fig.axes:
@@ -338,6 +338,12 @@ def test_the_checks_catch_each_fault():
     fig, ax = _sane()
     ax.set_xticks([0, 0.05, 2], ["a long label", "another long label", "c"])
     assert any("text on text" in p for p in problems(fig))
+
+    fig, ax = course.new_figure(3.5, 2.5)  # world sizes 2 … 16 on a narrow axis: "10111213…"
+    ax.plot(range(2, 17), range(2, 17), label="x")
+    ax.set_xticks(range(2, 17))
+    fig.tight_layout()
+    assert any("text on text: tick label '1" in p for p in problems(fig))
 
     fig, ax = _sane()
     ax.legend(loc="center")
@@ -423,6 +429,10 @@ def test_volume_figure():
               "all-gather": {"N": [2, 3, 4], "ring_cost": [0.5, 0.67, 0.75], "theory": [0.5, 0.67, 0.75]}}
     _assert_readable(course.volume_figure(series, ylabel="MiB sent per rank", reference=(2.0, "2S"),
                                           title="bytes per rank against N"), "volume_figure")
+    wide = {name: {"N": [2, 3, 4], "ring_cost": [k * 1.0, k * 1.33, k * 1.5], "theory_N": list(range(2, 17)),
+                   "theory": [k * 2 * (n - 1) / n for n in range(2, 17)]} for name, k in (("DDP", 1), ("ZeRO-3", 1.5))}
+    _assert_readable(course.volume_figure(wide, ylabel="KiB per rank per step", title=(
+        "ring cost of the measured payloads per rank per step: ZeRO-3 = 1.5 × DDP at every N")), "volume_figure, long")
 
 
 def _points(fit):

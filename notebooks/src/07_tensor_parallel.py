@@ -172,7 +172,8 @@ replicated_sp = S * H + (4 * L + 2) * H + 2 * L * H   # positions, LayerNorms, r
 formula = {sp: theory.tp_comm_bytes_per_step(B * S, (4 * L + 2) * H, T, 4, loss_reductions=3,
                                              sequence_parallel_numel=replicated_sp if sp else 0) for sp in (False, True)}
 course.table([{"sequence_parallel": sp, "param diff vs one process": result.param_diff["max_abs"],
-               "ring cost B/step (formula on measured payload)": result.ranks[0].comm_bytes_by_axis["tp"]["ring_cost_bytes"],
+               "ring cost B/step (formula on measured payload)":
+                   result.ranks[0].comm_bytes_by_axis["tp"]["ring_cost_bytes"],
                "theory.tp_comm_bytes_per_step": formula[sp],
                "calls/step": result.ranks[0].comm_bytes_by_axis["tp"]["calls"]} for sp, result in runs.items()])
 

@@ -114,7 +114,8 @@ class CheckpointingPanel:
         width = 0.38
         for i, (label, stored, peak) in enumerate((("none", r["none_stored"], r["none_peak"]),
                                                    (r["policy"], r["stored"], r["peak"]))):
-            left.bar(i - width / 2, stored / 1024, width, color="#4C72B0", label="stored after forward" if i == 0 else None)
+            left.bar(i - width / 2, stored / 1024, width, color="#4C72B0",
+                     label="stored after forward" if i == 0 else None)
             left.bar(i + width / 2, peak / 1024, width, color="#C44E52", label="peak in backward" if i == 0 else None)
         if r["theory_peak"] is not None:
             left.plot([1 - width, 1], [r["theory_stored"] / 1024] * 2, color="black", lw=2, zorder=3,

@@ -10,6 +10,7 @@ world size; it runs no job itself, it plots numbers a cell already has.
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Dict, Optional
 
 #: pixels per inch of every picture the panels and helpers render: legible projected, files still small
@@ -97,10 +98,16 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
     if reference is not None:
         ax.axhline(reference[0], color="#999999", ls="--", lw=1, label=reference[1])
     ax.set_xlabel("world size N")
-    ax.set_xticks(sorted({n for s in series.values() for n in s.get("theory_N", s["N"])}))
+    ticks = sorted({n for s in series.values() for n in s.get("theory_N", s["N"])})
+    if len(ticks) <= 8:
+        ax.set_xticks(ticks)
+    else:  # every world size would crowd the axis: a few whole numbers
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.set_title(textwrap.fill(title, 70), fontsize=TITLE_SIZE, loc="left")  # over the key too, never past the edge
     legend_outside(ax)
     fig.tight_layout()
     return fig
