@@ -58,6 +58,7 @@ from .saved_tensors import bytes_by_module, saved_tensors
 from .tables import Table, model_state_rows, summary_rows, table
 from .timeline_panel import TimelinePanel, comm_launch_positions, max_in_flight, timeline_rows
 from .timeline_figure import timeline_figure, timeline_stats  # noqa: E402 - runs compared on one time axis
+from .context_panel import ContextPanel  # noqa: E402 - context parallelism (lesson 15)
 
 __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", "table", "model_state_rows",
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
@@ -67,3 +68,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "PlanPanel", "plan_bars", "PipelinePanel", "OffloadPanel", "offload_rows", "offload_bars",
            "CheckpointingPanel", "measure_policy", "GridPanel", "grid_rows"]
 __all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "show", "CLAIMS"]
+__all__ += ["ContextPanel"]
