@@ -25,7 +25,7 @@ NOTEBOOKS = ROOT / "notebooks"
 LESSONS = ["00_first_ranks", "01_collectives", "02_training_memory", "03_data_parallel", "04_zero1", "05_zero2",
            "06_zero3", "07_tensor_parallel", "08_pipeline_parallel", "09_offload", "10_activation_checkpointing",
            "11_putting_it_together", "12_the_interview", "13_own_model", "14_failure_labs",
-           "15_context_parallel"]
+           "15_context_parallel", "16_mixture_of_experts"]
 #: a committed notebook stays small enough to read in a diff and to clone
 MAX_NOTEBOOK_BYTES = 600_000
 

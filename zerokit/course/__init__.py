@@ -59,6 +59,7 @@ from .tables import Table, model_state_rows, summary_rows, table
 from .timeline_panel import TimelinePanel, comm_launch_positions, max_in_flight, timeline_rows
 from .timeline_figure import timeline_figure, timeline_stats  # noqa: E402 - runs compared on one time axis
 from .context_panel import ContextPanel  # noqa: E402 - context parallelism (lesson 15)
+from .moe_panel import MoEPanel  # noqa: E402 - mixture of experts (lesson 16)
 
 __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", "table", "model_state_rows",
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
@@ -69,3 +70,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "CheckpointingPanel", "measure_policy", "GridPanel", "grid_rows"]
 __all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "show", "CLAIMS"]
 __all__ += ["ContextPanel"]
+__all__ += ["MoEPanel"]
