@@ -53,7 +53,7 @@ print(work.description)
 #
 # A LLaMA-7B-shaped model (32 layers, h = 4096, 32 heads, SwiGLU MLP of 11008, no dropout,
 # bf16, a fused attention kernel that keeps only a log-sum-exp per head) trained on **one**
-# sequence at a time. Its model states are 16Ψ ≈ 107 GB; ZeRO-3 over 8 GPUs leaves 13 GB per
+# sequence at a time. Its model states are 16Ψ ≈ 108 GB; ZeRO-3 over 8 GPUs leaves 13.5 GB per
 # GPU, whatever the context. Its activations are Korthikanti et al.'s term-by-term count
 # (`theory.transformer_layer_activation_bytes`, lesson 10) × 32 layers — linear in s with the
 # scores never stored, quadratic without. Checkpointing every layer (lesson 10) keeps only
@@ -118,8 +118,9 @@ course.table(act_rows)
 # - **Ulysses**: after its all-to-all a rank holds the *whole* sequence for H/cp heads, and
 #   zerokit's attention on them is the unfused math form, so it keeps the softmax,
 #   `b·(H/cp)·s²` numbers per layer — the quadratic term Korthikanti's formula has without a
-#   fused kernel. DeepSpeed-Ulysses runs a fused (flash) kernel there on GPUs, which keeps a
-#   log-sum-exp instead. zerokit's choice: the math form, the simplest correct one.
+#   fused kernel. DeepSpeed-Ulysses wraps whatever local attention it is given, on GPUs usually
+#   a fused (flash) kernel, which keeps a log-sum-exp instead. zerokit's choice: the math form,
+#   the simplest correct one.
 
 # %% [checks]
 copy = L * B * (T // 2) * H * 4  # ring: the projection's input, a copy of the heads-first output, per layer
@@ -228,8 +229,9 @@ course.table(scaling)
 # step time); it works for any number of heads; and its transfers are point-to-point, which
 # crosses nodes well. Ulysses needs cp to divide the heads — with grouped-query attention, the
 # key/value heads (8 for LLaMA-3-70B) — and its all-to-all involves every rank of the group at
-# once. Production systems mix them: Megatron-LM's context parallelism is a ring (with the
-# zig-zag cut below); DeepSpeed ships Ulysses; torch's `context_parallel` rotates K/V by
+# once. Production systems mix them: Megatron-LM's context parallelism (through Transformer
+# Engine) defaults to a ring of point-to-point sends with the zig-zag cut below, and offers
+# all-gather, all-to-all and mixed variants; DeepSpeed ships Ulysses; torch's `context_parallel` rotates K/V by
 # all-gather or all-to-all; "unified" sequence parallelism (USP) runs Ulysses inside a node
 # and the ring across nodes.
 #
@@ -286,16 +288,17 @@ assert sorted(np.unique(owner["zig-zag"]).tolist()) == list(range(CP))
 # With the contiguous cut rank 3 computes about 2·cp − 1 = 7 times rank 0's pairs, so the ring
 # runs at rank 3's pace; with the zig-zag cut every rank computes the same number (the dotted
 # line). zerokit's ring computes each block's scores whole and masks them (zerokit's choice,
-# for clarity); FlashAttention-based rings also skip blocks that are fully masked, which is
-# where the zig-zag cut's balance turns into time saved.
+# for clarity), so here every rank does the same arithmetic under either cut; rings built on
+# FlashAttention skip the fully masked blocks and the masked part of the diagonal ones, and
+# there the cut decides each rank's work.
 #
 # ## The panel
 #
 # cp and the attention algorithm: each change trains one process and the sequence cut over cp
 # ranks for a step, and draws each rank's activations (ledger, with one process's ÷ cp as a
 # tick) and its bytes on `cp` and `dp_cp` (ledger next to theory). Try Ulysses at cp = 4 (4
-# heads: it fits) and watch its softmax remainder; the ring's `cp` bytes barely move with cp,
-# Ulysses' fall. The panel starts from the runs above.
+# heads: it fits) and watch its softmax remainder; the ring's `cp` bytes grow a little with
+# cp (4 → 5 × K_s), Ulysses' fall. The panel starts from the runs above.
 
 # %%
 course.ContextPanel(work, cp=2, attention="ring", report=Report([single, runs["ring"]]))
