@@ -119,3 +119,18 @@ def test_context_parallel_settings_are_checked_before_any_process_starts():
         zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "tp": 2})
     with pytest.raises(ValueError, match="context parallelism .the sequence cut over ranks., which strategy .torch-ddp. does not"):
         zerokit.train(_gpt(), "torch-ddp", world_size=2, steps=1, parallel={"cp": 2})
+
+
+def test_activations_per_rank_halve_at_cp_2():
+    """What autograd keeps for backward, measured by the memory ledger at the peak: every token-wise layer's share
+    halves exactly at cp = 2; attention keeps a little more than half (its log-sum-exp in fp32 and the positions of
+    the cp ranks' tokens) — at most a tenth of the whole here."""
+    work = zerokit.tiny_gpt(vocab=64, seq_len=32, d_model=32, n_layer=2, n_head=2, batch_size=4)
+    whole = zerokit.train(work, "ddp", world_size=1, steps=1, optimizer="sgd", reference=False)
+    one = whole.results[0].ranks[0].peak_breakdown["activations"]
+    for attention in ("ring", "ulysses"):
+        cut = zerokit.train(work, "ddp", world_size=2, steps=1, optimizer="sgd", parallel={"cp": 2},
+                            cp_attention=attention, reference=False)
+        for rank in cut.results[0].ranks:
+            assert 0.5 * one <= rank.peak_breakdown["activations"] <= 0.6 * one, (attention, one, rank.peak_breakdown)
+            assert rank.coords["cp"] == rank.rank

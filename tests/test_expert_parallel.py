@@ -67,12 +67,13 @@ def _moe_gpt():
     return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8, n_experts=4, top_k=2)
 
 
-@pytest.mark.parametrize("parallel", [{"dp": 2, "ep": 2}, {"dp": 4, "ep": 2}])
-def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel):
+@pytest.mark.parametrize("parallel,micro_batches", [({"dp": 2, "ep": 2}, 2), ({"dp": 4, "ep": 2}, 1)])
+def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel, micro_batches):
+    """With 2 accumulated micro-batches the load-balancing loss is averaged over them as the loss is."""
     from zerokit.cli import compare
 
     report = compare(_moe_gpt(), parallel["dp"], ["single", "ddp"], steps=3, optimizer="sgd", lr=0.1,
-                     parallel=parallel)
+                     parallel=parallel, micro_batches=micro_batches)
     result = report["ddp"]
     assert result.param_diff["max_abs"] <= 1e-5, result.param_diff  # fp32: the same sums in another order
     assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
@@ -86,6 +87,11 @@ def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel):
         # dense gradients over dp, the experts' over edp (the ranks holding the same ones), tokens on ep
         assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5)
         assert set(measured) == ({"dp", "ep", "edp"} if parallel["dp"] > parallel["ep"] else {"dp", "ep"})
+        # the routing each rank measured in its last forward: its 8/dp/A sequences × 16 tokens × top-2 slots, dropless
+        per_layer = rank.routing["tokens_per_expert"]
+        rows = 8 // parallel["dp"] // micro_batches
+        assert len(per_layer) == 2 and all(sum(layer) == rows * 16 * 2 for layer in per_layer)
+        assert rank.routing["dropped"] == [0, 0] and rank.coords["ep"] == rank.rank % parallel["ep"]
 
 
 def test_expert_parallel_settings_are_checked_before_any_process_starts():
@@ -94,5 +100,5 @@ def test_expert_parallel_settings_are_checked_before_any_process_starts():
     with pytest.raises(ValueError, match="no mixture-of-experts layer"):
         zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8), "ddp",
                       world_size=2, steps=1, parallel={"dp": 2, "ep": 2})
-    with pytest.raises(ValueError, match="expert parallelism, which strategy 'zero3' does not implement"):
-        zerokit.train(_moe_gpt(), "zero3", world_size=2, steps=1, parallel={"dp": 2, "ep": 2})
+    with pytest.raises(ValueError, match="expert parallelism, which strategy 'zero2-naive' does not implement"):
+        zerokit.train(_moe_gpt(), "zero2-naive", world_size=2, steps=1, parallel={"dp": 2, "ep": 2})

@@ -66,6 +66,10 @@ class RankResult:
     pipeline_spans: Optional[list] = None
     #: measured: forward calls activation checkpointing re-ran in backward, over all steps (zerokit.checkpointing)
     recomputed_forwards: int = 0
+    #: measured, with a mixture of experts: per MoE layer, the slots each expert took and the slots dropped in the
+    #: last step's last forward (summed over this rank's micro-batch), and the load-balancing loss
+    #: (:func:`zerokit.expert_parallel.apply.routing`)
+    routing: Optional[dict] = None
 
 
 def _median_step_time(ranks: List[RankResult]) -> float:
@@ -138,6 +142,7 @@ class StrategyResult:
                 "allocator_gap_max": r.allocator_gap_max,
                 "allocator_gap_where": r.allocator_gap_where,
                 "recomputed_forwards": r.recomputed_forwards,
+                "routing": r.routing,
             } for r in self.ranks],
             "theory": {
                 "model_state_bytes_per_rank": self.ranks[0].theory_model_states,

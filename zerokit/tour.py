@@ -181,9 +181,13 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
                 f"{theory.bubble_fraction(p, m):.2f}")
     if row.section in ("dp×tp grid", "context parallel", "expert parallel") and rank0.comm_bytes_by_axis:
         theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
+        routed = ""
+        if rank0.routing:  # the last forward's slots per expert on rank 0's tokens (layer 0), and what was dropped
+            routed = (f"; rank 0's tokens per expert (layer 0) {rank0.routing['tokens_per_expert'][0]}, "
+                      f"dropped {sum(rank0.routing['dropped'])}")
         return "by axis, ledger / theory KiB/step: " + ", ".join(
             f"{axis} {_kib(v['ring_cost_bytes'])} / {_kib(theory_by_axis.get(axis))}"
-            for axis, v in sorted(rank0.comm_bytes_by_axis.items()) if v.get("calls"))
+            for axis, v in sorted(rank0.comm_bytes_by_axis.items()) if v.get("calls")) + routed
     if row.section == "offload":
         host = sum((rank0.host_model_state_bytes or {}).values())
         host_theory = rank0.theory_model_states.get("host", {}).get("total")

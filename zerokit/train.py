@@ -268,7 +268,14 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         pipeline_spans=pipeline.spans() if pipeline is not None else None,
         param_count=psi,
         recomputed_forwards=checkpointing.recomputed_forwards if checkpointing is not None else 0,
+        routing=_routing(model),
     )
+
+
+def _routing(model) -> Optional[dict]:
+    from .expert_parallel.apply import moe_layers, routing
+
+    return routing(model) if moe_layers(model) else None
 
 
 # --- the parent side --------------------------------------------------------------------

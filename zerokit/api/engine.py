@@ -124,10 +124,14 @@ class Engine:
 
     def backward(self, loss: torch.Tensor, scale: bool = True) -> None:
         """Back-propagate ``loss`` / A (``scale=False``: as given); reduce at the accumulation boundary."""
+        from ..expert_parallel.moe import backward_scale
+
+        factor = 1.0
         if scale and self.gradient_accumulation_steps > 1:
+            factor = 1.0 / self.gradient_accumulation_steps
             loss = loss / self.gradient_accumulation_steps
         try:
-            with comm.phase("backward"):
+            with comm.phase("backward"), backward_scale(factor):  # a mixture of experts' aux loss, scaled alike
                 self.strategy.backward(loss)
         finally:
             self._leave_no_sync()

@@ -26,6 +26,7 @@ reduces their gradients over the ranks holding the same experts (:mod:`.apply`).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -49,7 +50,12 @@ class Expert(nn.Module):
 
 
 class AuxLoss(torch.autograd.Function):
-    """Returns ``output``; in backward adds ``weight`` · d(aux) to the graph (the aux loss's own gradient)."""
+    """Returns ``output``; in backward adds ``weight`` · :attr:`scale` · d(aux) to the graph (the aux loss's own
+    gradient). ``scale`` is what the training loop divides the loss by — 1/A over A accumulated micro-batches, set
+    around each backward by :func:`backward_scale` (Megatron's ``MoEAuxLossAutoScaler.set_loss_scale``) — so the
+    aux loss is averaged over the micro-batches as the loss is."""
+
+    scale = 1.0
 
     @staticmethod
     def forward(ctx, output, aux, weight):
@@ -60,7 +66,17 @@ class AuxLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (aux,) = ctx.saved_tensors
-        return grad, torch.full_like(aux, ctx.weight), None
+        return grad, torch.full_like(aux, ctx.weight * AuxLoss.scale), None
+
+
+@contextmanager
+def backward_scale(scale: float):
+    """Inside: the load-balancing losses' gradients are scaled as the loss was (see :class:`AuxLoss`)."""
+    previous, AuxLoss.scale = AuxLoss.scale, float(scale)
+    try:
+        yield
+    finally:
+        AuxLoss.scale = previous
 
 
 class MoEMLP(nn.Module):

@@ -86,7 +86,7 @@ def check_built(shape: Dict[str, int], axes=BUILT_AXES, who: str = "zerokit") ->
     """Refuse degrees above 1 on axes outside ``axes``: the parallelisms ``who`` (zerokit, or one strategy) runs."""
     if shape.get("ep", 1) > 1 and "ep" not in axes:
         raise ValueError(f"parallel: ep={shape['ep']} asks for expert parallelism, which {who} does not implement "
-                         f"yet; use ep=1 (expert parallelism runs under ddp)")
+                         f"yet; use ep=1 (expert parallelism runs under ddp, zero1, zero2 and zero3)")
     for axis in AXES:
         if axis not in axes and shape.get(axis, 1) > 1:
             allowed = " and ".join(a for a in AXES if a in axes)
@@ -105,7 +105,10 @@ def coords_of(rank: int, shape: Dict[str, int]) -> Dict[str, int]:
     for axis in reversed(AXES):
         coords[axis] = rank % shape[axis]
         rank //= shape[axis]
-    return {axis: coords[axis] for axis in AXES if axis in named or axis != "cp"}
+    out = {axis: coords[axis] for axis in AXES if axis in named or axis != "cp"}
+    if named.get("ep", 1) > 1:  # the place in its ep group: which experts this rank holds
+        out["ep"] = coords["dp"] % named["ep"]
+    return out
 
 
 def rank_of(coords: Dict[str, int], shape: Dict[str, int]) -> int:
