@@ -461,14 +461,16 @@ def test_memory_bars_and_peak_bars(runs):
 
 
 @pytest.mark.parametrize("view", ["model states", "peak"])
-def test_memory_panel(monkeypatch, work, runs, view):
+@pytest.mark.parametrize("bars", [4, 16])
+def test_memory_panel(monkeypatch, work, runs, view, bars):
     from zerokit.course import memory_panel
 
     figures = _captured(monkeypatch, memory_panel)
     panel = course.MemoryPanel(work, strategies=("ddp",), run=False, view=view)
-    panel.last_report = zerokit.Report([runs["fp32"].result, runs["bf16-mixed"].result])
+    results = [r.result for r in runs.values()] * 2  # 16 bars: four strategies on four ranks, as lessons 06 and 12 run
+    panel.last_report = zerokit.Report(results[:bars // 2])
     panel.draw()
-    _assert_readable(figures[-1], f"MemoryPanel ({view})")
+    _assert_readable(figures[-1], f"MemoryPanel ({view}, {bars} bars)")
 
 
 def test_offload_panel_and_bars(monkeypatch, work, runs):

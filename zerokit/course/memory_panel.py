@@ -37,7 +37,9 @@ def peak_bars(report, ax=None, legend: bool = True):
                 bottom += value
             ax.plot([x - 0.4, x + 0.4], [rank.theory_model_states["total"] / 2**20] * 2, color="black", lw=2,
                     label="theory: model states" if x == 0 else None)
-            labels.append(f"{result.strategy}\n{result.precision + chr(10) if mixed else ''}r{rank.rank}")
+            # more than 8 bars leave no room for "-mixed" (zerokit has no pure bf16/fp16 to confuse it with)
+            precision = result.precision.replace("-mixed", "") if bars > 8 else result.precision
+            labels.append(f"{result.strategy}\n{precision + chr(10) if mixed else ''}r{rank.rank}")
             x += 1
     ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE - (2 if mixed else 0))
     ax.set_ylabel("MiB per rank at its peak")
