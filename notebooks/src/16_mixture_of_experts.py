@@ -83,8 +83,8 @@ assert int(layer.tokens_per_expert.sum()) == B * S * K and layer.dropped == 0  #
 # %% [markdown]
 # ## Capacity: what happens when too many tokens pick one expert
 #
-# On a GPU an expert's batch is best a fixed size, decided before the router runs. GShard
-# and Switch give each expert a **capacity**: `C = ⌈c · T · k / E⌉` slots for T tokens in a
+# Compiled kernels and buffers want shapes fixed before the router runs (GShard and Switch ran
+# under XLA on TPUs), so GShard and Switch give each expert a **capacity**: `C = ⌈c · T · k / E⌉` slots for T tokens in a
 # routing group (here a sequence), with the **capacity factor** c; slots beyond C are
 # **dropped** — the token skips that expert, its residual connection carries it on. c = 1
 # is exactly the even share; c > 1 is slack. A dropless layer (Megatron-core's and
