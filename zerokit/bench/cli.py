@@ -11,6 +11,17 @@ import argparse
 from . import SUITES
 
 
+def _cp_ep(argv) -> int:
+    from .cp_ep import main
+
+    return main(argv)
+
+
+#: suites run by name only (``zerokit bench cp_ep``): context and expert parallelism against torch's and DeepSpeed's
+EXTRA = {"cp_ep": _cp_ep}
+ALL = SUITES + tuple(EXTRA)
+
+
 def cmd_bench(args) -> int:
     from .. import bench
     from ..cli import UsageError
@@ -20,15 +31,17 @@ def cmd_bench(args) -> int:
             raise UsageError("bench --quick runs every suite; give no suite with it")
         return bench.quick()
     if not args.suite:
-        raise UsageError(f"bench: name a suite ({', '.join(SUITES)}) or give --quick")
+        raise UsageError(f"bench: name a suite ({', '.join(ALL)}) or give --quick")
+    if args.suite in EXTRA:  # suites outside bench.SUITES (not in --quick)
+        return EXTRA[args.suite](list(args.rest))
     if args.suite not in SUITES:
-        raise UsageError(f"bench suite {args.suite!r} is unknown; allowed: {', '.join(SUITES)}")
+        raise UsageError(f"bench suite {args.suite!r} is unknown; allowed: {', '.join(ALL)}")
     return bench.main(args.suite, args.rest)
 
 
 def add_bench_command(sub) -> None:
     parser = sub.add_parser("bench", help="step-time ratios against the peers (see benchmarks/)")
     parser.add_argument("--quick", action="store_true", help="every suite, one short round each (minutes)")
-    parser.add_argument("suite", nargs="?", help=", ".join(SUITES[:-1]) + " or " + SUITES[-1])
+    parser.add_argument("suite", nargs="?", help=", ".join(ALL[:-1]) + " or " + ALL[-1])
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     parser.set_defaults(func=cmd_bench)

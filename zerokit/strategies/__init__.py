@@ -12,7 +12,9 @@ MODULES = ["zerokit.strategies.single", "zerokit.peers.torch_ddp",
            "zerokit.api.fully_shard_strategy",
            "zerokit.tensor_parallel.strategy",
            "zerokit.peers.torch_zero", "zerokit.peers.fsdp2", "zerokit.peers.deepspeed", "zerokit.peers.torch_tp",
-           "zerokit.pipeline_parallel.strategy", "zerokit.peers.torch_pp"]
+           "zerokit.pipeline_parallel.strategy", "zerokit.peers.torch_pp",
+           "zerokit.peers.torch_cp", "zerokit.peers.deepspeed_ulysses",
+           "zerokit.peers.deepspeed_moe"]
 
 _loaded = False
 
