@@ -509,17 +509,20 @@ def test_grid_panel(monkeypatch, work, degrees):
     _assert_readable(figures[-1], f"GridPanel dp {dp} × tp {tp} × pp {pp}")
 
 
-def test_checkpointing_panel(monkeypatch):
+@pytest.mark.parametrize("policy", ["every_k", "torch-selective"])
+def test_checkpointing_panel(monkeypatch, policy):
     from zerokit.course import checkpointing_panel
 
     figures = _captured(monkeypatch, checkpointing_panel)
-    fake = {"policy": "every_k", "n": 8, "k": 2, "counted_by": "ledger", "none_stored": 400_000,
+    fake = {"policy": policy, "n": 8, "k": 2, "counted_by": "ledger", "none_stored": 400_000,
             "none_peak": 420_000, "stored": 40_000, "peak": 140_000, "recomputed_forwards": 8, "A": 50_000,
             "X": 8_000, "korthikanti_A": 52_000, "theory_stored": 32_000, "theory_peak": 132_000,
             "segment_layers": 2, "none_s": 0.010, "policy_s": 0.013}
+    if policy.startswith("torch"):  # torch's policies: counted by live tensors, no formula
+        fake.update(counted_by="live tensors", theory_stored=None, theory_peak=None, segment_layers=None, k=None)
     monkeypatch.setattr(checkpointing_panel, "measure_policy", lambda *a, **k: dict(fake))
-    course.CheckpointingPanel(blocks=(4, 8, 16), n=8, policy="every_k", k=2)
-    _assert_readable(figures[-1], "CheckpointingPanel")
+    course.CheckpointingPanel(blocks=(4, 8, 16), n=8, policy=policy, k=2)
+    _assert_readable(figures[-1], f"CheckpointingPanel ({policy})")
 
 
 @pytest.mark.parametrize("preset,gpus,memory,strategy", [("llama-13b", 8, 80, "zero1"), ("t5-3b", 8, 16, "zero3"),
