@@ -259,7 +259,7 @@ for ax, name in zip(axes[:2], ("contiguous", "zig-zag")):
     for q in range(S):
         grid[q, :q + 1] = owner[name][q]
     ax.imshow(grid, cmap=ListedColormap(colors), vmin=-0.5, vmax=CP - 0.5, interpolation="nearest")
-    ax.set_title(f"{name} cut: each query row\ncoloured by the rank that computes it", fontsize=9)
+    ax.set_title(f"{name} cut: query rows by rank", fontsize=9)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
 width = 0.38
@@ -276,7 +276,7 @@ handles += [Patch(facecolor="white", edgecolor="black", label="contiguous (plain
             Patch(facecolor="white", edgecolor="black", hatch="///", label="zig-zag (hatched bars)"),
             matplotlib.lines.Line2D([], [], color="black", ls=":", label="an equal share, s(s+1)/2/cp")]
 fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
-fig.tight_layout(rect=(0, 0.13, 1, 1))
+fig.tight_layout(rect=(0, 0.13, 1, 0.97))
 fig
 
 # %% [checks]
