@@ -6,7 +6,7 @@
     p.to_dict()["per_gpu"]      # what ``zerokit plan --json`` prints under per_gpu
 
 One concern per module: :mod:`.models` (presets, shapes, bare counts), :mod:`.cluster`
-(GPUs, memory, links), :mod:`.layout` (strategy, offload, dp/tp/pp, micro-batches,
+(GPUs, memory, links), :mod:`.layout` (strategy, offload, dp/cp/ep/tp/pp, micro-batches,
 checkpointing, precision, DeepSpeed configs), :mod:`.conventions` (the ZeRO paper's
 counting and DeepSpeed's estimators'), :mod:`.memory` (bytes per GPU), :mod:`.traffic`
 (bytes and estimated seconds per step, the bubble), :mod:`.plan` (``plan()``),
@@ -17,9 +17,10 @@ from .advisor import Advice, advise
 from .cluster import Cluster
 from .conventions import CONVENTIONS, DEEPSPEED, DIFFERENCE, PAPER
 from .layout import Layout, STRATEGIES
-from .models import PRESETS, ModelSpec, from_params, preset, tiny_gpt_spec, transformer
+from .models import MOE_PRESETS, PRESETS, ModelSpec, from_params, preset, tiny_gpt_spec, transformer
 from .plan import Plan, build, plan
 
 __all__ = ["plan", "Plan", "build", "advise", "Advice", "Cluster", "Layout", "STRATEGIES", "ModelSpec", "PRESETS",
+           "MOE_PRESETS",
            "preset", "from_params", "transformer", "tiny_gpt_spec", "CONVENTIONS", "PAPER", "DEEPSPEED",
            "DIFFERENCE"]

@@ -10,6 +10,11 @@ refuses ZeRO-2/3 with a pipeline, FACTS §3), keeping the sequences per step: fe
 ranks take more micro-batches. Layouts that fit are ranked by the estimated seconds per step on the links
 (:attr:`Plan.comm_seconds`, an α-β estimate, no overlap), then by memory; each gets one
 line of reason. The others say what does not fit.
+
+Context and expert parallelism: the plan's cp and ep are kept on every candidate (dp is what
+tp × pp × cp leave). For a model with experts the advisor also ranks every other ep that
+divides dp and the experts and stays in a node (ep = 1 included); when nothing fits and the
+caller left the degrees free, it tries cutting the sequence over cp = 2, 4, 8 ranks too.
 """
 from __future__ import annotations
 
@@ -66,7 +71,8 @@ def label(layout) -> str:
     parts = [LABEL[layout.strategy] + (f" + offload {layout.offload}" if layout.offload != "none" else "")
              + (f" (groups of {layout.shard_group})" if layout.strategy in HIERARCHICAL and layout.shard_group
                 else "")]
-    parts.append(f"dp={layout.dp}" + (f" tp={layout.tp}" if layout.tp > 1 else "")
+    parts.append(f"dp={layout.dp}" + (f" cp={layout.cp} ({layout.cp_attention})" if layout.cp > 1 else "")
+                 + (f" ep={layout.ep}" if layout.ep > 1 else "") + (f" tp={layout.tp}" if layout.tp > 1 else "")
                  + (f" pp={layout.pp}" if layout.pp > 1 else ""))
     if layout.checkpointing != "none":
         parts.append(f"checkpointing {layout.checkpointing}")
@@ -92,6 +98,10 @@ def _traffic_remark(plan) -> str:
         dp = "same traffic as DDP"
     extra = []
     by_axis = plan.comm_bytes_per_step
+    if "cp" in by_axis:
+        extra.append(f"CP ({layout.cp_attention}) {unit.text(by_axis['cp'])} per step")
+    if "ep" in by_axis:
+        extra.append(f"all-to-all {unit.text(by_axis['ep'])} per step (uniform routing)")
     if "tp" in by_axis:
         extra.append(f"TP {unit.text(by_axis['tp'])} per step")
     if "host" in by_axis:
@@ -152,12 +162,21 @@ def candidates(plan, degrees: list) -> list:
     checkpointing = [base.checkpointing] + (["full"] if model.has_shape and base.checkpointing == "none" else [])
     sequences = base.micro_batch_size * base.micro_batches * base.dp
     out = []
-    for tp, pp in degrees:
-        dp = cluster.gpus // (tp * pp)
+    for degree in degrees:
+        tp, pp, cp, ep = (tuple(degree) + (base.cp, base.ep))[:4]
+        if cluster.gpus % (tp * pp * cp):
+            continue
+        dp = cluster.gpus // (tp * pp * cp)
+        if dp % ep:
+            continue
         micro_batches = sequences // (dp * base.micro_batch_size)
         if micro_batches < 1 or sequences % (dp * base.micro_batch_size):
             continue
+        base_here = base
+        base = replace(base, cp=cp, ep=ep)
         for strategy in ALL_STRATEGIES:
+            if strategy in HIERARCHICAL and ep > 1:
+                continue  # the planner models expert parallelism with ddp and zero1-3
             if strategy in HIERARCHICAL:
                 group = base.shard_group if base.strategy in HIERARCHICAL else None
                 size = group or _node_group(dp, tp, cluster.gpus_per_node)
@@ -169,14 +188,35 @@ def candidates(plan, degrees: list) -> list:
                         for ckpt in checkpointing]
                 continue
             offloads = ["none"]
-            if strategy != "ddp" and base.precision == "bf16-mixed":
+            if strategy != "ddp" and base.precision == "bf16-mixed" and ep == 1:
                 offloads += ["optimizer"] + (["params"] if strategy == "zero3" else [])
             for offload in offloads:
                 for ckpt in checkpointing:
                     out.append(replace(base, strategy=strategy, offload=offload, tp=tp, pp=pp, dp=dp,
                                        micro_batches=micro_batches, checkpointing=ckpt, shard_group=None,
                                        segment_layers=base.segment_layers if ckpt == base.checkpointing else None))
+        base = base_here
     return out
+
+
+def expert_degrees(plan) -> list:
+    """For a model with experts: (tp, pp, cp, ep) for every other ep dividing dp and the experts, within a node."""
+    model, layout, cluster = plan.model, plan.layout, plan.cluster
+    if not model.moe:
+        return []
+    return [(layout.tp, layout.pp, layout.cp, ep) for ep in range(1, model.experts + 1)
+            if ep != layout.ep and model.experts % ep == 0 and layout.dp % ep == 0
+            and ep * layout.tp * layout.cp <= cluster.gpus_in_a_node]
+
+
+def context_degrees(plan) -> list:
+    """(tp, pp, cp, ep) cutting the sequence over cp = 2, 4, 8 ranks where it divides the GPUs and the sequence."""
+    model, layout, cluster = plan.model, plan.layout, plan.cluster
+    if not model.has_shape or layout.ep > 1:
+        return []
+    return [(layout.tp, layout.pp, cp, 1) for cp in (2, 4, 8) if cp != layout.cp
+            and cluster.gpus % (cp * layout.tp * layout.pp) == 0 and model.seq_len % (2 * cp) == 0
+            and cp * layout.tp <= cluster.gpus_in_a_node]
 
 
 def _node_group(dp: int, tp: int, gpus_per_node: int) -> int:
@@ -215,9 +255,9 @@ def advise(plan, explore: bool | None = None) -> Advice:
     """
     if explore is None:
         explore = getattr(plan, "explore_parallel", False)
-    fits, misses = _try(plan, candidates(plan, [(plan.layout.tp, plan.layout.pp)]))
+    fits, misses = _try(plan, candidates(plan, [(plan.layout.tp, plan.layout.pp)] + expert_degrees(plan)))
     if not fits and explore and plan.model.has_shape:  # data parallelism first; model parallelism when it must
-        more_fits, more_misses = _try(plan, candidates(plan, model_parallel_degrees(plan)))
+        more_fits, more_misses = _try(plan, candidates(plan, model_parallel_degrees(plan) + context_degrees(plan)))
         fits, misses = more_fits, misses + more_misses
     fits.sort(key=lambda o: (round(o.plan.comm_seconds, 9), o.plan.total_bytes))
     misses.sort(key=lambda o: _overshoot(o.plan) if o.plan else float("inf"))

@@ -21,7 +21,8 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "layers": "--layers", "hidden": "--hidden", "heads": "--heads", "ffn": "--ffn", "vocab": "--vocab",
               "seq_len": "--seq-len", "DeepSpeed": "--deepspeed-config",
               "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
-              "name": "--preset/--params/--layers", "shard_group": "--shard-group"}
+              "name": "--preset/--params/--layers", "shard_group": "--shard-group", "cp": "--cp", "ep": "--ep",
+              "cp_attention": "--cp-attention", "experts": "--experts", "top_k": "--top-k"}
 
 
 def _plan_error(message: str) -> str:
@@ -35,7 +36,8 @@ def cmd_plan(args) -> int:
     from . import plan
 
     for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
-                        ("--shard-group", args.shard_group),
+                        ("--shard-group", args.shard_group), ("--cp", args.cp), ("--ep", args.ep),
+                        ("--experts", args.experts), ("--top-k", args.top_k),
                         ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be a positive whole number")
@@ -60,11 +62,15 @@ def cmd_plan(args) -> int:
                       offload=args.offload, parallel=args.parallel, micro_batch_size=args.micro_batch_size,
                       micro_batches=args.micro_batches, checkpointing=args.checkpointing, precision=args.precision,
                       optimizer=args.optimizer, convention=args.convention, deepspeed_config=args.deepspeed_config,
-                      shard_group=args.shard_group,
+                      shard_group=args.shard_group, cp=args.cp, ep=args.ep, cp_attention=args.cp_attention,
+                      experts=args.experts, top_k=args.top_k,
                       sequence_parallel=False if args.no_sequence_parallel else None,
                       fused_attention=True if args.fused_attention else None, **links)
     except ValueError as e:
-        raise UsageError(_plan_error(str(e))) from e
+        message = _plan_error(str(e))
+        if message.startswith("--parallel: ") and args.parallel is None:  # the degrees came from --cp / --ep
+            message = "--cp/--ep: " + message.removeprefix("--parallel: ")
+        raise UsageError(message) from e
     if args.json:
         print(json.dumps(result.to_dict(advice=not args.no_advice), indent=1))
     else:
@@ -78,11 +84,13 @@ def add_plan_command(sub):
                                         "(computed, nothing runs)")
     model = plan_.add_argument_group("model (one of: --preset, --params, or a shape)")
     model.add_argument("--preset", help="gpt2-1.5b, t5-3b, llama-7b, llama-13b, llama-65b, llama3-8b, llama3-70b, "
-                                        "gpt3-175b")
+                                        "mixtral-8x7b, gpt3-175b")
     model.add_argument("--params", help="a bare parameter count, e.g. 7.5e9 (model states and dp traffic only)")
     for flag in ("--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq-len"):
         model.add_argument(flag, type=int)
     model.add_argument("--tied", action="store_true", help="the head shares the token embedding")
+    model.add_argument("--experts", type=int, metavar="E", help="a mixture of experts: E experts per layer's MLP")
+    model.add_argument("--top-k", type=int, metavar="K", help="with --experts: experts each token is routed to")
     model.add_argument("--fused-attention", action="store_true",
                        help="flash attention: no s×s scores saved (Korthikanti's formula assumes they are)")
     cluster = plan_.add_argument_group("cluster")
@@ -104,8 +112,15 @@ def add_plan_command(sub):
                      help="hsdp/hpz: data-parallel ranks in a shard group (default: those of one node)")
     lay.add_argument("--offload", choices=("none", "optimizer", "params"),
                      help="ZeRO-Offload: the optimizer (zero1-3) or the parameters too (zero3)")
-    lay.add_argument("--parallel", metavar="dp=N,tp=N,pp=N", help="degrees multiplying to --gpus; an axis left out "
-                                                                  "is 1, or for dp the rest (default: all dp)")
+    lay.add_argument("--parallel", metavar="dp=N,tp=N,pp=N", help="degrees multiplying to --gpus (with --cp); an axis "
+                                                                  "left out is 1, or for dp the rest (default: all dp)")
+    lay.add_argument("--cp", type=int, metavar="N", help="context parallelism: each sequence cut over N ranks "
+                                                         "(activations ÷ N; gradients reduced over dp × cp)")
+    lay.add_argument("--cp-attention", choices=("ring", "ulysses"),
+                     help="with --cp: ring attention (K/V blocks around the ring) or Ulysses (all-to-all to heads); "
+                          "default ring")
+    lay.add_argument("--ep", type=int, metavar="N", help="expert parallelism: experts spread over N of the dp ranks "
+                                                         "(divides dp and the experts)")
     lay.add_argument("--micro-batch-size", type=int, help="sequences per GPU per micro-batch (default 1)")
     lay.add_argument("--micro-batches", type=int, help="micro-batches per step (accumulation, pipeline; default 1)")
     lay.add_argument("--checkpointing", default="none", help="none, full, sqrt or every-K (K layers per segment)")

@@ -5,8 +5,8 @@ GPU each way), one 200 Gb/s InfiniBand link per GPU between nodes (25 GB/s), PCI
 to the host (25 GB/s). They are assumptions, printed with every plan; change them.
 
 :func:`axis_link` says which link an axis of the mesh runs on. Ranks are laid out as
-:mod:`zerokit.runtime.mesh` lays them out — ``tp`` innermost, then ``dp``, ``pp``
-outermost — so an axis's group spans ``stride × degree`` consecutive ranks (stride: the
+:mod:`zerokit.runtime.mesh` lays them out — ``tp`` innermost, then ``cp``, ``dp``,
+``pp`` outermost (``ep`` is ep consecutive dp ranks) — so an axis's group spans ``stride × degree`` consecutive ranks (stride: the
 product of the degrees inside it). If that span fits in one node, the axis uses the
 intra-node link; otherwise its ring crosses nodes and the slower inter-node link bounds it.
 """
@@ -95,7 +95,7 @@ class Cluster:
 
 
 #: axes from innermost to outermost, as zerokit.runtime.mesh lays ranks out
-ORDER = ("tp", "dp", "pp")
+ORDER = ("tp", "cp", "dp", "pp")
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:

@@ -7,7 +7,10 @@ ZeRO (parameters: stage 3) and 16-bit training. ``hsdp`` and ``hpz`` are the hie
 layouts (:mod:`zerokit.theory.hierarchical`): ZeRO-3 inside a shard group of
 ``shard_group`` data-parallel ranks, replicated across groups (FSDP2's 2-D mesh, DeepSpeed's
 MiCS), and ZeRO-3 over every rank with a secondary parameter copy sharded over the group
-(ZeRO++'s hpZ); the group defaults to the data-parallel ranks of one node. :func:`from_deepspeed_config` reads a
+(ZeRO++'s hpZ); the group defaults to the data-parallel ranks of one node. ``cp`` cuts every
+sequence over cp ranks (context parallelism: ring attention or Ulysses, ``cp_attention``; the
+world is dp × cp × tp × pp and the gradients are reduced over dp × cp); ``ep`` spreads a mixture
+of experts' experts over ep of the data-parallel ranks (it divides dp and the experts). :func:`from_deepspeed_config` reads a
 DeepSpeed config with :func:`zerokit.zero.config.from_deepspeed` for its
 ``zero_optimization`` section and takes the batch, precision and offload keys itself.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import theory
+from ..theory import context as cp_theory
 from ..runtime.mesh import parse_parallel
 
 #: the flat data-parallel strategies (one group of every dp rank)
@@ -29,6 +33,8 @@ ALL_STRATEGIES = STRATEGIES + HIERARCHICAL
 STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3, "hpz": 3}
 OFFLOADS = ("none", "optimizer", "params")
 SCHEDULES = ("1f1b", "gpipe")
+#: the axes plan()'s ``parallel`` dict names
+PARALLEL_AXES = ("dp", "cp", "ep", "tp", "pp")
 #: DeepSpeed's defaults, in elements (FACTS §7)
 REDUCE_BUCKET = 500_000_000
 PREFETCH_BUCKET = 50_000_000
@@ -69,6 +75,11 @@ class Layout:
     #: mics_shard_size); hpz: the ranks its secondary copy is sharded over (zero_hpz_partition_size).
     #: None: the data-parallel ranks of one node, gpus_per_node // tp (at most dp)
     shard_group: int | None = None
+    #: context parallelism: ranks each sequence is cut over, and how attention reaches the other ranks' keys
+    cp: int = 1
+    cp_attention: str = "ring"
+    #: expert parallelism: data-parallel ranks a mixture of experts' experts are spread over
+    ep: int = 1
 
     @property
     def stage(self) -> int:
@@ -93,7 +104,18 @@ class Layout:
         return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
 
     def degrees(self) -> dict:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        return {"dp": self.dp, "cp": self.cp, "tp": self.tp, "pp": self.pp}
+
+    @property
+    def dp_axis(self) -> str:
+        """The axis the weights' gradients are reduced over: ``dp``, or ``dp_cp`` (dp × cp, Megatron's data-parallel
+        group with context parallelism) — the name zerokit's ledger gives it."""
+        return "dp_cp" if self.cp > 1 else "dp"
+
+    @property
+    def edp(self) -> int:
+        """The data-parallel ranks that hold the same experts, dp / ep."""
+        return self.dp // self.ep
 
     def describe(self) -> str:
         off = f" + offload {self.offload}" if self.offload != "none" else ""
@@ -103,6 +125,8 @@ class Layout:
             off = f" (ZeRO-3 over {self.dp}, secondary copy over {self.shard_group})"
         ckpt = self.checkpointing if self.checkpointing != "every-k" else f"every {self.segment_layers} layers"
         sp = ", sequence parallel" if self.sp else ""
+        sp += f" cp={self.cp} ({self.cp_attention})" if self.cp > 1 else ""
+        sp += f" ep={self.ep} (experts' gradients over {self.edp})" if self.ep > 1 else ""
         return (f"{self.strategy}{off}; dp={self.dp} tp={self.tp} pp={self.pp}{sp}; micro-batch "
                 f"{self.micro_batch_size} × {self.micro_batches}; checkpointing {ckpt}; {self.precision} "
                 f"{self.optimizer}" + (f"; schedule {self.schedule}" if self.pp > 1 else ""))
@@ -128,12 +152,14 @@ def parse_checkpointing(text: str) -> tuple:
 
 
 def parse_parallel_text(text: str) -> dict:
-    """``"dp=8,tp=2,pp=1"`` → ``{"dp": 8, "tp": 2, "pp": 1}`` (degrees checked later against the GPUs)."""
+    """``"dp=8,tp=2,pp=1"`` → ``{"dp": 8, "tp": 2, "pp": 1}`` (degrees checked later against the GPUs); cp and ep
+    have flags of their own (``--cp``, ``--ep``), and plan()'s ``parallel`` dict takes them too."""
     out = {}
     for item in str(text).split(","):
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or key not in ("dp", "tp", "pp") or not value.lstrip("-").isdigit():
-            raise ValueError(f"parallel {text!r}: {item.strip()!r} is not AXIS=N with AXIS one of dp, tp, pp")
+            raise ValueError(f"parallel {text!r}: {item.strip()!r} is not AXIS=N with AXIS one of dp, tp, pp (context "
+                             f"and expert parallelism: --cp N, --ep N)")
         if key in out:
             raise ValueError(f"parallel {text!r}: {key} is given twice")
         out[key] = int(value)
@@ -150,9 +176,10 @@ def check(layout: Layout, model, cluster) -> Layout:
         raise ValueError(f"schedule={layout.schedule!r}; allowed: {', '.join(SCHEDULES)}")
     theory.check_precision(layout.precision)
     theory.check_optimizer(layout.optimizer)
-    for name in ("micro_batch_size", "micro_batches", "tp", "pp"):
+    for name in ("micro_batch_size", "micro_batches", "tp", "pp", "cp", "ep"):
         _positive(name, getattr(layout, name))
-    asked = {"tp": layout.tp, "pp": layout.pp} | ({} if layout.dp is None else {"dp": _positive("dp", layout.dp)})
+    asked = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep} | (
+        {} if layout.dp is None else {"dp": _positive("dp", layout.dp)})
     try:
         shape = parse_parallel(asked, cluster.gpus)
     except ValueError as e:
@@ -161,6 +188,7 @@ def check(layout: Layout, model, cluster) -> Layout:
                                     else f"every-{layout.segment_layers}")
     layout = replace(layout, dp=shape["dp"], checkpointing=policy, segment_layers=k)
     layout = _check_shard_group(layout, cluster)
+    _check_cp_ep(layout, model)
     if not model.has_shape:
         if layout.tp > 1 or layout.pp > 1:
             raise ValueError(f"tp={layout.tp}, pp={layout.pp}: a bare parameter count has no layers or heads to "
@@ -186,6 +214,29 @@ def check(layout: Layout, model, cluster) -> Layout:
         raise ValueError(f"train_batch_size={layout.global_batch} but micro-batch {layout.micro_batch_size} × "
                          f"micro-batches {layout.micro_batches} × dp {layout.dp} = {expected}")
     return layout
+
+
+def _check_cp_ep(layout: Layout, model) -> None:
+    """Context and expert parallelism checked against the model: a sequence to cut, experts to spread."""
+    if layout.cp > 1 or layout.cp_attention != "ring":
+        if not model.has_shape:
+            raise ValueError(f"cp={layout.cp}: a bare parameter count has no sequence to cut; give a preset or a "
+                             f"shape")
+        cp_theory.check_context_parallel(layout.cp, model.seq_len, model.heads, layout.cp_attention, model.kv_heads,
+                                      layout.tp)
+    if layout.ep > 1:
+        if not model.has_shape or not model.moe:
+            raise ValueError(f"ep={layout.ep}: the model has no experts to spread; give experts (--experts E "
+                             f"--top-k k) or a preset with experts (mixtral-8x7b)")
+        if model.experts % layout.ep:
+            raise ValueError(f"ep={layout.ep} must divide the {model.experts} experts per layer")
+        if layout.cp > 1:
+            raise ValueError(f"ep={layout.ep} with cp={layout.cp}: the planner models expert parallelism without "
+                             f"context parallelism (set one of them to 1)")
+        if layout.hierarchical or layout.offload != "none":
+            raise ValueError(f"ep={layout.ep}: the planner models expert parallelism with ddp and zero1-3 without "
+                             f"offload, not {layout.strategy}" + (f" + offload {layout.offload}"
+                                                                 if layout.offload != "none" else ""))
 
 
 def _check_shard_group(layout: Layout, cluster) -> Layout:

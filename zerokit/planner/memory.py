@@ -14,12 +14,22 @@ whole (Megatron 1909.08053 §3). ZeRO then shards those Ψ_rank elements over dp
   (:func:`~zerokit.theory.checkpointed_activation_bytes`) and times the micro-batches a
   1F1B / GPipe stage stashes (:func:`~zerokit.theory.peak_stashed_microbatches`);
 - buffers: DDP's buckets, ZeRO's gradient buckets, ZeRO-3's gathered unit and prefetch.
+
+With context parallelism (``cp``) a rank holds s/cp tokens of every sequence: the activations
+are :func:`zerokit.theory.context.cp_layer_activation_bytes` (÷ cp, but for the scores'
+rows, which span every key). With expert parallelism (``ep``) a rank holds E/ep of every MoE
+layer's experts: Ψ_rank = Ψ_dense + Ψ_experts/ep; ZeRO shards the dense part over dp and the
+experts over the dp/ep ranks that hold the same experts (DeepSpeed-MoE §4, Megatron's expert
+data parallelism). A MoE layer's activations add :func:`zerokit.theory.experts.moe_extra_activation_bytes`
+(dropless, uniform routing).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .. import theory
+from ..theory import context as cp_theory
+from ..theory import experts as ep_theory
 from ..zero.flat_buffer import assign_units
 
 
@@ -52,6 +62,9 @@ class StageMemory:
     #: sizes the dp traffic and the advisor need
     units: list | None = None
     largest_unit: int = 0
+    #: expert parallelism: this rank's expert elements (in ``psi_rank``) and their units (``units``: the dense ones)
+    expert_psi: int = 0
+    expert_units: list | None = None
 
     @property
     def total(self) -> float:
@@ -119,6 +132,8 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
         return _offload_terms(psi, layout, n, convention, largest_module)
     if layout.hierarchical:
         return _hierarchical_terms(psi, sizes, layout, n, convention, largest_module)
+    if layout.ep > 1 and layout.stage > 0:
+        return _expert_terms(sizes, layout, n, convention, largest_module)
     if convention.name == "deepspeed":
         states = theory.deepspeed_model_state_bytes(stage, psi, n, largest_module)
         formulas = {0: ("2Ψ", "6Ψ (16-bit + fp32)", "12Ψ"), 1: ("2Ψ", "2Ψ + 4Ψ/N", "12Ψ/N"),
@@ -147,6 +162,49 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
                          f"{layout.optimizer}{' with an fp32 master copy' if layout.precision != 'fp32' else ''}; "
                          f"{step_note}")]
     return states, 0.0, terms, units
+
+
+def split_experts(sizes: list) -> tuple:
+    """(dense sizes, expert sizes) of a rank's (elements, tensor) list."""
+    return [x for x in sizes if not ep_theory.is_expert(x[1])], [x for x in sizes if ep_theory.is_expert(x[1])]
+
+
+def _expert_terms(sizes, layout, n, convention, largest_module):
+    """ZeRO 1-3 with expert parallelism: the dense part over the N = dp ranks, the experts over the N_e = dp/ep
+    ranks that hold the same experts (each kind's states counted as :func:`zerokit.theory.model_state_bytes`
+    counts them on its own group)."""
+    stage, ne = layout.stage, layout.edp
+    dense, experts = split_experts(sizes)
+    psi_d, psi_e = sum(x for x, _ in dense), sum(x for x, _ in experts)
+    where = f"dense Ψ_d = {psi_d:,} over N = {n}, experts Ψ_e/ep = {psi_e:,} over N_e = dp/ep = {ne}"
+    if convention.name == "deepspeed":
+        d = theory.deepspeed_model_state_bytes(stage, psi_d, n, largest_module)
+        e = theory.deepspeed_model_state_bytes(stage, psi_e, ne, largest_module)
+        states = theory.ModelStates(d.params + e.params, d.grads + e.grads, d.optimizer + e.optimizer)
+        return states, 0.0, [theory_term("params", f"params (DeepSpeed convention, stage {stage})", states.params,
+                                         "dense over N, experts over N_e", where),
+                             theory_term("grads", "grads", states.grads, "dense over N, experts over N_e", where),
+                             theory_term("optimizer", "optimizer states", states.optimizer,
+                                         "12Ψ_d/N + 12Ψ_e/N_e", "DeepSpeed's estimator on each group")], None
+    du, _, dt = _units(dense, layout)
+    eu, _, et = _units(experts, layout)
+    steps = dt + et if layout.optimizer == "adamw" else 0
+    d = theory.model_state_bytes(stage, psi_d, n, layout.precision, layout.optimizer, units=du,
+                                 optimizer_tensors=steps)
+    e = theory.model_state_bytes(stage, psi_e, ne, layout.precision, layout.optimizer, units=eu)
+    states = theory.ModelStates(d.params + e.params, d.grads + e.grads, d.optimizer + e.optimizer, d.step_scalars)
+    b = theory.param_bytes_per_element(layout.precision)
+    k = theory.optimizer_bytes_per_element(layout.precision, layout.optimizer)
+    shard = {1: ("Ψ", "Ψ", "/N"), 2: ("Ψ", "/N", "/N"), 3: ("/N", "/N", "/N")}[stage]
+
+    def f(part, coef):
+        return f"{coef}·(Ψ_d + Ψ_e/ep)" if part == "Ψ" else f"{coef}·(Ψ_d/N + (Ψ_e/ep)/N_e)"
+
+    terms = [theory_term("params", "params", states.params, f(shard[0], b), f"{layout.precision}; {where}"),
+             theory_term("grads", "grads", states.grads, f(shard[1], b), layout.precision),
+             theory_term("optimizer", "optimizer states", states.optimizer, f(shard[2], "K") + f", K = {k}",
+                         f"{layout.optimizer}" + (f"; + 4 B × {steps} Adam step scalars" if steps else ""))]
+    return states, 0.0, terms, (du, eu)
 
 
 def _hierarchical_terms(psi, sizes, layout, n, convention, largest_module):
@@ -215,15 +273,25 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
     if not model.has_shape:
         return 0.0, [Term("activations", "activations", 0.0, "not counted", "a bare parameter count has no shape; "
                                                                               "give a preset or a shape")]
-    s, b, h, a, t = model.seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
+    whole, b, h, a, t, cp = model.seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp, layout.cp
+    s = whole // cp  # this rank's tokens of each sequence
     per = model.layers // layout.pp
     layers = range(stage * per, (stage + 1) * per)
     first_cross = model.layers - model.cross_attention_layers
     common = dict(t=t, sequence_parallel=layout.sp, ffn=model.ffn, q_dim=model.q_dim, kv_dim=model.kv_dim,
                   element_bytes=element_bytes, dropout=model.dropout, fused_attention=model.fused_attention,
                   mlp=model.mlp, regather=layout.sequence_parallel_regather)
-    per_layer = [theory.transformer_layer_activation_bytes(s, b, h, a, cross_attention=i >= first_cross, **common)
-                 for i in layers]
+    if cp > 1:
+        per_layer = [cp_theory.cp_layer_activation_bytes(whole, b, h, a, cp, layout.cp_attention,
+                                                         cross_attention=i >= first_cross, **common) for i in layers]
+    else:
+        per_layer = [theory.transformer_layer_activation_bytes(s, b, h, a, cross_attention=i >= first_cross,
+                                                               **common) for i in layers]
+    moe = 0.0
+    if model.moe:
+        moe = ep_theory.moe_extra_activation_bytes(s, b, h, model.ffn, model.experts, model.top_k, t, element_bytes,
+                                                   model.mlp, layout.ep)
+        per_layer = [x + moe for x in per_layer]
     mean_layer = sum(per_layer) / len(per_layer)
     boundary = element_bytes * s * b * h / (t if layout.sp else 1)
     p, m = layout.pp, layout.micro_batches
@@ -236,6 +304,11 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
              *(["sequence parallel: gathered linear inputs saved whole"] if layout.sp and
                not layout.sequence_parallel_regather else []),
              ("fused attention: fp32 log-sum-exp, no s×s scores" if model.fused_attention else "s×s scores saved"),
+             *([f"cp = {cp}: s/cp = {s} tokens per rank ({layout.cp_attention}"
+                + (": + the fp32 output accumulator, 4·q per token" if layout.cp_attention == "ring" else "")
+                + ("; score rows span all s keys" if not model.fused_attention else "") + ")"] if cp > 1 else []),
+             *([f"MoE: top-{model.top_k} of {model.experts}, the MLP's inputs × k, router probabilities and gated "
+                f"outputs (+{moe:,.0f} B per layer; dropless, uniform routing)"] if model.moe else []),
              f"{model.mlp} MLP of {model.ffn}", f"{element_bytes}-byte activations"]
     policy = {"none": "n·A, every layer's activations", "full": "n·X + A: each layer's input, one layer recomputed",
               "every-k": f"⌈n/k⌉·X + k·A, k = {layout.segment_layers}: segment inputs, one segment recomputed",
@@ -282,10 +355,21 @@ def buffer_terms(layout, psi: int, units, largest_unit: int, convention) -> tupl
     return sum(term.bytes for term in terms), terms
 
 
+def expert_share(tensors: list, experts: int, ep: int) -> list:
+    """The tensors an ep rank holds: the dense ones and E/ep experts of every MoE layer (the first rank's share:
+    every rank's is the same size)."""
+    if ep <= 1:
+        return tensors
+    per = experts // ep
+    return [p for p in tensors if not ep_theory.is_expert(p) or int(p.module.split(".mlp.experts.")[1].split(".")[0])
+            < per]
+
+
 def stage_memory(model, layout, convention, stage: int) -> StageMemory:
     """Everything one rank of pipeline stage ``stage`` holds, with its terms."""
     if model.has_shape:
-        sizes = rank_sizes(stage_tensors(model, layout.pp, stage), layout.tp)
+        sizes = rank_sizes(expert_share(stage_tensors(model, layout.pp, stage), model.experts or 1, layout.ep),
+                           layout.tp)
         psi = sum(n for n, _ in sizes)
         modules: dict = {}
         for n, p in sizes:
@@ -294,13 +378,21 @@ def stage_memory(model, layout, convention, stage: int) -> StageMemory:
     else:
         sizes, psi, largest_module = [], model.param_count, 0
     states, host, terms, units = model_state_terms(psi, sizes, layout, layout.dp, convention, largest_module)
+    expert_psi, expert_units = 0, None
+    if layout.ep > 1:
+        dense, experts = split_experts(sizes)
+        expert_psi = sum(n for n, _ in experts)
+        if layout.stage > 0:
+            units, expert_units = units if units else (_units(dense, layout)[0], _units(experts, layout)[0])
     if layout.stage == 3 and not units and sizes:
         units = _units(sizes, layout)[0]
-    largest_unit = max(units) if units and sizes else 0  # a bare count has no units to gather
+    every_unit = (units or []) + (expert_units or [])
+    largest_unit = max(every_unit) if every_unit and sizes else 0  # a bare count has no units to gather
     e = theory.param_bytes_per_element(layout.precision)
     acts, act_terms = activation_terms(model, layout, stage, e)
-    bufs, buf_terms = buffer_terms(layout, psi, units, largest_unit, convention)
-    return StageMemory(stage, psi, states, acts, bufs, host, terms + act_terms + buf_terms, units, largest_unit)
+    bufs, buf_terms = buffer_terms(layout, psi, every_unit or None, largest_unit, convention)
+    return StageMemory(stage, psi, states, acts, bufs, host, terms + act_terms + buf_terms, units, largest_unit,
+                       expert_psi, expert_units)
 
 
 def host_bytes_per_node(model, layout, cluster, convention, memory: StageMemory) -> tuple:

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Optional
 
 from .. import theory
+from ..theory.experts import is_expert, moe_parameters
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class ModelSpec:
     dropout: bool = True
     #: attention computed by a fused kernel (flash attention, torch's SDPA): no s×s scores are saved
     fused_attention: bool = False
+    #: a mixture of experts: every layer's MLP is ``experts`` experts, each token routed to ``top_k`` of them
+    experts: Optional[int] = None
+    top_k: Optional[int] = None
     #: where the shape comes from
     source: str = ""
 
@@ -54,10 +58,21 @@ class ModelSpec:
         """Every parameter tensor (:class:`zerokit.theory.ParamTensor`); empty for a bare count."""
         if not self.has_shape:
             return []
-        return theory.transformer_parameters(
+        dense = theory.transformer_parameters(
             self.layers, self.hidden, self.heads, self.ffn, self.vocab, self.seq_len, self.tied,
             kv_heads=self.kv_heads, head_dim=self.head_dim, mlp=self.mlp, norm=self.norm, bias=self.bias,
             position=self.position, cross_attention_layers=self.cross_attention_layers)
+        return moe_parameters(dense, self.experts, self.hidden) if self.moe else dense
+
+    @property
+    def moe(self) -> bool:
+        """A mixture of experts (``experts`` > 1)."""
+        return bool(self.experts and self.experts > 1)
+
+    @property
+    def expert_param_count(self) -> int:
+        """Parameters in the experts (0 for a dense model): what expert parallelism divides by ep."""
+        return sum(p.numel for p in self.tensors if is_expert(p))
 
     @property
     def param_count(self) -> int:
@@ -83,16 +98,18 @@ class ModelSpec:
         if not self.has_shape:
             return f"{self.name}: Ψ = {self.param_count:,} parameters (no shape: no activations, TP or PP)"
         kv = f", {self.kv_heads} KV heads" if self.kv_heads and self.kv_heads != self.heads else ""
+        if self.moe:
+            kv += f"; {self.experts} experts per layer, top-{self.top_k} (Ψ_experts = {self.expert_param_count:,})"
         cross = f" ({self.cross_attention_layers} with cross-attention)" if self.cross_attention_layers else ""
         return (f"{self.name}: {self.layers} layers{cross}, hidden {self.hidden}, {self.heads} heads{kv}, "
                 f"FFN {self.ffn} ({self.mlp}), vocab {self.vocab}, sequence {self.seq_len}"
                 f"{', tied embeddings' if self.tied else ''}; Ψ = {self.param_count:,}")
 
 
-def _llama(name, layers, hidden, heads, ffn, vocab=32000, seq_len=2048, kv_heads=None, source=""):
+def _llama(name, layers, hidden, heads, ffn, vocab=32000, seq_len=2048, kv_heads=None, source="", **moe):
     return ModelSpec(name, layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=vocab, seq_len=seq_len,
                      kv_heads=kv_heads, mlp="swiglu", norm="rmsnorm", bias=False, position="rotary",
-                     dropout=False, source=source)
+                     dropout=False, source=source, **moe)
 
 
 #: name -> the published shape; Ψ is computed (the tests hold each against the published count)
@@ -114,12 +131,22 @@ PRESETS = {
                            seq_len=2048, tied=True, source="GPT-3 (Brown et al. 2020): ≈ 175 B"),
 }
 
+#: mixtures of experts (the same shapes, each layer's MLP E experts with top-k routing); Ψ computed and held
+#: against the published count in tests/test_planner_cp_ep.py
+MOE_PRESETS = {
+    "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 14336, seq_len=32768, kv_heads=8, experts=8, top_k=2,
+                           source="Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088): 8 SwiGLU experts of FFN 14336 "
+                                  "per layer, top-2, 32k context; 46.7 B parameters, 12.9 B active per token"),
+}
+
 
 def preset(name: str) -> ModelSpec:
     """A preset by name (case and ``_`` forgiven); an unknown name is refused with the list."""
     key = name.strip().lower().replace("_", "-")
+    if key in MOE_PRESETS:
+        return MOE_PRESETS[key]
     if key not in PRESETS:
-        raise ValueError(f"preset {name!r} is unknown; allowed: {', '.join(PRESETS)}")
+        raise ValueError(f"preset {name!r} is unknown; allowed: {', '.join([*PRESETS, *MOE_PRESETS])}")
     return PRESETS[key]
 
 
@@ -159,6 +186,14 @@ def check(spec: ModelSpec) -> ModelSpec:
         raise ValueError(f"hidden={spec.hidden} is not divisible by heads={spec.heads}")
     if spec.kv_heads is not None and (spec.kv_heads < 1 or spec.heads % spec.kv_heads):
         raise ValueError(f"kv_heads={spec.kv_heads} must divide heads={spec.heads}")
+    if spec.top_k is not None and not spec.moe:
+        raise ValueError(f"top_k={spec.top_k}: a dense model routes nothing; give experts (E > 1) too")
+    if spec.experts is not None:
+        if isinstance(spec.experts, bool) or not isinstance(spec.experts, int) or spec.experts < 1:
+            raise ValueError(f"experts={spec.experts!r} must be a positive whole number (1: a dense MLP)")
+        if spec.moe and (spec.top_k is None or not 1 <= spec.top_k <= spec.experts):
+            raise ValueError(f"top_k={spec.top_k!r} must be between 1 and experts={spec.experts} (the experts each "
+                             f"token is routed to)")
     if not 0 <= spec.cross_attention_layers <= spec.layers:
         raise ValueError(f"cross_attention_layers={spec.cross_attention_layers} must be between 0 and "
                          f"layers={spec.layers}")
@@ -169,15 +204,18 @@ def check(spec: ModelSpec) -> ModelSpec:
 
 
 def tiny_gpt_spec(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: int = 4, n_head: int = 4,
-                  tie_weights: bool = False) -> ModelSpec:
+                  tie_weights: bool = False, n_experts: int = 0, top_k: int = 1) -> ModelSpec:
     """The shape of :func:`zerokit.tiny_gpt` with the same arguments (its defaults too).
 
     Its blocks have no dropout and call ``F.scaled_dot_product_attention`` (fused: no s×s
-    scores are saved), so the planner counts activations accordingly.
+    scores are saved), so the planner counts activations accordingly. ``n_experts`` > 0: its
+    MoE MLP (:mod:`zerokit.expert_parallel`), E experts of the same MLP and a router, top-``top_k``.
     """
+    moe = dict(experts=n_experts, top_k=top_k) if n_experts and n_experts > 1 else {}
     spec = transformer(n_layer, d_model, n_head, 4 * d_model, vocab, seq_len, tie_weights,
-                       name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else ""),
-                       dropout=False, fused_attention=True)
+                       name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else "")
+                       + (f"-{n_experts}e-top{top_k}" if moe else ""),
+                       dropout=False, fused_attention=True, **moe)
     return replace(spec, source="zerokit.tiny_gpt")
 
 
@@ -186,7 +224,8 @@ def resolve(model=None, params=None, preset_name=None, **shape) -> ModelSpec:
     given = [x for x in (model, params, preset_name) if x is not None] + ([shape] if shape else [])
     if len(given) != 1:
         raise ValueError("name the model once: a preset (e.g. preset='llama-7b'), a bare count (params=7.5e9) or "
-                         f"a shape (layers, hidden, heads, …); allowed presets: {', '.join(PRESETS)}")
+                         f"a shape (layers, hidden, heads, …); allowed presets: "
+                         f"{', '.join([*PRESETS, *MOE_PRESETS])}")
     if isinstance(model, ModelSpec):
         return check(model)
     if isinstance(model, str) or preset_name is not None:

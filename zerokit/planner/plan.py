@@ -16,7 +16,7 @@ from . import memory as mem
 from . import traffic
 from .cluster import Cluster
 from .conventions import DIFFERENCE, convention as get_convention
-from .models import resolve
+from .models import check as check_spec, resolve
 
 
 @dataclass
@@ -130,6 +130,14 @@ def build(model, cluster: Cluster, layout: layouts.Layout, convention, notes=())
     if model.cross_attention_layers:
         notes.append("encoder-decoder: the encoder and decoder sequences are both taken as seq_len; the encoder "
                      "output each cross-attention reads is not counted")
+    if layout.ep > 1:
+        notes.append(f"ep = {layout.ep}: the all-to-all bytes assume uniform routing (each of a token's {model.top_k} "
+                     f"slots equally likely on every rank, dropless); a router that favours some experts sends "
+                     f"more to their ranks, and the busiest rank sets the step's time")
+    if layout.cp > 1:
+        notes.append(f"cp = {layout.cp} ({layout.cp_attention}): every sequence is cut into 2·cp zig-zag chunks, "
+                     f"so causal work is balanced; the weights' gradients are reduced over dp × cp "
+                     f"= {layout.dp * layout.cp} ranks")
     transfers = traffic.transfers(model, layout, cluster, worst)
     if any(t.link == "inter-node" and t.leaving_node < cluster.gpus_in_a_node * t.bytes for t in transfers):
         notes.append("a ring whose ranks share a node and span nodes is estimated at one GPU's inter-node link for "
@@ -169,7 +177,7 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
          offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
          sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
-         shard_group=None, **links) -> Plan:
+         shard_group=None, cp=None, ep=None, cp_attention=None, experts=None, top_k=None, **links) -> Plan:
     """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
 
     The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
@@ -186,6 +194,9 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     saved whole (what zerokit's tiny GPT plan does today; Megatron re-gathers it).
     ``shard_group`` (hsdp, hpz): the data-parallel ranks a parameter (hsdp) or the secondary
     copy (hpz) is sharded over; default the data-parallel ranks of one node.
+    ``cp`` (or ``parallel`` "cp=…"): context parallelism, each sequence cut over cp ranks, attention by
+    ``cp_attention`` "ring" (default) or "ulysses"; ``ep``: expert parallelism over ep of the dp ranks, for a model
+    with experts (a preset such as "mixtral-8x7b", or ``experts=E, top_k=k`` on a shape or preset).
     """
     conv = get_convention(convention)
     spec = resolve(model, params, preset, **{k: v for k, v in dict(
@@ -193,6 +204,13 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
         if v is not None})
     if fused_attention is not None:
         spec = replace(spec, fused_attention=bool(fused_attention))
+    if experts is not None or top_k is not None:
+        if not spec.has_shape:
+            raise ValueError(f"experts={experts!r}: a bare parameter count has no MLPs to turn into experts; give a "
+                             f"preset or a shape")
+        moe = dict(experts=spec.experts if experts is None else experts,
+                   top_k=(spec.top_k or 1) if top_k is None else top_k)
+        spec = check_spec(replace(spec, **moe, name=f"{spec.name} ({moe['experts']} experts, top-{moe['top_k']})"))
     unknown = sorted(set(links) - set(Cluster.__dataclass_fields__) | set(links) & {"gpus", "gpu_memory",
                                                                                      "gpus_per_node"})
     if unknown:
@@ -203,7 +221,7 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
                           sequence_parallel_regather=bool(sequence_parallel_regather))
     given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,
                                    micro_batches=micro_batches, precision=precision, optimizer=optimizer,
-                                   shard_group=shard_group).items()
+                                   shard_group=shard_group, cp=cp, ep=ep, cp_attention=cp_attention).items()
              if v is not None}
     if deepspeed_config is not None:
         from_config = layouts.from_deepspeed_config(deepspeed_config)
@@ -215,12 +233,15 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     base = replace(base, **given)
     if parallel is not None:
         degrees = layouts.parse_parallel_text(parallel) if isinstance(parallel, str) else dict(parallel)
-        unknown_axes = sorted(set(degrees) - {"dp", "tp", "pp"})
+        unknown_axes = sorted(set(degrees) - set(layouts.PARALLEL_AXES))
         if unknown_axes:
-            raise ValueError(f"parallel: unknown axis {unknown_axes[0]!r}; allowed: dp, tp, pp")
+            raise ValueError(f"parallel: unknown axis {unknown_axes[0]!r}; allowed: {', '.join(layouts.PARALLEL_AXES)}")
+        for axis in ("cp", "ep"):
+            if axis in degrees and axis in given and degrees[axis] != given[axis]:
+                raise ValueError(f"{axis}={given[axis]!r} contradicts parallel, which sets {axis}={degrees[axis]!r}")
         base = replace(base, **degrees)
     policy, k = layouts.parse_checkpointing(checkpointing)
     base = replace(base, checkpointing=policy, segment_layers=k)
     result = build(spec, cluster, base, conv)
-    result.explore_parallel = parallel is None and spec.has_shape
+    result.explore_parallel = parallel is None and cp is None and ep is None and spec.has_shape
     return result

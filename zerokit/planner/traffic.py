@@ -10,6 +10,13 @@
 - hierarchical dp (``hsdp``, ``hpz``): :func:`~zerokit.theory.hsdp_collective_bytes` and
   :func:`~zerokit.theory.hpz_collective_bytes`, each collective on the link its own group
   runs on (the shard group inside a node, the replicas or all N across nodes);
+- ``cp`` (context parallelism): every attention call's ring sends or Ulysses all-to-alls,
+  :func:`zerokit.theory.context.cp_attention_bytes`; the weights' gradients then go over
+  ``dp_cp`` (dp × cp ranks, the name zerokit's ledger gives that group);
+- ``ep`` (expert parallelism): each MoE layer's dispatch and combine all-to-alls under uniform
+  routing, :func:`zerokit.theory.experts.moe_alltoall_bytes_uniform` (an assumption: a real
+  router sends more to some ranks); the experts' gradients go over ``edp`` (the dp/ep ranks
+  holding the same experts), the dense ones over ``dp``;
 - ``host``: ZeRO-Offload's gradients out and parameters back
   (:func:`~zerokit.theory.offload_traffic_bytes_accumulated`, :func:`~zerokit.theory.param_offload_traffic_bytes`).
 
@@ -27,6 +34,8 @@ import math
 from dataclasses import dataclass
 
 from .. import theory
+from ..theory import context as cp_theory
+from ..theory import experts as ep_theory
 from .cluster import ORDER, axis_link, group_link
 from .layout import DDP_BUCKET_BYTES
 
@@ -68,15 +77,31 @@ def _rounds(collective: str, n: int) -> int:
     return theory.ring_steps("all_reduce" if collective == "all_reduce" else "all_gather", n)
 
 
-def dp_transfers(layout, cluster, psi: int, units) -> list:
-    """Data-parallel collectives of one rank per step, by kind."""
-    n, m = layout.dp, layout.micro_batches
+def dp_transfers(layout, cluster, psi: int, units, expert_psi: int = 0, expert_units=None) -> list:
+    """Data-parallel collectives of one rank per step, by kind: over dp (dp × cp with context parallelism); with
+    expert parallelism the dense part over dp and the experts over edp."""
+    if layout.ep > 1:
+        edp = layout.edp
+        dense = _flat_dp_transfers(layout, cluster, psi - expert_psi, units, layout.dp, "dp",
+                                   group_link(cluster, layout.dp, layout.tp * layout.cp))
+        experts = _flat_dp_transfers(layout, cluster, expert_psi, expert_units, edp, "edp",
+                                     group_link(cluster, edp, layout.tp * layout.cp * layout.ep), stride_in_dp=layout.ep)
+        return dense + experts
+    n = layout.dp * layout.cp
     if n <= 1:
         return []
     if layout.hierarchical:
         return hierarchical_transfers(layout, cluster, psi, units)
+    link = axis_link(cluster, layout.degrees(), "dp") if layout.cp == 1 else group_link(cluster, n, layout.tp)
+    return _flat_dp_transfers(layout, cluster, psi, units, n, layout.dp_axis, link)
+
+
+def _flat_dp_transfers(layout, cluster, psi: int, units, n: int, axis: str, link, stride_in_dp: int = 1) -> list:
+    """One group's ZeRO (or DDP) collectives: ``n`` ranks, ``psi`` elements in ``units``, named ``axis``."""
+    m = layout.micro_batches
+    if n <= 1 or psi <= 0:
+        return []
     b = theory.param_bytes_per_element(layout.precision)
-    link = axis_link(cluster, layout.degrees(), "dp")
     by_kind = theory.zero_collective_bytes(layout.stage, psi, n, b, m, units)
     unit_count = len(units) if units else max(1, math.ceil(psi / layout.reduce_bucket_size))
     calls = {0: {"all_reduce": max(1, math.ceil(psi * b / DDP_BUCKET_BYTES))},
@@ -90,10 +115,13 @@ def dp_transfers(layout, cluster, psi: int, units) -> list:
     out = []
     for kind, nbytes in by_kind.items():
         messages = calls[kind] * _rounds(kind, n)
-        out.append(Transfer("dp", kind, nbytes, calls[kind], link.name,
+        stride = layout.tp * (layout.cp * stride_in_dp if axis != "dp_cp" else 1)
+        out.append(Transfer(axis, kind, nbytes, calls[kind], link.name,
                             theory.link_seconds(nbytes, messages, link.bandwidth, link.latency),
-                            f"{formulas[kind]}, Ψ = {psi:,}, N = {n}, A = {m}",
-                            _leaving(layout, cluster, "dp", nbytes)))
+                            f"{formulas[kind]}, Ψ = {psi:,}, N = {n}, A = {m}"
+                            + {"dp_cp": " (dp × cp ranks)", "edp": " (experts: the dp/ep ranks holding the same ones)",
+                               "dp": " (dense: every dp rank)" if layout.ep > 1 else ""}[axis],
+                            float(theory.ring_bytes_leaving_a_node(nbytes, n, stride, cluster.gpus_per_node))))
     return out
 
 
@@ -138,7 +166,7 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
         return []
     e = theory.param_bytes_per_element(layout.precision)
     recompute = layout.checkpointing != "none"
-    s, b, h, m = model.seq_len, layout.micro_batch_size, model.hidden, layout.micro_batches
+    s, b, h, m = model.seq_len // layout.cp, layout.micro_batch_size, model.hidden, layout.micro_batches
     layers = model.layers // layout.pp
     link = axis_link(cluster, layout.degrees(), "tp")
     rounds = _rounds("all_reduce", t)
@@ -176,7 +204,7 @@ def pp_transfers(layout, cluster, model, stage: int) -> list:
         return []
     e = theory.param_bytes_per_element(layout.precision)
     m = layout.micro_batches
-    one_way = theory.pipeline_p2p_bytes(model.seq_len, layout.micro_batch_size, model.hidden, m, e, layout.tp,
+    one_way = theory.pipeline_p2p_bytes(model.seq_len // layout.cp, layout.micro_batch_size, model.hidden, m, e, layout.tp,
                                         layout.sp)
     directions = (stage < p - 1) + (stage > 0)
     link = axis_link(cluster, layout.degrees(), "pp")
@@ -186,6 +214,56 @@ def pp_transfers(layout, cluster, model, stage: int) -> list:
                      f"m·s·b·h·e per boundary each way{' / t (sequence parallel)' if layout.sp else ''}; stage "
                      f"{stage} sends {'forward and backward' if directions == 2 else 'one way'}",
                      _leaving(layout, cluster, "pp", nbytes))]
+
+
+def cp_transfers(layout, cluster, model) -> list:
+    """Context parallelism's bytes of one rank per step: every attention layer's ring sends or Ulysses all-to-alls,
+    forward and backward (the forward again when checkpointing recomputes it), per micro-batch."""
+    cp = layout.cp
+    if cp <= 1:
+        return []
+    e = theory.param_bytes_per_element(layout.precision)
+    t, m, att = layout.tp, layout.micro_batches, layout.cp_attention
+    calls_per = model.layers // layout.pp + sum(1 for i in range(model.layers) if i >= model.layers -
+                                                 model.cross_attention_layers) // layout.pp
+    per = cp_theory.cp_attention_bytes(att, cp, model.seq_len, layout.micro_batch_size, model.q_dim // t,
+                                       model.kv_dim // t, e)
+    calls = cp_theory.cp_attention_calls(att, cp)
+    forwards = 2 if layout.checkpointing != "none" else 1
+    nbytes = calls_per * m * (forwards * per["forward"] + per["backward"])
+    n_calls = calls_per * m * (forwards * calls["forward"] + calls["backward"])
+    link = axis_link(cluster, layout.degrees(), "cp")
+    rounds = 1 if att == "ring" else cp - 1  # a ring step is one message; an all-to-all cp − 1
+    formula = ("ring: forward 2(cp−1)·|K|, backward 4(cp−1)·|K| + 2·|K|, |K| = b·(s/cp)·kv_dim·e"
+               if att == "ring" else "Ulysses: 4 all-to-alls each way of (cp−1)/cp·b·(s/cp)·(2q + 2kv)/4·e each")
+    return [Transfer("cp", "send/recv (ring attention)" if att == "ring" else "all_to_all (Ulysses)", nbytes,
+                     n_calls, link.name, theory.link_seconds(nbytes, n_calls * rounds, link.bandwidth, link.latency),
+                     f"{formula}; per attention layer and micro-batch"
+                     f"{', forward twice (recomputed)' if forwards == 2 else ''}, {calls_per} layers, cp = {cp}",
+                     _leaving(layout, cluster, "cp", nbytes))]
+
+
+def ep_transfers(layout, cluster, model) -> list:
+    """Expert parallelism's all-to-alls of one rank per step, under uniform routing (each MoE layer: counts,
+    dispatch with expert ids and combine in forward, their gradients in backward; per micro-batch)."""
+    ep = layout.ep
+    if ep <= 1:
+        return []
+    e = theory.param_bytes_per_element(layout.precision)
+    m, layers = layout.micro_batches, model.layers // layout.pp
+    tokens = layout.micro_batch_size * model.seq_len // layout.cp
+    per = ep_theory.moe_alltoall_bytes_uniform(tokens, model.top_k, model.hidden, e, ep)
+    forwards = 2 if layout.checkpointing != "none" else 1
+    nbytes = float(layers * m * (forwards * per["forward"] + per["backward"]))
+    n_calls = layers * m * (forwards * 4 + 2)
+    link = group_link(cluster, ep, layout.tp * layout.cp)
+    leaving = float(theory.ring_bytes_leaving_a_node(nbytes, ep, layout.tp * layout.cp, cluster.gpus_per_node))
+    return [Transfer("ep", "all_to_all (dispatch, combine)", nbytes, n_calls, link.name,
+                     theory.link_seconds(nbytes, n_calls * (ep - 1), link.bandwidth, link.latency),
+                     f"uniform routing (assumed): S = T·k·(ep−1)/ep rows leave per layer, T = {tokens:,} tokens, "
+                     f"k = {model.top_k}; forward 8(ep−1) + (2h+1)·b·S, backward 2h·b·S; {layers} MoE layers × "
+                     f"{m} micro-batches{', forward twice (recomputed)' if forwards == 2 else ''}, ep = {ep}",
+                     leaving)]
 
 
 def host_transfers(layout, cluster, psi: int) -> list:
@@ -208,8 +286,10 @@ def host_transfers(layout, cluster, psi: int) -> list:
 
 def transfers(model, layout, cluster, memory) -> list:
     """Every transfer of one rank of the stage ``memory`` describes."""
-    out = dp_transfers(layout, cluster, memory.psi_rank, memory.units)
+    out = dp_transfers(layout, cluster, memory.psi_rank, memory.units, memory.expert_psi, memory.expert_units)
     if model.has_shape:
+        out += cp_transfers(layout, cluster, model)
+        out += ep_transfers(layout, cluster, model)
         out += tp_transfers(layout, cluster, model, memory.stage)
         out += pp_transfers(layout, cluster, model, memory.stage)
     return out + host_transfers(layout, cluster, memory.psi_rank)

@@ -33,3 +33,82 @@ def ulysses_bytes(cp: int, block_bytes: int) -> dict:
     each = Fraction(cp - 1, cp) * block_bytes
     total = 4 * each
     return {"forward": int(total), "backward": int(total)}
+
+
+# --- for the planner: a layer's bytes from the model's shape, and what a rank saves for backward -----------------
+
+ATTENTIONS = ("ring", "ulysses")
+
+
+def check_context_parallel(cp: int, seq_len: int, heads: int, attention: str = "ring", kv_heads: int | None = None,
+                           t: int = 1) -> None:
+    """Refuse a layout context parallelism cannot run: a sequence that does not cut into 2·cp zig-zag chunks,
+    an unknown attention, Ulysses with heads (per tensor-parallel rank) that do not divide over cp."""
+    _check(cp, 0)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"cp_attention={attention!r}; allowed: {', '.join(ATTENTIONS)}")
+    if cp > 1 and seq_len % (2 * cp):
+        raise ValueError(f"cp={cp}: seq_len={seq_len} must be a multiple of 2·cp = {2 * cp} (the zig-zag layout gives "
+                         f"each rank two chunks of seq_len / (2·cp) tokens)")
+    if attention == "ulysses" and cp > 1:
+        for name, n in (("heads", heads), ("KV heads", kv_heads or heads)):
+            if (n // t) % cp:
+                raise ValueError(f"cp_attention='ulysses' splits the heads over cp = {cp} ranks; {n} {name}"
+                                 + (f" over tp = {t} leave {n // t} per rank," if t > 1 else "")
+                                 + f" not divisible by {cp} (use ring, or a cp that divides them)")
+
+
+def cp_attention_bytes(attention: str, cp: int, s: int, b: int, q_dim: int, kv_dim: int | None = None,
+                       element_bytes: int = 2) -> dict:
+    """Bytes one rank sends on ``cp`` per attention call for a micro-batch of ``b`` sequences of ``s`` tokens cut
+    over ``cp`` ranks: ``{"forward": …, "backward": …}``.
+
+    Ring: :func:`ring_attention_bytes` on the rank's key block, b·(s/cp)·kv_dim·e (K and V travel; grouped-query
+    heads make it smaller than Q). Ulysses: :func:`ulysses_bytes`'s four all-to-alls of (cp − 1)/cp each, with Q and
+    the output q_dim wide and K, V kv_dim wide: (cp − 1)/cp·b·(s/cp)·(2·q_dim + 2·kv_dim)·e each way (the same as
+    ``ulysses_bytes(cp, block)`` when q_dim = kv_dim).
+    """
+    kv_dim = q_dim if kv_dim is None else kv_dim
+    local = s // cp
+    if attention == "ring":
+        return ring_attention_bytes(cp, b * local * kv_dim * element_bytes)
+    if attention == "ulysses":
+        _check(cp, 0)
+        each = Fraction(cp - 1, cp) * b * local * (2 * q_dim + 2 * kv_dim) * element_bytes
+        return {"forward": int(each), "backward": int(each)}
+    raise ValueError(f"cp_attention={attention!r}; allowed: {', '.join(ATTENTIONS)}")
+
+
+def cp_attention_calls(attention: str, cp: int) -> dict:
+    """Collective calls on ``cp`` per attention call: the ring's sends (one per step that moves a block, and the
+    gradients' trip home), Ulysses's all-to-alls (q, k, v, output; and their gradients)."""
+    if cp <= 1:
+        return {"forward": 0, "backward": 0}
+    if attention == "ring":
+        return {"forward": cp - 1, "backward": cp}
+    return {"forward": 4, "backward": 4}
+
+
+def cp_layer_activation_bytes(s: int, b: int, h: int, a: int, cp: int, attention: str = "ring", t: int = 1,
+                              q_dim: int | None = None, fused_attention: bool = True, **korthikanti) -> float:
+    """Bytes one transformer layer saves for backward on one of ``cp`` ranks (a micro-batch of ``b`` sequences of
+    ``s`` tokens, s/cp of them on this rank).
+
+    Every term of :func:`~.activations.transformer_layer_activation_bytes` is per token, so it is that function on
+    s/cp tokens — except the scores, which span every key: unfused, each of the rank's queries keeps a row of s
+    scores (Ulysses: the whole sequence for a/cp heads, the same bytes). Ring adds the fp32 output accumulator it
+    saves for backward (4·q_dim per token) next to the projection's input (zerokit's ring; a kernel that returns
+    its output in the projection's layout keeps one copy). ``korthikanti``: that function's other arguments.
+    """
+    from .activations import transformer_layer_activation_bytes
+
+    local = s // cp
+    q_dim = h if q_dim is None else q_dim
+    out = transformer_layer_activation_bytes(local, b, h, a, t=t, q_dim=q_dim, fused_attention=fused_attention,
+                                             **korthikanti)
+    if not fused_attention and cp > 1:  # rows of s scores, not of s/cp
+        e, mask = korthikanti.get("element_bytes", 2), 1 if korthikanti.get("dropout", True) else 0
+        out += local * b * a * (s - local) * (e + mask * (1 + e)) / t
+    if attention == "ring" and cp > 1:
+        out += local * b * 4 * q_dim / t
+    return out
