@@ -6,7 +6,8 @@
 - the planner's numbers for the tiny GPT against what ``zerokit.train`` measures: cp = 2 by ring and
   by Ulysses; dp = 4 × ep = 2 with every token routed to every expert (top-k = E: routing is uniform
   by construction, so the all-to-all bytes are exact); dp = 2 × ep = 2 with a real top-2 router (the
-  uniform estimate is an assumption: the measured bytes lie near it). Bytes per axis and model states
+  uniform estimate is an assumption: the measured bytes lie near it); ZeRO-1–3 over dp × cp and over dp
+  and edp. Bytes per axis and model states
   to the byte; activations from below within 5 %, test_planner.py's bound for a small hidden size
   (what the plan leaves out — LayerNorm's mean and rstd, token ids, targets, positions — weighs
   more at h = 32);
@@ -174,6 +175,27 @@ def test_planned_ep_with_a_real_router_is_near_what_train_measures():
         assert p.per_gpu()["model_state_bytes"]["total"] == sum(rank.model_state_bytes.values())
     assert mean_ep == pytest.approx(planned["ep"], rel=0.10)
     assert any("uniform routing" in note for note in p.notes)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_planned_zero_over_dp_cp_and_over_dp_edp_equals_what_train_measures(strategy):
+    """ZeRO composes with both: with cp the states are sharded over the dp × cp ranks that reduce the gradients;
+    with ep the dense part over dp and the experts over edp, each unit padded to its own group. Model states and
+    bytes per axis to the byte (dp = 2 × cp = 2 by ring; dp = 4 × ep = 2, top-4 so that routing is uniform)."""
+    rank = zerokit.train(zerokit.tiny_gpt(**TINY, batch_size=BATCH), strategy, world_size=4,
+                         parallel={"dp": 2, "cp": 2}, steps=1, reference=False).result.ranks[0]
+    p = plan(tiny_gpt_spec(**TINY), gpus=4, parallel={"dp": 2, "cp": 2}, strategy=strategy, precision="fp32",
+             micro_batch_size=BATCH // 2)
+    assert p.comm_bytes_per_step == _axes(rank)
+    assert p.per_gpu()["model_state_bytes"] == {**rank.model_state_bytes, "total": sum(rank.model_state_bytes.values())}
+    assert p.memory.activations <= rank.peak_by_category["activations"] <= 1.05 * p.memory.activations
+
+    rank = zerokit.train(zerokit.tiny_gpt(**TINY, batch_size=BATCH, n_experts=4, top_k=4), strategy, world_size=4,
+                         parallel={"dp": 4, "ep": 2}, steps=1, reference=False).result.ranks[0]
+    p = plan(tiny_gpt_spec(**TINY, n_experts=4, top_k=4), gpus=4, parallel={"dp": 4, "ep": 2}, strategy=strategy,
+             precision="fp32", micro_batch_size=BATCH // 4)
+    assert p.comm_bytes_per_step == _axes(rank)
+    assert p.per_gpu()["model_state_bytes"] == {**rank.model_state_bytes, "total": sum(rank.model_state_bytes.values())}
 
 
 # --- the advisor, the CLI, bad input ----------------------------------------------------------------------------

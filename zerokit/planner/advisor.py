@@ -175,8 +175,8 @@ def candidates(plan, degrees: list) -> list:
         base_here = base
         base = replace(base, cp=cp, ep=ep)
         for strategy in ALL_STRATEGIES:
-            if strategy in HIERARCHICAL and ep > 1:
-                continue  # the planner models expert parallelism with ddp and zero1-3
+            if strategy in HIERARCHICAL and (ep > 1 or cp > 1):
+                continue  # the planner models context and expert parallelism with ddp and zero1-3
             if strategy in HIERARCHICAL:
                 group = base.shard_group if base.strategy in HIERARCHICAL else None
                 size = group or _node_group(dp, tp, cluster.gpus_per_node)

@@ -224,6 +224,9 @@ def _check_cp_ep(layout: Layout, model) -> None:
                              f"shape")
         cp_theory.check_context_parallel(layout.cp, model.seq_len, model.heads, layout.cp_attention, model.kv_heads,
                                       layout.tp)
+        if layout.cp > 1 and layout.hierarchical:
+            raise ValueError(f"cp={layout.cp}: the planner models context parallelism with ddp and zero1-3 (sharded "
+                             f"over dp × cp), not {layout.strategy}")
     if layout.ep > 1:
         if not model.has_shape or not model.moe:
             raise ValueError(f"ep={layout.ep}: the model has no experts to spread; give experts (--experts E "

@@ -377,7 +377,9 @@ def stage_memory(model, layout, convention, stage: int) -> StageMemory:
         largest_module = max(modules.values(), default=0)
     else:
         sizes, psi, largest_module = [], model.param_count, 0
-    states, host, terms, units = model_state_terms(psi, sizes, layout, layout.dp, convention, largest_module)
+    # ZeRO shards over the ranks that reduce the gradients: dp, or dp × cp with context parallelism
+    states, host, terms, units = model_state_terms(psi, sizes, layout, layout.dp * layout.cp, convention,
+                                                   largest_module)
     expert_psi, expert_units = 0, None
     if layout.ep > 1:
         dense, experts = split_experts(sizes)

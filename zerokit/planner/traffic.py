@@ -269,7 +269,7 @@ def ep_transfers(layout, cluster, model) -> list:
 def host_transfers(layout, cluster, psi: int) -> list:
     if layout.offload == "none":
         return []
-    shard = -(-psi // layout.dp)
+    shard = -(-psi // (layout.dp * layout.cp))
     m = layout.micro_batches
     link = cluster.host()
     nbytes = theory.offload_traffic_bytes_accumulated(shard, 2, m)
