@@ -217,6 +217,24 @@ def test_the_advisor_ranks_expert_parallel_layouts():
     assert "edp" in by_ep[8].comm_bytes_per_step and "edp" not in by_ep[1].comm_bytes_per_step
 
 
+def test_the_advisor_ranks_context_parallel_layouts_at_long_context():
+    """A 7B LLaMA-like shape at 128k tokens on 8 GPUs: activations outweigh the model states, so the advisor
+    ranks cutting the sequence (cp) next to offload; at cp = 2 the activations halve, and the cp traffic is the
+    ring's per layer and micro-batch."""
+    base = plan(layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000, seq_len=131072, gpus=8,
+                strategy="zero3", checkpointing="full", fused_attention=True)
+    assert not base.fits and base.memory.activations > base.memory.model_states.total
+    advice = base.advise()
+    with_cp = [o for o in advice.fits if o.layout.cp > 1]
+    assert with_cp and all("CP (ring)" in o.reason for o in with_cp)
+    zero3 = next(o.plan for o in with_cp if o.layout.strategy == "zero3" and o.layout.cp == 2 and
+                 o.layout.offload == "none")
+    assert zero3.layout.dp == 4 and zero3.layout.micro_batches == 2  # the 8 sequences per step kept
+    assert zero3.memory.activations < 0.6 * base.memory.activations
+    layer = cp_theory.cp_attention_bytes("ring", 2, 131072, 1, 4096, 4096, 2)
+    assert zero3.comm_bytes_per_step["cp"] == 32 * 2 * (2 * layer["forward"] + layer["backward"])  # recomputed
+
+
 def test_the_cli_plans_cp_and_ep(capsys):
     assert main(["plan", "--preset", "llama-7b", "--gpus", "8", "--seq-len", "32768", "--cp", "4",
                  "--cp-attention", "ulysses", "--no-advice"]) == 2  # a preset and a shape are not mixed

@@ -13,8 +13,9 @@ line of reason. The others say what does not fit.
 
 Context and expert parallelism: the plan's cp and ep are kept on every candidate (dp is what
 tp × pp × cp leave). For a model with experts the advisor also ranks every other ep that
-divides dp and the experts and stays in a node (ep = 1 included); when nothing fits and the
-caller left the degrees free, it tries cutting the sequence over cp = 2, 4, 8 ranks too.
+divides dp and the experts and stays in a node (ep = 1 included). When the caller left the
+degrees free it tries cutting the sequence over cp = 2, 4, 8 ranks too: from the start where the
+activations outweigh the model states (long context), else when nothing fits.
 """
 from __future__ import annotations
 
@@ -255,9 +256,13 @@ def advise(plan, explore: bool | None = None) -> Advice:
     """
     if explore is None:
         explore = getattr(plan, "explore_parallel", False)
-    fits, misses = _try(plan, candidates(plan, [(plan.layout.tp, plan.layout.pp)] + expert_degrees(plan)))
+    # long sequences: where activations outweigh the model states, cutting the sequence is ranked from the start
+    long_context = explore and plan.model.has_shape and plan.memory.activations > plan.memory.model_states.total
+    first = [(plan.layout.tp, plan.layout.pp)] + expert_degrees(plan) + (context_degrees(plan) if long_context else [])
+    fits, misses = _try(plan, candidates(plan, first))
     if not fits and explore and plan.model.has_shape:  # data parallelism first; model parallelism when it must
-        more_fits, more_misses = _try(plan, candidates(plan, model_parallel_degrees(plan) + context_degrees(plan)))
+        more = model_parallel_degrees(plan) + ([] if long_context else context_degrees(plan))
+        more_fits, more_misses = _try(plan, candidates(plan, more))
         fits, misses = more_fits, misses + more_misses
     fits.sort(key=lambda o: (round(o.plan.comm_seconds, 9), o.plan.total_bytes))
     misses.sort(key=lambda o: _overshoot(o.plan) if o.plan else float("inf"))

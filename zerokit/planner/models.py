@@ -208,7 +208,9 @@ def tiny_gpt_spec(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_lay
     """The shape of :func:`zerokit.tiny_gpt` with the same arguments (its defaults too).
 
     Its blocks have no dropout and call ``F.scaled_dot_product_attention`` (fused: no s×s
-    scores are saved), so the planner counts activations accordingly. ``n_experts`` > 0: its
+    scores are saved), so the planner counts activations accordingly — but under context parallelism
+    with Ulysses zerokit computes each rank's heads unfused (the softmax saved): plan that with
+    ``fused_attention=False``. ``n_experts`` > 0: its
     MoE MLP (:mod:`zerokit.expert_parallel`), E experts of the same MLP and a router, top-``top_k``.
     """
     moe = dict(experts=n_experts, top_k=top_k) if n_experts and n_experts > 1 else {}
