@@ -121,7 +121,8 @@ def add_plan_command(sub):
                           "default ring")
     lay.add_argument("--ep", type=int, metavar="N", help="expert parallelism: experts spread over N of the dp ranks "
                                                          "(divides dp and the experts)")
-    lay.add_argument("--micro-batch-size", type=int, help="sequences per GPU per micro-batch (default 1)")
+    lay.add_argument("--micro-batch-size", type=int, help="sequences per GPU per micro-batch (default 1; with --cp "
+                                                                    "the cp ranks share them)")
     lay.add_argument("--micro-batches", type=int, help="micro-batches per step (accumulation, pipeline; default 1)")
     lay.add_argument("--checkpointing", default="none", help="none, full, sqrt or every-K (K layers per segment)")
     lay.add_argument("--precision", choices=theory.PRECISIONS, help="default bf16-mixed, as the ZeRO paper")

@@ -55,7 +55,7 @@ def traffic_lines(plan) -> list:
         lines.append("  none (one GPU, nothing offloaded)")
     rows = [(t.axis, t.collective, u.text(t.bytes), f"{t.calls:g} calls", t.link, f"≈ {seconds(t.seconds)}",
              t.formula) for t in plan.transfers]
-    lines += _rows(rows, (4, 27, 10, 12, 11, 11, 0))
+    lines += _rows(rows, (5, 30, 10, 12, 11, 11, 0))
     if plan.transfers:
         per_axis = ", ".join(f"{axis} {u.text(b)}" for axis, b in plan.comm_bytes_per_step.items())
         lines.append(f"  total: {per_axis}; ≈ {seconds(plan.comm_seconds)} per step on the links (estimate)")

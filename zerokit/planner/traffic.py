@@ -235,7 +235,7 @@ def cp_transfers(layout, cluster, model) -> list:
     link = axis_link(cluster, layout.degrees(), "cp")
     rounds = 1 if att == "ring" else cp - 1  # a ring step is one message; an all-to-all cp − 1
     formula = ("ring: forward 2(cp−1)·|K|, backward 4(cp−1)·|K| + 2·|K|, |K| = b·(s/cp)·kv_dim·e"
-               if att == "ring" else "Ulysses: 4 all-to-alls each way of (cp−1)/cp·b·(s/cp)·(2q + 2kv)/4·e each")
+               if att == "ring" else "Ulysses: 4 all-to-alls each way (q, k, v, output), together (cp−1)/cp·b·(s/cp)·(2q + 2kv)·e")
     return [Transfer("cp", "send/recv (ring attention)" if att == "ring" else "all_to_all (Ulysses)", nbytes,
                      n_calls, link.name, theory.link_seconds(nbytes, n_calls * rounds, link.bandwidth, link.latency),
                      f"{formula}; per attention layer and micro-batch"
