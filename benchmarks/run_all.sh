@@ -12,7 +12,7 @@ python=${PYTHON:-.venv/bin/python}
 out=${1:-out/bench}
 mkdir -p "$out"
 start=$(date +%s)
-for suite in ddp zero offload pipeline scaling sizes link; do
+for suite in ddp zero offload pipeline scaling sizes link cp_ep; do
     case $suite in
         pipeline|scaling) json="" ;;
         *) json="--json $out/$suite.json" ;;

@@ -46,6 +46,8 @@ NOT_IN_TOUR = {
     "zero2-naive": "the seed's misreading of ZeRO-2 (all-reduce, then drop), lesson 05",
     "torch-pp-gpipe": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
     "torch-pp-interleaved": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
+    "deepspeed-moe": "DeepSpeed's layer computes the same function only at top-1 dropless (its top-2 renormalises and "
+                     "samples the gates); the tour's experts are top-2 — `zerokit bench cp_ep` pairs it at top-1",
 }
 
 
@@ -112,8 +114,9 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
     add("offload", "zero3", ["fsdp2-zero3-offload"], 2, options={"offload": "params"})
     rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "every"}))
     rows.append(Row("checkpointing", "ddp", 2, options={"checkpointing": "torch-every"}, peer=True))
-    for attention in ("ring", "ulysses"):
-        add("context parallel", "ddp", [], 2, parallel={"cp": 2}, options={"cp_attention": attention})
+    for attention, peer in (("ring", "torch-ring"), ("ulysses", "deepspeed-ulysses")):
+        add("context parallel", "ddp", [peer], 2, parallel={"cp": 2}, options={"cp_attention": attention},
+            peer_options={peer: {"cp_attention": attention}})
     add("context parallel", "zero3", [], 4, parallel={"dp": 2, "cp": 2}, options={"cp_attention": "ring"})
     rows.append(Row("expert parallel", "ddp", 2, parallel={"dp": 2, "ep": 2}, model="experts"))
     rows.append(Row("expert parallel", "ddp", 4, parallel={"dp": 4, "ep": 2}, model="experts"))

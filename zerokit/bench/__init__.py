@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import statistics
 
-SUITES = ("ddp", "zero", "offload", "pipeline", "scaling", "sizes", "link")
+SUITES = ("ddp", "zero", "offload", "pipeline", "scaling", "sizes", "link", "cp_ep")
 #: every suite's arguments for ``--quick``
 QUICK = {
     "ddp": ["--world-sizes", "2", "--bucket-mb", "1", "--steps", "3", "--rounds", "1", "--no-heavy", "--quiet"],
@@ -25,6 +25,7 @@ QUICK = {
               "--out", "out/bench-quick/model-size.png", "--quiet"],
     "link": ["--bandwidths", "1e8", "--steps", "3", "--rounds", "1", "--out", "out/bench-quick/link-bandwidth.png",
              "--quiet"],
+    "cp_ep": ["--steps", "3", "--rounds", "1", "--quiet"],
 }
 
 

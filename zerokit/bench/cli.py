@@ -10,16 +10,7 @@ import argparse
 
 from . import SUITES
 
-
-def _cp_ep(argv) -> int:
-    from .cp_ep import main
-
-    return main(argv)
-
-
-#: suites run by name only (``zerokit bench cp_ep``): context and expert parallelism against torch's and DeepSpeed's
-EXTRA = {"cp_ep": _cp_ep}
-ALL = SUITES + tuple(EXTRA)
+ALL = SUITES
 
 
 def cmd_bench(args) -> int:
@@ -32,8 +23,6 @@ def cmd_bench(args) -> int:
         return bench.quick()
     if not args.suite:
         raise UsageError(f"bench: name a suite ({', '.join(ALL)}) or give --quick")
-    if args.suite in EXTRA:  # suites outside bench.SUITES (not in --quick)
-        return EXTRA[args.suite](list(args.rest))
     if args.suite not in SUITES:
         raise UsageError(f"bench suite {args.suite!r} is unknown; allowed: {', '.join(ALL)}")
     return bench.main(args.suite, args.rest)
