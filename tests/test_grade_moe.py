@@ -81,18 +81,6 @@ def _edited(source: str, edits) -> str:
     return text
 
 
-def _entry(ctx, fn, namespaces):
-    """Every rank: the scenario on each submission in turn, each with the grader's seed and probe."""
-    from zerokit.grade import probe as probe_module
-
-    probe = probe_module.install()
-    out = {}
-    for name, ns in namespaces.items():
-        torch.manual_seed(0)
-        probe.reset()
-        out[name] = fn(ctx, ns, probe)
-    return out
-
 
 def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path):
     source = (ROOT / "solutions" / f"{KEY}.py").read_text()
@@ -106,7 +94,8 @@ def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path):
         namespaces[name] = loader.load_path(path)
     spec = get(KEY)
     (scenario,) = spec.scenarios.values()
-    by_rank = launch(_entry, scenario.world_size, scenario.fn, namespaces, backend="gloo", timeout_s=60)
+    by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
+                     backend="gloo", timeout_s=60)
     graded = {name: {c.name: core._judge(c, [r[name] for r in by_rank], ns, None) for c in spec.checks}
               for name, ns in namespaces.items()}
     for right in ("solution", "library"):

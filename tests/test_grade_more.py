@@ -127,18 +127,6 @@ def checkpointed_forward(blocks, x, k):
 }
 
 
-def _entry(ctx, fn, namespaces):
-    """Every rank: the scenario on each submission in turn, each with the grader's seed and a fresh probe."""
-    from zerokit.grade import probe as probe_module
-
-    probe = probe_module.install()
-    out = {}
-    for name, ns in namespaces.items():
-        torch.manual_seed(0)
-        probe.reset()
-        out[name] = fn(ctx, ns, probe)
-    return out
-
 
 def _grade_all(tmp_path, key) -> dict:
     """{submission: {check: CheckResult}} for the solution and each wrong answer, one launch per scenario."""
@@ -160,7 +148,8 @@ def _grade_all(tmp_path, key) -> dict:
     spec = get(key)
     outcomes = {name: {} for name in namespaces}
     for scenario in spec.scenarios.values():
-        by_rank = launch(_entry, scenario.world_size, scenario.fn, namespaces, backend="gloo", timeout_s=60)
+        by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
+                     backend="gloo", timeout_s=60)
         for name in namespaces:
             outcomes[name][scenario.name] = [r[name] for r in by_rank]
     return {name: {c.name: core._judge(c, outcomes[name].get(c.scenario), ns, None) for c in spec.checks}

@@ -34,19 +34,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..workloads import MLPBlock
 from .alltoall import counts_exchange, exchange
 
 
-class Expert(nn.Module):
-    """One expert: the tiny GPT's MLP (d → 4d → d, GELU)."""
-
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.proj = nn.Linear(4 * d_model, d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+#: one expert: the tiny GPT's MLP (d → 4d → d, GELU), the same module, so an expert's names and arithmetic are
+#: the dense MLP's
+Expert = MLPBlock
 
 
 class AuxLoss(torch.autograd.Function):

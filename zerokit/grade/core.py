@@ -172,6 +172,23 @@ def _rank_entry(ctx, fn, ns):
     return fn(ctx, ns, probe.install())
 
 
+def each_on_the_same_ranks(ctx, fn, namespaces: Dict[str, dict]) -> Dict[str, object]:
+    """What every rank runs to grade several submissions in one launch (a class's, or planted wrong answers): the
+    scenario on each in turn, each with the grader's seed and a fresh probe, as :func:`_rank_entry` does for one.
+    Only for submissions that cannot error or hang: one that does takes the others' results with it."""
+    import torch
+
+    from . import probe as probe_module
+
+    probe = probe_module.install()
+    out = {}
+    for name, ns in namespaces.items():
+        torch.manual_seed(0)
+        probe.reset()
+        out[name] = fn(ctx, ns, probe)
+    return out
+
+
 def run_scenario(scenario: Scenario, ns: dict, timeout_s: Optional[float] = None):
     """The scenario's measurements by rank, or a :class:`ScenarioError`."""
     from ..runtime.launch import launch
