@@ -106,6 +106,8 @@ def test_the_tiny_gpt_under_context_parallelism_trains_like_one_process(attentio
         assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5), (measured,
                                                                                      rank.theory_comm_bytes_by_axis)
         assert set(measured) == {"cp", "dp_cp"}
+    # `zerokit compare` prints them next to the theory
+    assert f"by axis, {strategy} rank 0, B/step measured / theory: cp " in report.table()
 
 
 def test_context_parallel_settings_are_checked_before_any_process_starts():

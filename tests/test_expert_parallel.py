@@ -92,6 +92,7 @@ def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel, 
         rows = 8 // parallel["dp"] // micro_batches
         assert len(per_layer) == 2 and all(sum(layer) == rows * 16 * 2 for layer in per_layer)
         assert rank.routing["dropped"] == [0, 0] and rank.coords["ep"] == rank.rank % parallel["ep"]
+    assert "by axis, ddp rank 0, B/step measured / theory: dp " in report.table()  # as `zerokit compare` prints
 
 
 def test_expert_parallel_settings_are_checked_before_any_process_starts():

@@ -194,3 +194,24 @@ def test_notebook_reads_as_a_lesson(name):
     code = [_source(c) for c in cells if c["cell_type"] == "code"]
     assert any(src.lstrip().startswith(("for ", "assert ")) and "assert" in src for src in code), "no assertion cell"
     assert any(re.search(r"course\.\w+Panel\(", src) for src in code), "no interactive panel"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_every_lesson_is_a_step_on_a_path_with_its_checks_behind(name):
+    """The time it takes, what it needs and the questions it answers up front; the exercise and the next lesson at
+    the end; a prediction the run reveals; the assertions in collapsed checks cells; tables a reader can take in."""
+    cells = _load(name)["cells"]
+    markdown = [_source(c) for c in cells if c["cell_type"] == "markdown"]
+    opening = " ".join(" ".join(markdown[:2]).split())
+    assert all(k in opening for k in ("**Time:**", "**Needs:**", "**After it you can answer:**")), name
+    assert "**Exercise:**" in _source(cells[-1]) and "**Next:**" in _source(cells[-1]), name
+    assert any("predict" in m.lower() and "<details>" in m for m in markdown), f"{name}: no predict-then-run cell"
+    hidden = [c for c in cells
+              if c["cell_type"] == "code" and c.get("metadata", {}).get("jupyter", {}).get("source_hidden")]
+    assert hidden and all("assert" in _source(c) for c in hidden), f"{name}: no collapsed checks cell"
+    for cell in cells:
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html", "")
+            html = "".join(html) if isinstance(html, list) else html
+            for head in re.findall(r"<thead>(.*?)</thead>", html, flags=re.S):
+                assert head.count("<th") <= 6, f"{name}: a table of {head.count('<th')} columns"

@@ -230,8 +230,26 @@ class Report:
         lines.append("MiB per rank (traffic: per step, the busiest rank). sent: bytes zerokit's ring handed to send "
                      "(algorithm='ring'); — where the backend ran the collective and nothing counts its wire bytes.")
         lines += self._host_lines()
+        lines += self._axis_lines()
         lines += sorted(f"note: {n}" for n in notes)
         return "\n".join(lines)
+
+    def _axis_lines(self) -> list:
+        """Rank 0 of every run whose traffic lies on more than one mesh axis (a grid, context or expert parallelism):
+        its bytes per step on each axis, measured (the ring formula on the measured payloads; an uneven all-to-all
+        the rows that left the rank) next to the theory for that axis."""
+        lines = []
+        for r in self.results:
+            rank0 = r.ranks[0]
+            measured = {a: row.get("ring_cost_bytes") for a, row in (rank0.comm_bytes_by_axis or {}).items()
+                        if row.get("calls")}
+            theory = rank0.theory_comm_bytes_by_axis or {}
+            if len(set(measured) | set(theory)) < 2:
+                continue
+            cells = ", ".join(f"{a} {measured.get(a, 0):,.0f} / {theory[a]:,.0f}" if a in theory else
+                              f"{a} {measured[a]:,.0f} / —" for a in sorted(set(measured) | set(theory)))
+            lines.append(f"by axis, {r.strategy} rank 0, B/step measured / theory: {cells}")
+        return lines
 
     def _host_lines(self) -> list:
         """Rank 0 of every strategy that offloads (zerokit.offload): its states on the host and its device↔host

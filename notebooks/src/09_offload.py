@@ -365,6 +365,6 @@ course.OffloadPanel(work, stage="zero3", offload="params", world_sizes=(2, 3, 4)
 #    </details>
 
 # %% [markdown]
-# **Exercise:** no exercise offloads yet; [exercises/04_zero1.ipynb](../exercises/04_zero1.ipynb)
-# practises the sharded optimizer step that offload moves to the host — graded by
-# `zerokit grade 04` · **Next:** [lesson 10 — activation checkpointing](10_activation_checkpointing.ipynb)
+# **Exercise:** [exercises/11_cpu_offload.ipynb](../exercises/11_cpu_offload.ipynb) — the ZeRO-2
+# optimizer step on the host, written by you, graded by `zerokit grade 11` · **Next:** [lesson 10 —
+# activation checkpointing](10_activation_checkpointing.ipynb)

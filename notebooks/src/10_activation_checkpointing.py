@@ -503,7 +503,6 @@ course.CheckpointingPanel(blocks=(4, 8, 16), n=8, policy="every_k", k=2)
 #    </details>
 
 # %% [markdown]
-# **Exercise:** no exercise checkpoints yet; [exercises/06_zero3.ipynb](../exercises/06_zero3.ipynb)
-# practises the gather before a block's backward that a recompute under ZeRO-3 runs inside —
-# graded by `zerokit grade 06` · **Next:** [lesson 11 — putting it together: DP × TP × PP and
+# **Exercise:** [exercises/12_checkpoint_policy.ipynb](../exercises/12_checkpoint_policy.ipynb) — a
+# checkpointing policy and its best segment length, graded by `zerokit grade 12` · **Next:** [lesson 11 — putting it together: DP × TP × PP and
 # how to choose](11_putting_it_together.ipynb)

@@ -56,7 +56,11 @@ print(work.description)
 # %%
 grid = zerokit.train(work, "zero1", world_size=8, steps=2, parallel=GRID, micro_batches=M, schedule="1f1b")
 result = grid.results[0]
-course.table(course.grid_rows(grid))
+course.table([{"rank": row["rank"], "(pp, dp, tp)": f"({row['pp']}, {row['dp']}, {row['tp']})",
+               "states B (measured / theory)": f"{row['states B (measured)']:,} / {row['states B (theory)']:,}",
+               **{f"{a} B/step (ledger / theory)": f"{row[f'{a} B/step (ledger)']:,.0f} / {row[f'{a} B/step (theory)']:,.0f}"
+                  for a in ("dp", "tp", "pp")}}
+              for row in course.grid_rows(grid)])
 
 # %% [markdown]
 # Read a row as a place: rank 5 is stage 1 (pp 1), data-parallel replica 0, tensor shard 1.

@@ -301,7 +301,7 @@ for opt in OPTIMIZERS:
     for setup in ["single process"] + SETUPS:
         losses = reference[opt] if setup == "single process" else mean_losses(runs[setup, opt])
         rows.append({"optimizer": opt, "setup": setup if setup == "single process" else f"{setup}, 2 ranks",
-                     **{f"loss step {i}": f"{v:.6f}" for i, v in enumerate(losses)},
+                     "losses, step by step": "  ".join(f"{v:.6f}" for v in losses),
                      "max |Δ| vs single process": f"{max(abs(a - b) for a, b in zip(losses, reference[opt])):.1e}"})
 course.table(rows)
 
@@ -687,8 +687,9 @@ course.table([{"run": "single process (first table, SGD)",
 # And what each rank holds, each parameter's bytes read from its tensor's storage:
 
 # %%
-course.table([{"rank": r, "pieces it runs": ", ".join(rank["pieces"]), "parameter tensors": len(rank["bytes"]),
-               "trained": rank["trained"], "B (measured)": sum(rank["bytes"].values()),
+course.table([{"rank": r, "pieces it runs": ", ".join(rank["pieces"]),
+               "parameter tensors (trained)": f"{len(rank['bytes'])} ({rank['trained']})",
+               "B (measured)": sum(rank["bytes"].values()),
                "holds the tied wte = lm_head": "yes" if rank["wte"] is not None else "no",
                "last step's micro-batch losses (losses=)": ", ".join(f"{v:.4f}" for v in rank["micro"]) or None}
               for r, rank in enumerate(pp)]
@@ -764,9 +765,10 @@ rows = []
 for (kind, policy), got in ac.items():
     plain = ac[kind, "none"]
     grad_diff = max(float((got["grads"][n] - g).abs().max()) for n, g in plain["grads"].items())
-    rows.append({"model": MODELS[kind], "policy": policy, "stored B (ledger)": got["stored"],
-                 "peak B (ledger)": got["peak"], "n·X (theory)": EVERY if policy == "every" else None,
-                 "recomputed forwards": got["recomputed"], "max |Δ grad| vs none (measured)": f"{grad_diff:.1e}"})
+    rows.append({"model": MODELS[kind], "policy": policy,
+                 "stored B (ledger) / n·X (theory)": f"{got['stored']:,}" + (f" / {EVERY:,}" if policy == "every" else ""),
+                 "peak B (ledger)": got["peak"], "recomputed forwards": got["recomputed"],
+                 "max |Δ grad| vs none (measured)": f"{grad_diff:.1e}"})
 course.table(rows)
 
 # %%

@@ -74,7 +74,7 @@ def _deepspeed_forward(self, x):
 
     layer, spy = self.__dict__["_deepspeed_layer"], self.__dict__["_deepspeed_gate"]
     ep = torch.distributed.get_world_size(self.group)
-    outs, auxes, counts = [], [], torch.zeros(self.n_experts, dtype=torch.int64)
+    outs, auxes, counts = [], [], torch.zeros(self.n_experts, dtype=torch.int64)  # host: a count the run reports
     for i in range(x.shape[0]):
         outs.append(layer(x[i:i + 1], None))  # (input, used_token), as MoE.forward calls it
         auxes.append(layer.l_aux)
