@@ -129,6 +129,10 @@ def axis_of(group) -> str:
     ctx = context._current
     if ctx is None:  # collectives outside zerokit.launch / torchrun: no mesh was laid out
         return "world"
+    if ctx._mesh is None:
+        # no mesh laid out yet: the default one puts every rank on dp. Its names, without building it here — building
+        # creates process groups, a collective that a collective called by some ranks only must not start
+        return "dp" if group is None or group is dist.group.WORLD else "world"
     named = ctx.mesh.axis_of(group)  # a flattened group (dp_cp) may be the world group's own object
     if named == "world" and group is dist.group.WORLD:
         named = ctx.mesh.axis_of(None)
