@@ -176,8 +176,8 @@ class ZeroStage3(Strategy):
 
     def _gather(self, unit: Unit) -> None:
         group = self.unit_group(unit)
-        if group.world == 1:  # ep = dp: the ranks holding these experts are this one alone
-            unit.gather(gather_local)
+        if group.world == 1:  # ep = dp, or one rank: nothing to all-gather (a shard resting on the host is fetched)
+            unit.gather(self.offload.gather_fn(gather_local))
             return
         unit.gather(self.offload.gather_fn(lambda out, shard, tag: all_gather_flat(out, shard, group.group,
                                                                                     self.opts["algorithm"], True, tag)))
