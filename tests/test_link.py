@@ -98,7 +98,11 @@ def test_overlap_hides_emulated_communication_behind_backward():
                                        for s in range(1, 5))
         emulated = sum(r["emulated_s"] for r in ranks[0].comm_records if r["step"] == 2)
         assert emulated > 0.02  # the link's time is tens of ms per step, far above gloo's own
-    assert exposed["ddp"] < 0.5 * exposed["ddp-bucketed"], exposed
+    # overlap hides part of the link's time behind backward: how much is backward's compute time on this machine
+    # (a ratio for `zerokit bench link`, not a bound here; a factor of 0.5 held on one machine, not on another)
+    hidden = exposed["ddp-bucketed"] - exposed["ddp"]
+    first = min((r for r in ranks[0].comm_records if r["step"] == 2), key=lambda r: r["t_launch"])
+    assert hidden > 0.5 * first["emulated_s"], (exposed, first["emulated_s"])  # at least half the first bucket
     assert held["ddp"] < held["ddp-bucketed"], held
     # bucketed waits at least for the whole emulated transfer, less what gloo itself took meanwhile
     assert exposed["ddp-bucketed"] >= 0.8 * emulated
