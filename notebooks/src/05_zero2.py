@@ -231,9 +231,8 @@ assert large_t.ranks[0].comm_calls_per_step == naive_t.ranks[0].comm_calls_per_s
 for result in (small_t, large_t):
     for rank in result.ranks:  # the bucket size changes the calls, never the bytes
         assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
-blocked = {label: rows[i]["blocked on comm ms/step (measured)"] for i, label in enumerate(timed)}
-assert blocked["zero2, 4,096-element buckets"] > blocked["zero2, one bucket > Ψ"]  # latency, paid per call
-assert small_t.step_time_s_median > large_t.step_time_s_median  # (times: noisy here, so no tighter bound)
+# the times themselves are compared by the sentences above, chosen from the numbers (a busy machine can reorder
+# them): what holds on every machine is the calls and the bytes
 
 # %% [markdown]
 # With 4,096-element buckets ZeRO-2 issues a reduce-scatter and an all-gather per bucket, a
