@@ -16,7 +16,7 @@ from typing import Dict, Optional
 
 import torch
 
-from . import theory
+from . import axis_theory
 from .runtime import clock, comm
 from .runtime.context import RankContext
 from .runtime.memory import MemoryLedger, cuda_peak_bytes, reset_cuda_peak
@@ -67,19 +67,6 @@ def _tensor_parallel(job: Job, ctx: RankContext, model):
     return plan, (loss if loss is not None else job.workload.loss)
 
 
-def _theory_tp_bytes(job: Job, ctx: RankContext, model, plan, dtype, computes_loss: bool = True) -> float:
-    """The ring formula for the plan's collectives on ``tp`` (:func:`zerokit.theory.tp_comm_bytes_per_step`);
-    the vocabulary-parallel loss's reductions only where the loss is computed (a pipeline's last stage)."""
-    from .tensor_parallel import communicated_widths
-
-    widths = communicated_widths(model)
-    tokens = _local_batch(job, ctx, 0, True)[0][1].numel()  # a micro-batch's targets: b·s tokens
-    return theory.tp_comm_bytes_per_step(
-        tokens, widths["reduced"], ctx.mesh.size("tp"), torch.empty((), dtype=dtype).element_size(),
-        job.config.micro_batches, widths["gathered"], 3 if plan.loss == "vocab_parallel" and computes_loss else 0,
-        widths["sequence_parallel_numel"])
-
-
 def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
     """Every parameter whole: gathered over dp by the strategy, and over tp by the plan's layout."""
     if not tensor_parallel:
@@ -88,23 +75,6 @@ def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
 
     with getattr(strategy, "gathered", nullcontext)():
         return {name: t.float().cpu() for name, t in full_parameters(model, ctx.mesh.group("tp")).items()}
-
-
-def _theory_ep_bytes(strategy, model, ctx: RankContext, dtype, steps: int) -> dict:
-    """Expert parallelism's bytes per step: the dense gradients over dp, the experts' over edp, and the MoE
-    all-to-alls on ep — the last a formula on the measured split (the router decides where each row goes)."""
-    from .expert_parallel import moe_layers
-
-    b = torch.empty((), dtype=dtype).element_size()
-    experts = sum(p.numel() for p in model.parameters() if getattr(p, "_zerokit_expert", False))
-    dense = sum(p.numel() for p in model.parameters()) - experts
-    out = {"dp": strategy.theory_comm_bytes(dense),
-           "ep": sum(theory.moe_alltoall_bytes(*m.exchanged[:2], m.router.in_features, b, ctx.mesh.size("ep"),
-                                               calls=m.exchanged[2]) for m in moe_layers(model)) / steps}
-    if ctx.mesh.size("edp") > 1:  # ZeRO: the expert units' own collectives (the strategy's split)
-        split = getattr(strategy, "theory_expert_comm_bytes", None)
-        out["edp"] = split() if split else theory.ring_bytes_sent("all_reduce", experts * b, ctx.mesh.size("edp"))
-    return out
 
 
 def run_rank(ctx: RankContext, job: Job) -> RankResult:
@@ -222,20 +192,10 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tracer is not None:
         tracer.remove_hooks()
     ledger.resolve()
-    theory_by_axis = {"dp" if ctx.mesh.size("cp") == 1 else "dp_cp": strategy.theory_comm_bytes(psi_rank)}
-    if ctx.mesh.size("ep") > 1:
-        theory_by_axis.update(_theory_ep_bytes(strategy, model, ctx, dtype, ran))
-    if ctx.mesh.size("cp") > 1:
-        from .context_parallel.apply import theory_bytes
-
-        x = _local_batch(job, ctx, 0, cls.data_parallel)[0][0]
-        theory_by_axis["cp"] = theory_bytes(model, ctx.mesh.size("cp"), job.cp_attention, x.shape[0], x.shape[1],
-                                            torch.empty((), dtype=dtype).element_size(), job.config.micro_batches)
-    if tensor_parallel:
-        last_stage = pipeline is None or ctx.mesh.coord("pp") == ctx.mesh.size("pp") - 1
-        theory_by_axis["tp"] = _theory_tp_bytes(job, ctx, model, plan, dtype, computes_loss=last_stage)
-    if pipeline is not None:
-        theory_by_axis["pp"] = pipeline.theory_pp_bytes(torch.empty((), dtype=dtype).element_size())
+    theory_by_axis = axis_theory.by_axis(
+        strategy, model, ctx.mesh, psi=psi_rank, dtype=dtype, steps=ran, cp_attention=job.cp_attention,
+        micro_batch=_local_batch(job, ctx, 0, True)[0], micro_batches=job.config.micro_batches,
+        plan=plan if tensor_parallel else None, pipeline=pipeline)
     payload = ledger.per_step("payload_bytes")
     ring_cost = ledger.per_step("ring_cost_bytes")
     sent = ledger.per_step("sent_bytes")

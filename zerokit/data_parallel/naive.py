@@ -184,3 +184,11 @@ class DataParallel(Replicated):
             return theory.comm_bytes_per_step(0, trainable, n, b, self.config.micro_batches)
         return sum(theory.ring_bytes_sent("all_reduce", theory.padded_numel([u], n) * b, n)
                    for u in self.reduction_units())
+
+    def theory_expert_comm_bytes(self):
+        """Formula: bytes per step on edp, the experts' all-reduce (0 without expert parallelism), as ZeRO's twin."""
+        experts = sum(p.numel() for p in self.params if getattr(p, "_zerokit_expert", False))
+        if not experts or self.ctx.mesh.size("edp") == 1:
+            return 0
+        b = theory.param_bytes_per_element(self.config.precision)
+        return theory.ring_bytes_sent("all_reduce", experts * b, self.ctx.mesh.size("edp"))

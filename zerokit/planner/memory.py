@@ -107,7 +107,7 @@ def rank_sizes(tensors: list, t: int) -> list:
     return [(-(-p.numel // t) if p.tp_sharded else p.numel, p) for p in tensors]
 
 
-def _units(sizes: list, layout) -> tuple:
+def units_of(sizes: list, layout) -> tuple:
     """zerokit's flat units on this rank: (unit sizes, persistent elements, stepped tensors)."""
     if layout.stage in (1, 2):
         groups = assign_units([_Sized(n) for n, _ in sizes], layout.reduce_bucket_size)
@@ -128,12 +128,14 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
     """(device ModelStates, host bytes per GPU, terms, units) for Ψ_rank = ``psi`` over ``dp`` ranks."""
     stage, n = layout.stage, dp
     known = bool(sizes)
+    from . import state_variants  # offload, hierarchical sharding, experts: their own groups and terms
+
     if layout.offload != "none":
-        return _offload_terms(psi, layout, n, convention, largest_module)
+        return state_variants.offload_terms(psi, layout, n, convention, largest_module)
     if layout.hierarchical:
-        return _hierarchical_terms(psi, sizes, layout, n, convention, largest_module)
+        return state_variants.hierarchical_terms(psi, sizes, layout, n, convention, largest_module)
     if layout.ep > 1 and layout.stage > 0:
-        return _expert_terms(sizes, layout, n, convention, largest_module)
+        return state_variants.expert_terms(sizes, layout, n, convention, largest_module)
     if convention.name == "deepspeed":
         states = theory.deepspeed_model_state_bytes(stage, psi, n, largest_module)
         formulas = {0: ("2Ψ", "6Ψ (16-bit + fp32)", "12Ψ"), 1: ("2Ψ", "2Ψ + 4Ψ/N", "12Ψ/N"),
@@ -145,7 +147,7 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
                  theory_term("grads", "grads", states.grads, formulas[1], note),
                  theory_term("optimizer", "optimizer states", states.optimizer, formulas[2], note)]
         return states, 0.0, terms, None
-    units, persistent, tensors = _units(sizes, layout) if known else (None, 0, 0)
+    units, persistent, tensors = units_of(sizes, layout) if known else (None, 0, 0)
     steps = tensors if known and layout.optimizer == "adamw" else 0
     states = theory.model_state_bytes(stage, psi, n, layout.precision, layout.optimizer, units=units,
                                       optimizer_tensors=steps, persistent_numel=persistent)
@@ -167,101 +169,6 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
 def split_experts(sizes: list) -> tuple:
     """(dense sizes, expert sizes) of a rank's (elements, tensor) list."""
     return [x for x in sizes if not ep_theory.is_expert(x[1])], [x for x in sizes if ep_theory.is_expert(x[1])]
-
-
-def _expert_terms(sizes, layout, n, convention, largest_module):
-    """ZeRO 1-3 with expert parallelism: the dense part over the N = dp ranks, the experts over the N_e = dp/ep
-    ranks that hold the same experts (each kind's states counted as :func:`zerokit.theory.model_state_bytes`
-    counts them on its own group)."""
-    stage, ne = layout.stage, layout.edp
-    dense, experts = split_experts(sizes)
-    psi_d, psi_e = sum(x for x, _ in dense), sum(x for x, _ in experts)
-    where = f"dense Ψ_d = {psi_d:,} over N = {n}, experts Ψ_e/ep = {psi_e:,} over N_e = dp/ep = {ne}"
-    if convention.name == "deepspeed":
-        d = theory.deepspeed_model_state_bytes(stage, psi_d, n, largest_module)
-        e = theory.deepspeed_model_state_bytes(stage, psi_e, ne, largest_module)
-        states = theory.ModelStates(d.params + e.params, d.grads + e.grads, d.optimizer + e.optimizer)
-        return states, 0.0, [theory_term("params", f"params (DeepSpeed convention, stage {stage})", states.params,
-                                         "dense over N, experts over N_e", where),
-                             theory_term("grads", "grads", states.grads, "dense over N, experts over N_e", where),
-                             theory_term("optimizer", "optimizer states", states.optimizer,
-                                         "12Ψ_d/N + 12Ψ_e/N_e", "DeepSpeed's estimator on each group")], None
-    du, _, dt = _units(dense, layout)
-    eu, _, et = _units(experts, layout)
-    steps = dt + et if layout.optimizer == "adamw" else 0
-    d = theory.model_state_bytes(stage, psi_d, n, layout.precision, layout.optimizer, units=du,
-                                 optimizer_tensors=steps)
-    e = theory.model_state_bytes(stage, psi_e, ne, layout.precision, layout.optimizer, units=eu)
-    states = theory.ModelStates(d.params + e.params, d.grads + e.grads, d.optimizer + e.optimizer, d.step_scalars)
-    b = theory.param_bytes_per_element(layout.precision)
-    k = theory.optimizer_bytes_per_element(layout.precision, layout.optimizer)
-    shard = {1: ("Ψ", "Ψ", "/N"), 2: ("Ψ", "/N", "/N"), 3: ("/N", "/N", "/N")}[stage]
-
-    def f(part, coef):
-        return f"{coef}·(Ψ_d + Ψ_e/ep)" if part == "Ψ" else f"{coef}·(Ψ_d/N + (Ψ_e/ep)/N_e)"
-
-    terms = [theory_term("params", "params", states.params, f(shard[0], b), f"{layout.precision}; {where}"),
-             theory_term("grads", "grads", states.grads, f(shard[1], b), layout.precision),
-             theory_term("optimizer", "optimizer states", states.optimizer, f(shard[2], "K") + f", K = {k}",
-                         f"{layout.optimizer}" + (f"; + 4 B × {steps} Adam step scalars" if steps else ""))]
-    return states, 0.0, terms, (du, eu)
-
-
-def _hierarchical_terms(psi, sizes, layout, n, convention, largest_module):
-    """HSDP: ZeRO-3 over the shard group s; hpZ: ZeRO-3 over N plus a secondary 16-bit copy over s."""
-    s, hsdp = layout.shard_group, layout.strategy == "hsdp"
-    b = theory.param_bytes_per_element(layout.precision)
-    where = (f"HSDP: sharded over a group of s = {s}, replicated over {n // s} groups" if hsdp
-             else f"hpZ: ZeRO-3 over N = {n}, secondary parameter copy over s = {s} (ZeRO++)")
-    if convention.name == "deepspeed":
-        base = theory.deepspeed_model_state_bytes(3, psi, s if hsdp else n, largest_module)
-        extra = 0 if hsdp else theory.hpz_secondary_bytes(psi, s, layout.precision)
-        states = theory.ModelStates(base.params + extra, base.grads, base.optimizer)
-        shard = "s" if hsdp else "N"
-        terms = [theory_term("params", "params (DeepSpeed convention, stage 3)", states.params,
-                             "4·L (largest layer)" + ("" if hsdp else " + 2Ψ/s (secondary copy)"), where),
-                 theory_term("grads", "grads", states.grads, f"6Ψ/{shard}", "DeepSpeed's estimator"),
-                 theory_term("optimizer", "optimizer states", states.optimizer, f"12Ψ/{shard}",
-                             "DeepSpeed's estimator")]
-        return states, 0.0, terms, None
-    known = bool(sizes)
-    units, persistent, tensors = _units(sizes, layout) if known else (None, 0, 0)
-    steps = tensors if known and layout.optimizer == "adamw" else 0
-    k = theory.optimizer_bytes_per_element(layout.precision, layout.optimizer)
-    if hsdp:
-        states = theory.hsdp_model_state_bytes(psi, n, s, layout.precision, layout.optimizer, units, steps)
-        shard, params_formula = "Ψ/s", f"{b}·Ψ/s"
-    else:
-        states = theory.hpz_model_state_bytes(psi, n, s, layout.precision, layout.optimizer, units, steps)
-        shard, params_formula = "Ψ/N", f"{b}·Ψ/N + {b}·Ψ/s (secondary copy)"
-    pad = "flat units padded to a multiple of the group" if units else "no padding (one buffer)"
-    terms = [theory_term("params", "params", states.params, params_formula, f"{where}; {pad}"),
-             theory_term("grads", "grads", states.grads, f"{b}·{shard}", layout.precision),
-             theory_term("optimizer", "optimizer states", states.optimizer, f"K·{shard}, K = {k}",
-                         f"{layout.optimizer}{' with an fp32 master copy' if layout.precision != 'fp32' else ''}"
-                         + (f"; + 4 B × {steps} Adam step scalars" if steps else ""))]
-    return states, 0.0, terms, units
-
-
-def _offload_terms(psi, layout, n, convention, largest_module):
-    offload_params = layout.offload == "params"
-    if convention.name == "deepspeed":
-        states = theory.deepspeed_model_state_bytes(layout.stage, psi, n, largest_module, layout.offload)
-        host = 0.0
-        terms = [theory_term("params", "params on the GPU (DeepSpeed convention, offload)", states.params,
-                             "4·L" if offload_params else ("4·L + 2Ψ/N" if layout.stage == 3 else "2Ψ"),
-                             "DeepSpeed's estimator with the optimizer offloaded")]
-        return states, host, terms, None
-    device, host = theory.offload_model_state_bytes(layout.stage, psi, n, layout.optimizer, offload_params)
-    k = theory.optimizer_bytes_per_element("bf16-mixed", layout.optimizer)
-    params_formula = "0 (on the host)" if offload_params else ("2·Ψ/N" if layout.stage == 3 else "2·Ψ")
-    terms = [theory_term("params", "params (16-bit, on the GPU)", device.params, params_formula, "ZeRO-Offload §4"),
-             theory_term("grads", "grads on the GPU", device.grads, "2·Ψ" if layout.stage == 1 else "0",
-                         "stage 1 reduces whole gradients; stages 2-3 stream them to the host through the buckets"),
-             theory_term("host", "on the host per GPU", host.total,
-                         f"{'2·Ψ/N params + ' if offload_params else ''}2·Ψ/N grads + K·Ψ/N optimizer, K = {k}",
-                         "fp32 master, m, v and the 16-bit gradient shard live where the step runs")]
-    return device, float(host.total), terms, None
 
 
 def theory_term(category, name, nbytes, formula, assumption="") -> Term:
@@ -385,9 +292,9 @@ def stage_memory(model, layout, convention, stage: int) -> StageMemory:
         dense, experts = split_experts(sizes)
         expert_psi = sum(n for n, _ in experts)
         if layout.stage > 0:
-            units, expert_units = units if units else (_units(dense, layout)[0], _units(experts, layout)[0])
+            units, expert_units = units if units else (units_of(dense, layout)[0], units_of(experts, layout)[0])
     if layout.stage == 3 and not units and sizes:
-        units = _units(sizes, layout)[0]
+        units = units_of(sizes, layout)[0]
     every_unit = (units or []) + (expert_units or [])
     largest_unit = max(every_unit) if every_unit and sizes else 0  # a bare count has no units to gather
     e = theory.param_bytes_per_element(layout.precision)

@@ -76,6 +76,21 @@ def unit_params(units, expert: bool) -> list:
     return [u.numel for u in units if u.expert == expert]
 
 
+def split_experts(specs, expert_parallel: bool) -> list:
+    """``(spec, expert)`` per unit to form: each spec as it is, or — with expert parallelism — its dense parameters
+    and its experts as two units on the same module (its hooks gather and free both; the experts sharded over
+    edp). A part without parameters is left out."""
+    if not expert_parallel:
+        return [(spec, False) for spec in specs]
+    out = []
+    for spec in specs:
+        for kind in (False, True):
+            params = [p for p in spec.params if is_expert(p) == kind]
+            if params:
+                out.append((spec._replace(params=params, label=f"{spec.label} experts" if kind else spec.label), kind))
+    return out
+
+
 def gather_local(out: torch.Tensor, shard: torch.Tensor, *_args) -> None:
     """A group of one rank: its shard is the whole unit."""
     if out.data_ptr() != shard.data_ptr():

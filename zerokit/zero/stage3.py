@@ -36,14 +36,13 @@ gradient elements in flight; otherwise each is waited for at once.
 kept whole, their gradients all-reduced once per micro-batch, stepped whole on every
 rank (DeepSpeed's ``stage3_param_persistence_threshold``).
 
-With expert parallelism (``ep`` > 1, :mod:`.experts`) a module's experts form a unit of their own on the
-same module, sharded over the ranks that hold the same experts (``edp``): gathered and reduce-scattered
-there, their gradients divided by N = dp like the dense ones.
+With expert parallelism (``ep`` > 1, :mod:`.experts`) a module's experts form a unit of their own, sharded
+over the ranks holding the same experts (``edp``), gradients divided by N = dp like the dense ones.
 
 The step updates the shards only (on the host with ``offload``, :mod:`zerokit.offload`;
-``"params"`` also rests them there); the next forward gathers them. Traffic per
-micro-batch: two all-gathers and one reduce-scatter of every unit, 3(N−1)/N·Ψb —
-1.5 × DDP for every N (FACTS §2).
+``"params"`` also rests them there); the next forward gathers them. Traffic per micro-batch:
+two all-gathers and one reduce-scatter of every unit, 3(N−1)/N·Ψb — 1.5 × DDP for every N
+(FACTS §2); what the ledgers see and the formulas it is held against: :mod:`.stage3_accounting`.
 """
 from __future__ import annotations
 
@@ -54,17 +53,17 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
-from .. import theory
 from ..data_parallel.naive import check_replicas_match
 from ..data_parallel.reducer import Reducer
 from ..offload.zero_hooks import Offload
 from ..runtime import comm
 from ..strategies.base import Strategy, register
 from .experts import (check_expert_options, check_expert_replicas, gather_local, group_of, is_expert, reduce_local,
-                      shard_groups, unit_params)
+                      shard_groups, split_experts)
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
 from .prefetch import Prefetcher
 from .stage1 import REFUSED, reduce_scatter_flat
+from .stage3_accounting import Stage3Accounting
 from .stage3_options import DEFAULT_PREFETCH_BUCKET, STAGE3_OPTIONS
 
 __all__ = ["ZeroStage3", "DEFAULT_PREFETCH_BUCKET", "UNIT_SIZE_OPTION", "non_negative_elements"]
@@ -72,7 +71,7 @@ from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_n
 
 
 @register
-class ZeroStage3(Strategy):
+class ZeroStage3(Stage3Accounting, Strategy):
     """ZeRO-3: parameters sharded at rest, gathered unit by unit for forward and for backward."""
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism); with expert
@@ -123,19 +122,12 @@ class ZeroStage3(Strategy):
                 self.persistent_master = self.persistent.data
         self.units: List[Unit] = []
         frozen = {p for p in model.parameters() if not p.requires_grad or id(p) in exclude}  # held whole / elsewhere
-        for spec in form_units(model, self.opts["unit_size"], set(persistent) | frozen):
-            # with expert parallelism a module's experts form a unit of their own on the same module (its hooks
-            # gather and free both), sharded over edp
-            parts = [(spec, False)] if self.expert_group is None else [
-                (spec._replace(params=[p for p in spec.params if is_expert(p) == kind],
-                               label=f"{spec.label} experts" if kind else spec.label), kind) for kind in (False, True)]
-            for part, expert in parts:
-                if not part.params:
-                    continue
-                group = self.expert_group if expert else self.dense_group
-                flat = FlatUnit(part.params, group.world, group.rank, len(self.units),
-                                [self.names[p] for p in part.params], expert=expert, **dtypes)
-                self.units.append(Unit(part, flat))
+        for spec, expert in split_experts(form_units(model, self.opts["unit_size"], set(persistent) | frozen),
+                                          self.expert_group is not None):
+            group = self.expert_group if expert else self.dense_group
+            flat = FlatUnit(spec.params, group.world, group.rank, len(self.units),
+                            [self.names[p] for p in spec.params], expert=expert, **dtypes)
+            self.units.append(Unit(spec, flat))
         self.unit_of: Dict[nn.Parameter, Unit] = {p: u for u in self.units for p in u.flat.params}
         self.slot = {p: (u.flat.offsets[i], p.numel()) for u in self.units for i, p in enumerate(u.flat.params)}
         for unit in self.units:
@@ -149,10 +141,7 @@ class ZeroStage3(Strategy):
         if self.opts["contiguous_gradients"]:
             self.shard_buffer = torch.zeros(sum(u.flat.shard_numel for u in self.units), dtype=self.units[0].shard.dtype,
                                             device=params[0].device)
-            offset = 0
-            for i, u in enumerate(self.units):
-                self.grad_shards[i] = self.shard_buffer[offset:offset + u.flat.shard_numel]
-                offset += u.flat.shard_numel
+            self.grad_shards = list(self.shard_buffer.split([u.flat.shard_numel for u in self.units]))  # views
         self.persistent_grad: Optional[torch.Tensor] = None
         self._written = [False] * len(self.units)
         #: [bucket, reduced output] of each reduce-scatter in flight, for the memory ledger
@@ -358,63 +347,3 @@ class ZeroStage3(Strategy):
     def full_parameters(self):
         with self.gathered():
             return {n: p.detach().float().cpu().clone() for n, p in self.model.named_parameters()}
-
-    # -- measurement -----------------------------------------------------------------
-    def track_memory(self, ledger):
-        super().track_memory(ledger)
-        ledger.track(self.offload.category("params"), lambda: [u.shard for u in self.units])
-        ledger.track("params", lambda: [self.persistent_master] if self.persistent is not None else [])
-        self.offload.track_optimizer(ledger, self.optimizer)
-
-        def gradient_memory():
-            yield from (s for s in self.grad_shards if s is not None)
-            if self.persistent_grad is not None:
-                yield self.persistent_grad
-            yield from (u.bucket for u in self.units if u.bucket is not None)
-            for flight in self._in_flight:
-                yield from flight
-
-        ledger.track("grads", gradient_memory)
-
-    def flat_units(self):
-        return [u.flat.numel for u in self.units]
-
-    def persistent_numel(self) -> int:
-        return self.persistent.numel if self.persistent is not None else 0
-
-    def optimizer_tensors(self):
-        return self.optimizer.step_scalars
-
-    def stepped_sharded(self) -> list:
-        """The units' shards, then the persistent parameters, held whole on every rank."""
-        return [True] * len(self.units) + ([False] if self.persistent is not None else [])
-
-    def theory_model_states(self, psi):
-        if self.expert_group is None:
-            return super().theory_model_states(psi)
-        return theory.expert_zero_model_state_bytes(
-            3, unit_params([u.flat for u in self.units], False), self.world,
-            unit_params([u.flat for u in self.units], True), self.expert_group.world, self.config.precision,
-            self.config.optimizer.name, optimizer_tensors=self.optimizer_tensors(),
-            persistent_numel=self.persistent_numel(), frozen_numel=self.frozen_numel())
-
-    def _theory_comm_by_axis(self) -> dict:
-        b = theory.param_bytes_per_element(self.config.precision)
-        flats = [u.flat for u in self.units]
-        return theory.expert_zero_comm_bytes(3, unit_params(flats, False), self.world, unit_params(flats, True),
-                                             self.expert_group.world if self.expert_group is not None else 1, b,
-                                             self.config.micro_batches, persistent_numel=self.persistent_numel(),
-                                             reshard_after_forward=self.opts["reshard_after_forward"])
-
-    def theory_comm_bytes(self, psi):
-        """Formula: bytes per step on dp (with expert parallelism: the dense units' alone)."""
-        if self.expert_group is None:
-            b = theory.param_bytes_per_element(self.config.precision)
-            return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches,
-                                              units=self.flat_units(), persistent_numel=self.persistent_numel(),
-                                              reshard_after_forward=self.opts["reshard_after_forward"])
-        return self._theory_comm_by_axis()["dp"]
-
-    def theory_expert_comm_bytes(self):
-        """Formula: bytes per step on edp, the expert units' (0 without expert parallelism)."""
-        return 0 if self.expert_group is None else self._theory_comm_by_axis()["edp"]
