@@ -1,6 +1,7 @@
 """Expert parallelism: the MoE layer's routing, capacity and load-balancing loss in one process; its experts spread
 over ep ranks (dispatch and combine by all-to-all) against the same layer whole; the tiny MoE GPT in zerokit.train
-under ddp at dp=2×ep=2 and dp=4×ep=2 against one process, every axis's bytes against its formula."""
+under ddp at dp=2×ep=2 and dp=4×ep=2, and with tensor-parallel experts at dp=2×ep=2×tp=2 under ddp and zero3, against
+one process, every axis's bytes against its formula."""
 import pytest
 import torch
 
@@ -95,11 +96,47 @@ def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel, 
     assert "by axis, ddp rank 0, B/step measured / theory: dp " in report.table()  # as `zerokit compare` prints
 
 
+def test_experts_split_by_tensor_parallelism_on_an_ep_by_tp_grid_train_like_one_process():
+    """dp=2 × tp=2 with ep=2 carved from dp (4 ranks): attention split by heads, each expert split as the dense MLP
+    is (column then row), the router whole on every tp rank; under ddp and zero3."""
+    from zerokit.cli import compare
+    from zerokit.tensor_parallel import plan_layout, tiny_gpt_plan
+
+    parallel = {"dp": 2, "ep": 2, "tp": 2}
+    report = compare(_moe_gpt(), 4, ["single", "ddp", "zero3"], steps=3, optimizer="sgd", lr=0.1, parallel=parallel)
+    model = _moe_gpt().build_model()
+    layout = plan_layout(model, tiny_gpt_plan(experts=True))
+    # per rank: tp-sharded tensors ÷ tp, experts ÷ ep as well (an expert's row-parallel bias stays whole over tp)
+    per_rank = sum(p.numel() // (2 if layout[n] is not None else 1) // (2 if ".experts." in n else 1)
+                   for n, p in model.named_parameters())
+    for name in ("ddp", "zero3"):
+        result = report[name]
+        assert result.param_diff["max_abs"] <= 1e-5, (name, result.param_diff)
+        assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
+        for rank in result.ranks:
+            measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+            # tp: the plan's collectives on every token, the experts' on the rows the router sent them
+            assert set(measured) == {"dp", "ep", "tp"} and measured == pytest.approx(rank.theory_comm_bytes_by_axis,
+                                                                                        abs=0.5)
+            if name == "ddp":
+                assert rank.model_state_bytes["params"] == 4 * per_rank
+        # the two tp ranks of a dp rank route the same tokens the same way
+        by_dp = {}
+        for rank in result.ranks:
+            by_dp.setdefault(rank.coords["dp"], []).append(rank.routing["tokens_per_expert"])
+        assert all(a == b for a, b in by_dp.values())
+
+
 def test_expert_parallel_settings_are_checked_before_any_process_starts():
     with pytest.raises(ValueError, match="ep=2 must divide dp=3"):
         zerokit.train(_moe_gpt(), "ddp", world_size=3, steps=1, parallel={"dp": 3, "ep": 2})
     with pytest.raises(ValueError, match="no mixture-of-experts layer"):
         zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8), "ddp",
                       world_size=2, steps=1, parallel={"dp": 2, "ep": 2})
+    with pytest.raises(ValueError, match="sequence_parallel=True with a mixture of experts"):
+        zerokit.train(_moe_gpt(), "ddp", world_size=4, steps=1, parallel={"dp": 2, "ep": 2, "tp": 2},
+                      sequence_parallel=True)
+    with pytest.raises(ValueError, match="composes with dp and tp only so far; use cp=1, pp=1"):
+        zerokit.train(_moe_gpt(), "ddp", world_size=4, steps=1, parallel={"dp": 2, "ep": 2, "pp": 2})
     with pytest.raises(ValueError, match="expert parallelism, which strategy 'zero2-naive' does not implement"):
         zerokit.train(_moe_gpt(), "zero2-naive", world_size=2, steps=1, parallel={"dp": 2, "ep": 2})

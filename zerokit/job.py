@@ -99,9 +99,9 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     if shape.get("ep", 1) > 1:
         from .expert_parallel.apply import check_model as check_experts
 
-        if shape.get("cp", 1) > 1 or shape["tp"] > 1 or shape["pp"] > 1:
-            raise ValueError(f"parallel ep={shape['ep']} with cp, tp or pp above 1: expert parallelism composes "
-                             f"with dp only so far; use cp=1, tp=1, pp=1")
+        if shape.get("cp", 1) > 1 or shape["pp"] > 1:
+            raise ValueError(f"parallel ep={shape['ep']} with cp={shape.get('cp', 1)}, pp={shape['pp']}: expert "
+                             f"parallelism composes with dp and tp only so far; use cp=1, pp=1")
         check_experts(workload.build_model(), shape["ep"])
     spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size

@@ -6,6 +6,8 @@ compared after training. Each rank trains on its share of the global batch.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Tuple
 
@@ -180,10 +182,10 @@ class TinyGPT(nn.Module):
                 [("head", _Head(self.ln_f, self.head))])
 
 
-def _tiny_gpt_tensor_parallel_plan(sequence_parallel: bool):
+def _tiny_gpt_tensor_parallel_plan(sequence_parallel: bool, experts: bool = False):
     from .tensor_parallel import tiny_gpt_plan
 
-    return tiny_gpt_plan(sequence_parallel)
+    return tiny_gpt_plan(sequence_parallel, experts=experts)
 
 
 def _lm_loss(logits, targets):
@@ -224,7 +226,8 @@ def tiny_gpt(vocab: int = 512, seq_len: int = 64, d_model: int = 128, n_layer: i
     return Workload(
         name=f"tiny-gpt-{n_layer}x{d_model}" + ("-tied" if tie_weights else "") + (f"-moe{n_experts}" if n_experts else ""),
         model_fn=lambda: TinyGPT(vocab, seq_len, d_model, n_layer, n_head, tie_weights, dropout, moe),
-        batch_fn=batch, loss_fn=_lm_loss, seed=seed, tensor_parallel_plan=_tiny_gpt_tensor_parallel_plan,
+        batch_fn=batch, loss_fn=_lm_loss, seed=seed,
+        tensor_parallel_plan=functools.partial(_tiny_gpt_tensor_parallel_plan, experts=bool(n_experts)),
         description=f"GPT: {n_layer} layers, d_model {d_model}, {n_head} heads, vocab {vocab}, "
                     f"sequence {seq_len}, global batch {batch_size}"
                     + (", embedding tied to the head" if tie_weights else "")

@@ -94,6 +94,9 @@ class MoEMLP(nn.Module):
         self.aux = None
         #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
         self.exchanged = [0, 0, 0]
+        #: measured over every training forward: rows this rank's experts computed (what a tensor-parallel expert's
+        #: collectives carry: its f and g move one row of d per computed row)
+        self.computed_rows = 0
 
     # -- expert parallelism ------------------------------------------------------------
     def shard(self, group) -> None:
@@ -173,6 +176,8 @@ class MoEMLP(nn.Module):
         """Rows sorted by expert, each through its (local) expert."""
         pieces = []
         counts = torch.bincount(expert, minlength=self.n_experts).tolist()
+        if torch.is_grad_enabled():
+            self.computed_rows += rows.shape[0]
         start = 0
         for e, c in enumerate(counts):
             if str(e) in self.experts:  # every local expert runs, on no rows too: its gradients exist (zeros)

@@ -58,13 +58,22 @@ class Plan:
     keep_input_sharded: bool = False
 
 
-def tiny_gpt_plan(sequence_parallel: bool = False, keep_input_sharded: bool = False) -> Plan:
+def tiny_gpt_plan(sequence_parallel: bool = False, keep_input_sharded: bool = False, experts: bool = False) -> Plan:
     """The plan of :class:`zerokit.workloads.TinyGPT`: attention by heads, the MLP column then row,
-    embedding and head by vocabulary (tied or not), LayerNorms and positions sequence-parallel."""
+    embedding and head by vocabulary (tied or not), LayerNorms and positions sequence-parallel.
+
+    ``experts``: the MLPs are mixtures of experts; each expert is split as the dense MLP is (Megatron's
+    expert tensor parallelism equal to tp), the router stays whole on every tp rank, so every tp rank routes the
+    same tokens the same way. Under sequence parallelism a tp rank would hold only a slice of the tokens its
+    router must see whole: that combination is refused (zerokit's choice; Megatron all-gathers the tokens first)."""
+    if experts and sequence_parallel:
+        raise ValueError("sequence_parallel=True with a mixture of experts is not implemented: each tp rank's router "
+                         "needs every token of its micro-batch; use sequence_parallel=False")
+    mlp = "blocks.*.mlp.experts.*." if experts else "blocks.*.mlp."
     return Plan({"tok": "vocab_embedding", "pos": "sequence_slice",
                  "blocks.*.ln1": "sequence_parallel", "blocks.*.attn.qkv": "colwise_qkv",
                  "blocks.*.attn.proj": "rowwise", "blocks.*.ln2": "sequence_parallel",
-                 "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise",
+                 mlp + "fc": "colwise", mlp + "proj": "rowwise",
                  "ln_f": "sequence_parallel", "head": "vocab_head"},
                 sequence_parallel=sequence_parallel, loss="vocab_parallel", keep_input_sharded=keep_input_sharded)
 

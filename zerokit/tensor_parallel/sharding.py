@@ -183,10 +183,14 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
     ``sequence_parallel_numel``: elements of the replicated parameters whose gradients are summed
     over ``tp`` (sequence parallelism). :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
     """
+    from ..expert_parallel.apply import moe_layers
     from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
     reduced = gathered = 0
+    routed = {id(m) for layer in moe_layers(model) for m in layer.experts.modules()}
     for module in model.modules():
+        if id(module) in routed:  # an expert's layers see only its routed rows: :func:`expert_widths`
+            continue
         if isinstance(module, ColumnParallelLinear):
             reduced += module.in_features
             if module.gather_output:
@@ -199,3 +203,14 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
             reduced += module.embedding_dim
     sp = sum(p.numel() for p in sequence_parallel_parameters(model).values())
     return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp}
+
+
+def expert_widths(layer: nn.Module) -> int:
+    """Per row an expert of a MoE ``layer`` computes, the activation width its tensor-parallel operators move over
+    ``tp`` (f at its column-parallel input, g at its row-parallel output; one expert's, all alike): the dense
+    MLP's widths, paid on the routed rows instead of on every token."""
+    from .layers import ColumnParallelLinear, RowParallelLinear
+
+    expert = next(iter(layer.experts.values()))
+    return sum(m.in_features if isinstance(m, ColumnParallelLinear) else m.out_features
+               for m in expert.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)))
