@@ -110,6 +110,27 @@ def test_the_tiny_gpt_under_context_parallelism_trains_like_one_process(attentio
     assert f"by axis, {strategy} rank 0, B/step measured / theory: cp " in report.table()
 
 
+@pytest.mark.parametrize("attention,strategy", [("ring", "ddp"), ("ulysses", "zero3")])
+def test_a_cp_by_tp_grid_trains_like_one_process(attention, strategy):
+    """cp=2 × tp=2 (4 ranks): tensor parallelism takes half the heads, the cp ranks of each tp rank attend over the
+    sequence on those heads; the tp ranks' cp groups are disjoint, so each moves half the cp=2 run's bytes."""
+    from zerokit.cli import compare
+
+    gpt = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=4, batch_size=4, tie_weights=True)
+    report = compare(gpt, 4, ["single", strategy], steps=3, optimizer="sgd", lr=0.1, parallel={"cp": 2, "tp": 2},
+                     options_for=lambda name: {"cp_attention": attention} if name == strategy else {})
+    result = report[strategy]
+    assert result.param_diff["max_abs"] <= 1e-5, result.param_diff
+    assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
+    block = 4 * 2 * 8 * 8 * 4  # one micro-batch's K on a rank: 4 sequences × 2 of 4 heads × 8 of 16 tokens × 8 × fp32
+    formula = theory.ring_attention_bytes if attention == "ring" else theory.ulysses_bytes
+    for rank in result.ranks:
+        measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+        assert set(measured) == {"cp", "dp_cp", "tp"}
+        assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5)
+        assert measured["cp"] == 2 * sum(formula(2, block).values())  # two layers
+
+
 def test_context_parallel_settings_are_checked_before_any_process_starts():
     with pytest.raises(ValueError, match="applies only with context parallelism"):
         zerokit.train(_gpt(), "ddp", world_size=2, steps=1, cp_attention="ring")
@@ -117,8 +138,12 @@ def test_context_parallel_settings_are_checked_before_any_process_starts():
         zerokit.train(_gpt(), "ddp", world_size=2, steps=1, parallel={"cp": 2}, cp_attention="flash")
     with pytest.raises(ValueError, match="splits the heads over cp = 4"):
         zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 4}, cp_attention="ulysses")
-    with pytest.raises(ValueError, match="composes with dp only"):
-        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "tp": 2})
+    with pytest.raises(ValueError, match="composes with dp and tp only so far; use pp=1"):
+        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "pp": 2})
+    with pytest.raises(ValueError, match="after tp = 2 took its share"):  # 2 heads: 1 per tp rank, not 2 for cp
+        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "tp": 2}, cp_attention="ulysses")
+    with pytest.raises(ValueError, match="sequence_parallel=True with cp=2"):
+        zerokit.train(_gpt(), "ddp", world_size=4, steps=1, parallel={"cp": 2, "tp": 2}, sequence_parallel=True)
     with pytest.raises(ValueError, match="context parallelism .the sequence cut over ranks., which strategy .torch-ddp. does not"):
         zerokit.train(_gpt(), "torch-ddp", world_size=2, steps=1, parallel={"cp": 2})
 

@@ -95,7 +95,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
     _check_tensor_parallel(workload, cls, shape["tp"], sequence_parallel)
     if cls.name == "single":  # the one-process reference a comparison runs the same options against: no cp
         cp_attention = None
-    cp_attention = _check_context_parallel(workload, shape, cp_attention)
+    cp_attention = _check_context_parallel(workload, shape, cp_attention, sequence_parallel)
     if shape.get("ep", 1) > 1:
         from .expert_parallel.apply import check_model as check_experts
 
@@ -116,7 +116,7 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
                cp_attention=cp_attention)
 
 
-def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention) -> str:
+def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention, sequence_parallel: bool) -> str:
     """``cp_attention`` and the model under cp > 1, before any process starts; a cp_attention without cp is refused
     (it would change nothing)."""
     cp = shape.get("cp", 1)
@@ -128,12 +128,15 @@ def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention
     from .context_parallel.apply import check_model
 
     attention = "ring" if attention is None else attention
-    if shape["tp"] > 1 or shape["pp"] > 1:
-        raise ValueError(f"parallel cp={cp} with tp={shape['tp']}, pp={shape['pp']}: context parallelism composes "
-                         f"with dp only so far (dp × cp); use tp=1, pp=1")
+    if shape["pp"] > 1:
+        raise ValueError(f"parallel cp={cp} with pp={shape['pp']}: context parallelism composes with dp and tp only "
+                         f"so far; use pp=1")
+    if sequence_parallel:
+        raise ValueError(f"sequence_parallel=True with cp={cp}: the sequence is already cut over cp; zerokit does "
+                         f"not cut it again over tp (use sequence_parallel=False)")
     model = workload.build_model()
     seq_len = workload.batch(0)[0].shape[1]
-    check_model(model, seq_len, cp, attention)
+    check_model(model, seq_len, cp, attention, tp=shape["tp"])
     return attention
 
 

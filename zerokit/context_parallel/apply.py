@@ -42,8 +42,9 @@ def attention_modules(model: nn.Module) -> list:
     return [m for m in model.modules() if hasattr(m, "context") and hasattr(m, "head_dim")]
 
 
-def check_model(model: nn.Module, seq_len: int, cp: int, attention: str) -> None:
-    """Refuse, before any process starts, a model context parallelism cannot run on, naming what it needs."""
+def check_model(model: nn.Module, seq_len: int, cp: int, attention: str, tp: int = 1) -> None:
+    """Refuse, before any process starts, a model context parallelism cannot run on, naming what it needs;
+    ``tp``: the tensor-parallel degree that first splits the heads (Ulysses splits each rank's share again)."""
     check_attention(attention)
     layout.check(seq_len, cp)
     cores = attention_modules(model)
@@ -53,14 +54,15 @@ def check_model(model: nn.Module, seq_len: int, cp: int, attention: str) -> None
                          f"`model.positions`; {type(model).__name__} has {len(cores)} such cores")
     if attention == "ulysses":
         heads = {m.n_head for m in cores}
-        if any(h % cp for h in heads):
-            raise ValueError(f"cp_attention='ulysses' splits the heads over cp = {cp} ranks; the model has "
-                             f"{sorted(heads)} heads per layer (use 'ring', or a cp that divides them)")
+        if any(h % (cp * tp) for h in heads):
+            by = f"cp = {cp} ranks" + (f" after tp = {tp} took its share" if tp > 1 else "")
+            raise ValueError(f"cp_attention='ulysses' splits the heads over {by}; the model has {sorted(heads)} heads "
+                             f"per layer (use 'ring', or a cp{' × tp' if tp > 1 else ''} that divides them)")
 
 
 def apply_context_parallel(model: nn.Module, mesh, seq_len: int, attention: str = "ring") -> None:
     cp, rank = mesh.size("cp"), mesh.coord("cp")
-    check_model(model, seq_len, cp, attention)
+    check_model(model, seq_len, cp, attention, tp=mesh.size("tp"))
     device = next(model.parameters()).device
     positions = layout.positions(rank, cp, seq_len, device=device)
     every = torch.stack([layout.positions(r, cp, seq_len, device=device) for r in range(cp)])
@@ -76,7 +78,8 @@ def theory_bytes(model: nn.Module, cp: int, attention: str, rows: int, local_tok
     of ``rows`` sequences holding ``local_tokens`` tokens each on this rank."""
     formula = theory.ring_attention_bytes if attention == "ring" else theory.ulysses_bytes
     total = 0
-    for m in attention_modules(model):
-        block = rows * m.n_head * local_tokens * m.head_dim * element_bytes
+    for m in attention_modules(model):  # this rank's heads: all, or its tensor-parallel share of the q/k/v columns
+        heads = m.qkv.weight.shape[0] // (3 * m.head_dim)
+        block = rows * heads * local_tokens * m.head_dim * element_bytes
         total += sum(formula(cp, block).values())
     return total * micro_batches
