@@ -131,6 +131,29 @@ def test_a_cp_by_tp_grid_trains_like_one_process(attention, strategy):
         assert measured["cp"] == 2 * sum(formula(2, block).values())  # two layers
 
 
+def test_ring_transfers_travel_while_a_block_is_computed():
+    """The timeline's order of marks on each rank (not a duration): every K/V transfer of forward and backward, and
+    every dK/dV hop but the last, is posted before a block's compute and waited after it; the last hop home has
+    nothing left to hide behind. timeline.overlap sums what the blocks covered."""
+    from zerokit.runtime import timeline
+
+    cp = 3
+    gpt = zerokit.tiny_gpt(vocab=64, seq_len=24, d_model=32, n_layer=2, n_head=2, batch_size=4)
+    report = zerokit.train(gpt, "ddp", world_size=cp, steps=1, optimizer="sgd", parallel={"cp": cp},
+                           keep_records=True, reference=False)
+    for rank in report.results[0].ranks:
+        line = timeline.rank_timeline(rank)
+        blocks = [m for m in line["modules"] if m["kind"] == "block"]
+        assert len(blocks) == 2 * 2 * cp  # 2 layers × (forward + backward) × cp blocks
+        ring = [c for c in line["comm"] if c["tag"].startswith("ring attention") and c["phase"] != "setup"]
+        assert len(ring) == 2 * 2 * ((cp - 1) + (cp - 1) + cp)  # send + receive × layers × (kv fwd, kv bwd, dkv)
+        for c in ring:
+            covered = [b for b in blocks if c["start"] <= b["start"] and b["end"] <= c["blocked_start"]]
+            assert bool(covered) == (c["tag"] != f"ring attention dkv {cp - 1}"), c
+        measured = timeline.overlap(rank, "ring attention")
+        assert measured["transfers"] == len(ring) and measured["computing_s"] > 0
+
+
 def test_context_parallel_settings_are_checked_before_any_process_starts():
     with pytest.raises(ValueError, match="applies only with context parallelism"):
         zerokit.train(_gpt(), "ddp", world_size=2, steps=1, cp_attention="ring")

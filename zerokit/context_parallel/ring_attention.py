@@ -16,11 +16,16 @@ After cp − 1 transfers every block has visited every rank. Saved for backward:
 rank's q, k, v, its output and the final ℓ — its own tokens only, so activations per rank
 are 1/cp of the sequence's.
 
-**backward** — the ring again, the gradient of each key/value block travelling with it:
-at each step this rank adds its queries' share to the visiting block's dK and dV (from
-P = exp(S − ℓ), dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O)), dK += dSᵀ·Q) and to its own
-dQ (+= dS·K); the block, its dK and dV move on (cp − 1 transfers), then one more transfer
-brings each block's finished dK and dV home.
+**backward** — two rings: the key/value blocks travel again (cp − 1 transfers, each posted
+before the block's compute, as in forward), and each block's dK and dV follow one step
+behind. At each step this rank computes its queries' share of the visiting block's dK and
+dV (from P = exp(S − ℓ), dV += Pᵀ·dO, dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O)), dK += dSᵀ·Q) and of
+its own dQ (+= dS·K); then it waits for the dK, dV the previous ranks accumulated for that
+block — posted a step earlier, so their transfer ran during this step's compute — adds its
+share and posts the sum onward (cp transfers; the last brings each block's finished dK and
+dV home). Only the time a rank still waits after its compute is exposed; each block's
+compute is a ``block`` span of the timeline (:func:`zerokit.runtime.timeline.block`), so
+:func:`zerokit.runtime.timeline.overlap` measures how much of each transfer it covered.
 
 Bytes on the ``cp`` axis per call (:func:`zerokit.theory.ring_attention_bytes`): forward
 (cp − 1)·2·|K| (K and V), backward (cp − 1)·4·|K| + 2·|K|, |K| = this rank's key bytes.
@@ -35,7 +40,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..runtime import comm
+from ..runtime import comm, timeline
 
 
 def _neighbours(group):
@@ -45,11 +50,20 @@ def _neighbours(group):
     return ranks, me, n, ranks[(me + 1) % n], ranks[(me - 1) % n]
 
 
-def _shift(tensor: torch.Tensor, group, nxt: int, prv: int, tag: str):
+def _shift(tensor: torch.Tensor, group, nxt: int, prv: int, tag: str, channel: int = 0):
     """Post: send ``tensor`` to the next rank, receive the previous rank's into a new buffer; (buffer, works)."""
     incoming = torch.empty_like(tensor)
-    works = comm.batch_isend_irecv([("send", tensor, nxt, tag), ("recv", incoming, prv, tag)], group=group)
+    works = comm.batch_isend_irecv([("send", tensor, nxt, tag), ("recv", incoming, prv, tag)], group=group,
+                                   channel=channel)
     return incoming, works
+
+
+def _arrived(pending):
+    """Wait for a posted shift; its received buffer."""
+    incoming, works = pending
+    for work in works:
+        work.wait()
+    return incoming
 
 
 def _scores(q, k, qpos, kpos, scale):
@@ -73,19 +87,17 @@ class _RingAttention(torch.autograd.Function):
         for step in range(n):
             src = (me - step) % n
             pending = _shift(kv, group, nxt, prv, f"ring attention kv {step}") if step < n - 1 else None
-            s = _scores(q.float(), kv[0].float(), positions, all_positions[src], scale)
-            block_lse = torch.logsumexp(s, dim=-1)
-            p = torch.exp(s - _finite(block_lse)[..., None])
-            block_out = torch.matmul(p, kv[1].float())
-            merged = torch.logaddexp(lse, block_lse)
-            out = out * torch.exp(lse - _finite(merged))[..., None] + block_out * torch.exp(
-                block_lse - _finite(merged))[..., None]
-            lse = merged
+            with timeline.block(f"ring forward block {step}"):
+                s = _scores(q.float(), kv[0].float(), positions, all_positions[src], scale)
+                block_lse = torch.logsumexp(s, dim=-1)
+                p = torch.exp(s - _finite(block_lse)[..., None])
+                block_out = torch.matmul(p, kv[1].float())
+                merged = torch.logaddexp(lse, block_lse)
+                out = out * torch.exp(lse - _finite(merged))[..., None] + block_out * torch.exp(
+                    block_lse - _finite(merged))[..., None]
+                lse = merged
             if pending is not None:
-                incoming, works = pending
-                for work in works:
-                    work.wait()
-                kv = incoming
+                kv = _arrived(pending)
         ctx.save_for_backward(q, k, v, out, lse, positions, all_positions)
         ctx.group = group
         return out.to(q.dtype)
@@ -100,28 +112,27 @@ class _RingAttention(torch.autograd.Function):
         qf = q.float()
         delta = (dout * out).sum(-1, keepdim=True)
         dq = torch.zeros_like(qf)
-        travelling = torch.stack([k.float(), v.float(), torch.zeros_like(qf), torch.zeros_like(qf)]).contiguous()
+        kv, grads = torch.stack([k.float(), v.float()]).contiguous(), None
         for step in range(n):
             src = (me - step) % n
-            kb, vb = travelling[0], travelling[1]
-            s = _scores(qf, kb, positions, all_positions[src], scale)
-            p = torch.exp(s - lse[..., None])
-            dp = torch.matmul(dout, vb.transpose(-1, -2))
-            ds = p * (dp - delta)
-            dq += torch.matmul(ds, kb) * scale
-            travelling[2] += torch.matmul(ds.transpose(-1, -2), qf) * scale
-            travelling[3] += torch.matmul(p.transpose(-1, -2), dout)
-            if step < n - 1:
-                incoming, works = _shift(travelling, group, nxt, prv, f"ring attention kv+grads {step}")
-                for work in works:
-                    work.wait()
-                travelling = incoming
-        if n > 1:  # the last block's dK and dV go home, one rank on
-            home, works = _shift(travelling[2:].contiguous(), group, nxt, prv, "ring attention grads home")
-            for work in works:
-                work.wait()
-        else:
-            home = travelling[2:]
+            # the next block's K, V leave now and travel while this block is computed (channel 0) …
+            pending = _shift(kv, group, nxt, prv, f"ring attention kv {step}") if step < n - 1 else None
+            with timeline.block(f"ring backward block {step}"):
+                s = _scores(qf, kv[0], positions, all_positions[src], scale)
+                p = torch.exp(s - lse[..., None])
+                dp = torch.matmul(dout, kv[1].transpose(-1, -2))
+                ds = p * (dp - delta)
+                dq += torch.matmul(ds, kv[0]) * scale
+                mine = torch.stack([torch.matmul(ds.transpose(-1, -2), qf) * scale,
+                                    torch.matmul(p.transpose(-1, -2), dout)])
+            # … and this block's dK, dV — the sum of the ranks it visited before, posted a step ago, so their
+            # transfer ran during the computation above — take this rank's share and move on (channel 1); after
+            # the last step what arrives is this rank's own block's, finished
+            total = mine if grads is None else _arrived(grads) + mine
+            grads = _shift(total, group, nxt, prv, f"ring attention dkv {step}", channel=1) if n > 1 else (total, [])
+            if pending is not None:
+                kv = _arrived(pending)
+        home = _arrived(grads)
         return dq.to(q.dtype), home[0].to(k.dtype), home[1].to(v.dtype), None, None, None
 
 

@@ -267,11 +267,13 @@ def irecv(tensor: torch.Tensor, src: int, group=None, tag: str = "") -> Work:
     return _finish(dist.irecv(tensor, src=src, group=group), record, True)
 
 
-def batch_isend_irecv(ops: list, group=None) -> list:
+def batch_isend_irecv(ops: list, group=None, channel: int = 0) -> list:
     """Post ``ops`` — ``("send" | "recv", tensor, peer's global rank, tag)`` — as one group, as torch's
     ``batch_isend_irecv`` does (``ncclGroupStart/End`` on NCCL, where a pair of ranks shares one stream and a
-    send and a receive posted apart on both ranks can wait on each other); one :class:`Work` per op."""
+    send and a receive posted apart on both ranks can wait on each other); one :class:`Work` per op.
+    ``channel``: torch's p2p ``tag``, so two exchanges in flight between the same ranks at once are matched
+    each with its own (gloo matches by it; NCCL keeps the posting order)."""
     records = [new_record(kind, tensor, _bytes(tensor), group, True, tag) for kind, tensor, _, tag in ops]
     works = dist.batch_isend_irecv([dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, tensor, peer,
-                                               group=group) for kind, tensor, peer, _ in ops])
+                                               group=group, tag=channel) for kind, tensor, peer, _ in ops])
     return [_finish(work, record, True) for work, record in zip(works, records)]

@@ -35,8 +35,26 @@ import torch
 
 from . import clock
 
-#: event kinds a tracer records
-KINDS = ("clock", "span", "forward", "backward")
+#: event kinds a tracer records ("block": a compute span inside a module, :func:`block`)
+KINDS = ("clock", "span", "forward", "backward", "block")
+
+#: the tracer recording in this process (between :meth:`Tracer.instrument` and :meth:`Tracer.remove_hooks`)
+_active: Optional["Tracer"] = None
+
+
+@contextmanager
+def block(name: str) -> Iterator[None]:
+    """A compute span inside a module's forward or backward (ring attention's block ``s``), recorded by the
+    active tracer as kind "block"; nothing without one."""
+    tracer = _active
+    if tracer is None:
+        yield
+        return
+    start = clock.mark()
+    try:
+        yield
+    finally:
+        tracer._add("block", name, start, clock.mark())
 
 
 class Tracer:
@@ -66,6 +84,8 @@ class Tracer:
         """Record the forward and the backward of every leaf module, through module hooks."""
         # a module whose inputs need no gradient (an embedding, a first layer) gets its
         # backward hooks called as soon as its output's gradient exists; that is fine here
+        global _active
+        _active = self
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         for name, module in model.named_modules():
             if next(module.children(), None) is not None:
@@ -87,6 +107,9 @@ class Tracer:
             self._add(kind, label, start, clock.mark())
 
     def remove_hooks(self) -> None:
+        global _active
+        if _active is self:
+            _active = None
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -157,7 +180,7 @@ def rank_timeline(rank_result) -> dict:
     ends = [c["end"] for c in compute if c["name"] == "step"]
     modules = []
     for e in trace:
-        if e["kind"] in ("forward", "backward"):
+        if e["kind"] in ("forward", "backward", "block"):
             start = e["start"] + offset
             modules.append({**e, "start": start, "end": e["end"] + offset,
                             "step": next((k for k, end in enumerate(ends) if start <= end), len(ends))})
@@ -190,6 +213,26 @@ def _split_backward(compute: list, modules: list) -> list:
             continue
         out.append({**c, "end": max(ends)})
         out.append({**c, "name": "grad sync", "start": max(ends)})
+    return out
+
+
+def overlap(rank_result, tag_prefix: str) -> dict:
+    """How much of the transfers whose ledger tag starts with ``tag_prefix`` the rank's ``block`` spans covered
+    (measured, training steps only): ``transfers`` (ledger records: each send and each receive), ``in_flight_s`` (launch to the end of the wait),
+    ``computing_s`` (the part of that during which a block was being computed: the overlap) and ``blocked_s``
+    (the wait after it: exposed). A transfer posted before the block and waited after it has its whole window
+    minus the wait covered; one waited at once has nothing covered."""
+    line = rank_timeline(rank_result)
+    blocks = [(m["start"], m["end"]) for m in line["modules"] if m["kind"] == "block"]
+    out = {"transfers": 0, "in_flight_s": 0.0, "computing_s": 0.0, "blocked_s": 0.0}
+    for c in line["comm"]:
+        if c["phase"] == "setup" or not c["tag"].startswith(tag_prefix):
+            continue
+        out["transfers"] += 1
+        out["in_flight_s"] += c["end"] - c["start"]
+        out["blocked_s"] += c["blocked_s"]
+        out["computing_s"] += sum(max(0.0, min(end, c["blocked_start"]) - max(start, c["start"]))
+                                  for start, end in blocks)
     return out
 
 

@@ -2,8 +2,9 @@
 
 ``block_bytes`` is one rank's key tensor, ``[batch, heads, seq_len / cp, head dim]`` × element
 size (its queries and values are the same size). Ring attention sends each block to the next
-rank: forward (cp − 1) transfers of K and V; backward (cp − 1) transfers of K, V, dK, dV and
-one more of dK, dV, which brings each block's gradients home. Ulysses runs all-to-alls, each
+rank: forward (cp − 1) transfers of K and V; backward (cp − 1) transfers of K and V and, one
+step behind them on a second ring, cp of dK and dV — the last brings each block's gradients
+home. Ulysses runs all-to-alls, each
 sending (cp − 1)/cp of one such tensor: q, k, v and the output in forward, their gradients in
 backward. (Derivations: :mod:`zerokit.context_parallel.ring_attention`, :mod:`~.ulysses`.)
 """
@@ -80,12 +81,13 @@ def cp_attention_bytes(attention: str, cp: int, s: int, b: int, q_dim: int, kv_d
 
 
 def cp_attention_calls(attention: str, cp: int) -> dict:
-    """Collective calls on ``cp`` per attention call: the ring's sends (one per step that moves a block, and the
-    gradients' trip home), Ulysses's all-to-alls (q, k, v, output; and their gradients)."""
+    """Collective calls on ``cp`` per attention call: the ring's sends (forward, one per step that moves a block;
+    backward, the K/V blocks' cp − 1 and the dK/dV ring's cp, home included), Ulysses's all-to-alls (q, k, v,
+    output; and their gradients)."""
     if cp <= 1:
         return {"forward": 0, "backward": 0}
     if attention == "ring":
-        return {"forward": cp - 1, "backward": cp}
+        return {"forward": cp - 1, "backward": 2 * cp - 1}
     return {"forward": 4, "backward": 4}
 
 
