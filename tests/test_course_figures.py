@@ -569,3 +569,23 @@ def test_timelines(monkeypatch, work, runs):
     panel.last_report = runs["fp32"]
     panel.draw()
     _assert_readable(figures[-1], "TimelinePanel")
+
+
+def test_context_parallel_pictures(monkeypatch):
+    """Lesson 15's: the ring's transfers under its blocks, and the context panel (one process, then cp = 2)."""
+    from zerokit.course import context_panel
+
+    work = zerokit.tiny_gpt(**{**SIZE, "seq_len": 32})
+    ring = zerokit.train(work, "ddp", world_size=2, steps=2, parallel={"cp": 2}, keep_records=True, reference=False)
+    _assert_readable(course.ring_overlap_figure(ring.result, step=1), "ring_overlap_figure")
+    figures = _captured(monkeypatch, context_panel)
+    course.ContextPanel(work, cp=2, attention="ring", steps=1)
+    _assert_readable(figures[-1], "ContextPanel")
+
+
+def test_moe_panel(monkeypatch):
+    from zerokit.course import moe_panel
+
+    figures = _captured(monkeypatch, moe_panel)
+    course.MoEPanel(dict(SIZE), n_experts=4, top_k=2, capacity=1.0, ep=2, dp=2)
+    _assert_readable(figures[-1], "MoEPanel")

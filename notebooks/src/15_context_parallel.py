@@ -16,7 +16,8 @@
 # over cp = 2, its activation bytes measured by the memory ledger next to one process's ÷ cp
 # (and the few bytes each algorithm adds, counted); ring attention and Ulysses measured on the
 # `cp` axis next to `theory.ring_attention_bytes` and `theory.ulysses_bytes`, both training
-# like one process; how each scales with cp; the causal mask's load per rank drawn for a
+# like one process; the ring's transfers under its blocks' compute in the timeline; how each
+# scales with cp; the causal mask's load per rank drawn for a
 # contiguous and a zig-zag cut; and a panel over cp and the attention.
 #
 # **Time:** about 25 min to read and run (the run itself: 5 s on a 2-core laptop) ·
@@ -140,8 +141,9 @@ assert act_rows[1]["activations B (ledger)"] < 0.55 * base and act_rows[2]["acti
 # block it holds, computes its queries' scores against that block, and folds the result into a
 # running output with the online softmax (each block's log-sum-exp ℓ_b and normalised output,
 # merged as FlashAttention merges tiles — exercise 15 writes it). Forward: (cp − 1)·2·|K| per
-# layer, |K| = `b·(s/cp)·h·e` this rank's key bytes; backward sends K, V and their gradients
-# around again and one more hop brings dK, dV home: (cp − 1)·4·|K| + 2·|K|.
+# layer, |K| = `b·(s/cp)·h·e` this rank's key bytes; backward sends K and V around again and,
+# one step behind them on a second ring, their gradients dK and dV, each rank adding its share
+# as the block passes; the last hop brings each block's dK, dV home: (cp − 1)·4·|K| + 2·|K|.
 #
 # **Ulysses** (Jacobs et al., arXiv 2309.14509). An all-to-all turns "my s/cp tokens, all H heads"
 # into "all s tokens, my H/cp heads" for Q, K and V; each rank runs ordinary causal attention
@@ -206,6 +208,52 @@ course.show(course.speed_sentence(
               "while Ulysses' all-to-alls sit between its steps and are bounded by the slowest link of the group."))
 
 # %% [markdown]
+# ### The ring's overlap, in the timeline
+#
+# "The transfer runs while the block is computed" is a claim about order, and the timeline
+# can show it. zerokit's ring posts each send (`batch_isend_irecv`) *before* the block's
+# attention and waits for it *after*; in backward the dK, dV of a block follow one step behind
+# on a second ring, so their transfer also runs under the next block's compute — all but the
+# last hop home, which has nothing left to hide behind. Below, one rank of a ring run at
+# cp = 2 with `keep_records=True`: each send from launch to the end of its wait (from the
+# communication ledger), the part it still waited in red, under the blocks' compute spans
+# (recorded inside ring attention by `zerokit.runtime.timeline.block`). The table sums them
+# per rank with `zerokit.runtime.timeline.overlap`: how long the transfers were in flight, how
+# much block compute ran inside those windows, and how long the rank waited.
+
+# %%
+traced = zerokit.train(work, "ddp", world_size=2, parallel={"cp": 2}, cp_attention="ring", steps=2,
+                       optimizer="sgd", lr=0.1, keep_records=True, reference=False).result
+overlap_rows = course.ring_overlap_rows(traced)
+course.table(overlap_rows)
+
+# %%
+course.ring_overlap_figure(traced, rank=0, step=1)
+
+# %%
+waited = sum(r["waited ms (measured)"] for r in overlap_rows)
+covered = sum(r["block compute inside ms (measured)"] for r in overlap_rows)
+course.show(f"On this run the ranks waited {waited:.1f} ms in all for the ring's transfers, while "
+            f"{covered:.1f} ms of block compute ran inside their windows: "
+            + ("more compute covered the transfers than the ranks still waited for them."
+               if covered > waited else
+               "the ranks waited longer than the blocks took — on two shared CPU cores the transfers and the "
+               "compute compete for the same cores, so there is little to overlap with; on GPUs the sends run "
+               "on the network while the SMs compute.")
+            + " Whether the wait shrinks to nothing depends on a block's attention taking longer than a hop.")
+
+# %% [checks]
+from zerokit.runtime import timeline  # noqa: E402
+
+for rank in traced.ranks:
+    line = timeline.rank_timeline(rank)
+    blocks = [m for m in line["modules"] if m["kind"] == "block"]
+    for c in line["comm"]:
+        if c["tag"].startswith("ring attention") and c["phase"] != "setup":
+            covered_by = [b for b in blocks if c["start"] <= b["start"] and b["end"] <= c["blocked_start"]]
+            assert bool(covered_by) == (c["tag"] != "ring attention dkv 1"), c  # all but the last hop home
+
+# %% [markdown]
 # ### How each scales with cp
 #
 # Hold the sequence fixed and grow cp: a rank's block |K| = K_s / cp shrinks (K_s: the whole
@@ -219,7 +267,8 @@ for cp in (2, 4, 8, 16, 32):
     ring_total = sum(theory.ring_attention_bytes(cp, 1_000_000 // cp).values()) / 1_000_000
     uly_total = sum(theory.ulysses_bytes(cp, 1_000_000 // cp).values()) / 1_000_000
     scaling.append({"cp": cp, "ring (theory), × K_s": round(ring_total, 3), "Ulysses (theory), × K_s": round(uly_total, 3),
-                    "ring hops (fwd + bwd)": 2 * (cp - 1) + 1, "Ulysses needs heads": f"a multiple of {cp}"})
+                    "ring sends (fwd + bwd)": sum(theory.cp_attention_calls("ring", cp).values()),
+                    "Ulysses needs heads": f"a multiple of {cp}"})
 course.table(scaling)
 
 # %% [markdown]
@@ -313,8 +362,9 @@ course.ContextPanel(work, cp=2, attention="ring", report=Report([single, runs["r
 #   by token. Measured here: activations per rank = one process's ÷ cp, plus a few counted
 #   bytes (the ring's output copy; Ulysses' softmax of its heads over the whole sequence).
 # - **Ring attention** passes K/V blocks to the neighbour, cp − 1 hops, merging with the
-#   online softmax: (6·cp − 4)·|K| per layer per rank, about constant in cp; the hops can run
-#   during the block's attention; any head count. **Ulysses** regroups tokens ↔ heads with 4 + 4
+#   online softmax: (6·cp − 4)·|K| per layer per rank, about constant in cp; each send is
+#   posted before a block's attention and waited after it (the timeline shows every hop but the
+#   last one home inside a block's window); any head count. **Ulysses** regroups tokens ↔ heads with 4 + 4
 #   all-to-alls: 8·(cp − 1)/cp·|K|, falling with cp, but cp must divide the (KV) heads. Both
 #   equal one process; the ledger's bytes equal `theory.ring_attention_bytes` / `ulysses_bytes`.
 # - The weights stay replicated; their gradients are reduced over **dp × cp**.

@@ -59,6 +59,7 @@ from .tables import Table, model_state_rows, summary_rows, table
 from .timeline_panel import TimelinePanel, comm_launch_positions, max_in_flight, timeline_rows
 from .timeline_figure import timeline_figure, timeline_stats  # noqa: E402 - runs compared on one time axis
 from .context_panel import ContextPanel  # noqa: E402 - context parallelism (lesson 15)
+from .ring_overlap import ring_overlap_figure, ring_overlap_rows  # noqa: E402 - lesson 15
 from .moe_panel import MoEPanel  # noqa: E402 - mixture of experts (lesson 16)
 
 __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", "table", "model_state_rows",
@@ -69,5 +70,5 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "PlanPanel", "plan_bars", "PipelinePanel", "OffloadPanel", "offload_rows", "offload_bars",
            "CheckpointingPanel", "measure_policy", "GridPanel", "grid_rows"]
 __all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "show", "CLAIMS"]
-__all__ += ["ContextPanel"]
+__all__ += ["ContextPanel", "ring_overlap_figure", "ring_overlap_rows"]
 __all__ += ["MoEPanel"]
