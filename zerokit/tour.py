@@ -8,8 +8,9 @@ Lifecycle:
    pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
    ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
    micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2;
-   context parallelism at cp=2 (ring and Ulysses) and dp=2×cp=2 under zero3; expert
-   parallelism at dp=2×ep=2 and dp=4×ep=2 on the tour's GPT with a mixture of experts.
+   context parallelism at cp=2 (ring and Ulysses), dp=2×cp=2 under zero3 and cp=2×tp=2; expert
+   parallelism at dp=2×ep=2, dp=4×ep=2 and dp=2×ep=2×tp=2 (zero1) on the tour's GPT with a
+   mixture of experts.
 2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
    so a row the library cannot run fails in a second, naming the row.
 3. **run**: one single-process reference per model, then each row launched for real; each result holds
@@ -118,8 +119,10 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
         add("context parallel", "ddp", [peer], 2, parallel={"cp": 2}, options={"cp_attention": attention},
             peer_options={peer: {"cp_attention": attention}})
     add("context parallel", "zero3", [], 4, parallel={"dp": 2, "cp": 2}, options={"cp_attention": "ring"})
+    add("context parallel", "ddp", [], 4, parallel={"cp": 2, "tp": 2}, options={"cp_attention": "ring"})
     rows.append(Row("expert parallel", "ddp", 2, parallel={"dp": 2, "ep": 2}, model="experts"))
     rows.append(Row("expert parallel", "ddp", 4, parallel={"dp": 4, "ep": 2}, model="experts"))
+    rows.append(Row("expert parallel", "zero1", 4, parallel={"dp": 2, "ep": 2, "tp": 2}, model="experts"))
     return rows
 
 
