@@ -96,28 +96,64 @@ def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel, 
     assert "by axis, ddp rank 0, B/step measured / theory: dp " in report.table()  # as `zerokit compare` prints
 
 
-def test_experts_split_by_tensor_parallelism_on_an_ep_by_tp_grid_train_like_one_process():
-    """dp=2 × tp=2 with ep=2 carved from dp (4 ranks): attention split by heads, each expert split as the dense MLP
-    is (column then row), the router whole on every tp rank; under ddp and zero3."""
+def _split_layer(ctx):
+    torch.manual_seed(0)
+    whole = MoEMLP(D, E, top_k=2)
+    torch.manual_seed(0)
+    layer = MoEMLP(D, E, top_k=2)
+    layer.split_experts(None)  # every rank is on tp
+    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(1)).requires_grad_()  # shared by the tp ranks
+    ledger = comm.ledger()
+    ledger.reset()
+    ours = layer(x)
+    ours.sum().backward()
+    theirs = whole(x)
+    theirs.sum().backward()
+    ring, calls = sum(r.ring_cost_bytes for r in ledger.records), len(ledger.records)
+    from zerokit.tensor_parallel import allreduce_sequence_parallel_gradients, full_gradients
+
+    summed = allreduce_sequence_parallel_gradients(layer)  # the output biases' gradients, on tp rank 0 until here
+    whole_grads = full_gradients(layer)
+    return {"out": float((ours - theirs).abs().max()), "summed": summed,
+            "grads": max(float((whole_grads[n] - p.grad).abs().max()) for n, p in whole.named_parameters()),
+            "fc": tuple(layer.experts["0"].fc.weight.shape), "ring": ring, "calls": calls}
+
+
+def test_experts_split_over_tp_compute_what_the_whole_layer_does():
+    """Each expert's fc by columns and proj by rows over tp = 2, the reductions once per layer: f on the tokens and
+    on the gates, g on the output (not one pair per expert call)."""
+    for got in zerokit.launch(_split_layer, 2):
+        assert got["out"] < 1e-6 and got["grads"] < 1e-6 and got["fc"] == (4 * D // 2, D)
+        assert got["summed"] == E * D  # every expert's output bias
+        assert got["calls"] == 3  # f's backward on the tokens and on the gates, g's forward
+        assert got["ring"] == theory.tp_comm_bytes_per_step(2 * 6, 2 * D, 2, 4, loss_reductions=2)
+
+
+@pytest.mark.parametrize("parallel,strategies", [({"dp": 2, "ep": 2, "tp": 2}, ["ddp", "zero3"]),
+                                                 ({"tp": 2}, ["ddp"])])
+def test_experts_split_by_tensor_parallelism_train_like_one_process(parallel, strategies):
+    """dp=2 × tp=2 with ep=2 carved from dp (4 ranks), and tp=2 alone: attention split by heads, each expert split
+    as the dense MLP is (column then row), the router whole on every tp rank; under ddp and zero3."""
     from zerokit.cli import compare
     from zerokit.tensor_parallel import plan_layout, tiny_gpt_plan
 
-    parallel = {"dp": 2, "ep": 2, "tp": 2}
-    report = compare(_moe_gpt(), 4, ["single", "ddp", "zero3"], steps=3, optimizer="sgd", lr=0.1, parallel=parallel)
+    ep = parallel.get("ep", 1)
+    world = parallel.get("dp", 1) * parallel["tp"]
+    report = compare(_moe_gpt(), world, ["single", *strategies], steps=3, optimizer="sgd", lr=0.1, parallel=parallel)
     model = _moe_gpt().build_model()
     layout = plan_layout(model, tiny_gpt_plan(experts=True))
-    # per rank: tp-sharded tensors ÷ tp, experts ÷ ep as well (an expert's row-parallel bias stays whole over tp)
-    per_rank = sum(p.numel() // (2 if layout[n] is not None else 1) // (2 if ".experts." in n else 1)
+    # per rank: tp-sharded tensors ÷ tp, experts ÷ ep as well (an expert's output bias stays whole over tp)
+    per_rank = sum(p.numel() // (2 if layout[n] is not None else 1) // (ep if ".experts." in n else 1)
                    for n, p in model.named_parameters())
-    for name in ("ddp", "zero3"):
+    for name in strategies:
         result = report[name]
         assert result.param_diff["max_abs"] <= 1e-5, (name, result.param_diff)
         assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
         for rank in result.ranks:
             measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
-            # tp: the plan's collectives on every token, the experts' on the rows the router sent them
-            assert set(measured) == {"dp", "ep", "tp"} and measured == pytest.approx(rank.theory_comm_bytes_by_axis,
-                                                                                        abs=0.5)
+            # tp: the plan's collectives on every token, the experts' f and g once per layer, the gates' f
+            assert set(measured) == ({"dp", "ep", "tp"} if ep > 1 else {"dp", "tp"})
+            assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5)
             if name == "ddp":
                 assert rank.model_state_bytes["params"] == 4 * per_rank
         # the two tp ranks of a dp rank route the same tokens the same way

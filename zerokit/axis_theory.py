@@ -15,22 +15,17 @@ import torch
 from . import theory
 
 
-def tp_bytes(model, mesh, plan, tokens: int, element_bytes: int, micro_batches: int, computes_loss: bool,
-             steps: int) -> float:
+def tp_bytes(model, mesh, plan, tokens: int, element_bytes: int, micro_batches: int, computes_loss: bool) -> float:
     """The ring formula for the plan's collectives on ``tp``; the vocabulary-parallel loss's reductions only where
-    the loss is computed (a pipeline's last stage); tensor-parallel experts' on the rows they computed (measured,
-    over ``steps``). ``tokens``: a micro-batch's b·s."""
+    the loss is computed (a pipeline's last stage), and a tensor-parallel MoE layer's gates (fp32, k per token).
+    ``tokens``: a micro-batch's b·s."""
     from .tensor_parallel import communicated_widths
 
-    from .expert_parallel import moe_layers
-    from .tensor_parallel.sharding import expert_widths
-
     widths = communicated_widths(model)
-    dense = theory.tp_comm_bytes_per_step(
+    loss = 3 if plan.loss == "vocab_parallel" and computes_loss else 0
+    return theory.tp_comm_bytes_per_step(
         tokens, widths["reduced"], mesh.size("tp"), element_bytes, micro_batches, widths["gathered"],
-        3 if plan.loss == "vocab_parallel" and computes_loss else 0, widths["sequence_parallel_numel"])
-    return dense + sum(theory.moe_tp_bytes(m.computed_rows, expert_widths(m), mesh.size("tp"), element_bytes)
-                       for m in moe_layers(model)) / steps
+        loss + widths["fp32_per_token"], widths["sequence_parallel_numel"])
 
 
 def ep_bytes(model, mesh, element_bytes: int, steps: int) -> float:
@@ -58,7 +53,7 @@ def by_axis(strategy, model, mesh, *, psi: int, dtype, micro_batch, micro_batche
         out["cp"] = theory_bytes(model, mesh.size("cp"), cp_attention, x.shape[0], x.shape[1], b, micro_batches)
     if plan is not None:
         last_stage = pipeline is None or mesh.coord("pp") == mesh.size("pp") - 1
-        out["tp"] = tp_bytes(model, mesh, plan, micro_batch[1].numel(), b, micro_batches, last_stage, steps)
+        out["tp"] = tp_bytes(model, mesh, plan, micro_batch[1].numel(), b, micro_batches, last_stage)
     if pipeline is not None:
         out["pp"] = pipeline.theory_pp_bytes(b)
     return out

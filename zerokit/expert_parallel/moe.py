@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..workloads import MLPBlock
+from ..tensor_parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from .alltoall import counts_exchange, exchange
 
 
@@ -94,9 +95,9 @@ class MoEMLP(nn.Module):
         self.aux = None
         #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
         self.exchanged = [0, 0, 0]
-        #: measured over every training forward: rows this rank's experts computed (what a tensor-parallel expert's
-        #: collectives carry: its f and g move one row of d per computed row)
-        self.computed_rows = 0
+        #: tensor parallelism inside the experts (:meth:`split_experts`): the tp group, and whether this rank adds
+        #: the experts' output biases (tp rank 0 only: 1.0, else 0.0)
+        self.tp_group, self._bias_share = None, 1.0
 
     # -- expert parallelism ------------------------------------------------------------
     def shard(self, group) -> None:
@@ -112,6 +113,30 @@ class MoEMLP(nn.Module):
         self.group = group
         for p in self.experts.parameters():
             p._zerokit_expert = True
+
+    def split_experts(self, group, memo=None, tag: str = "experts") -> None:
+        """Tensor parallelism inside every expert over the tp ``group`` (Megatron's expert tensor parallelism, equal
+        to tp here): each rank keeps its columns of every expert's ``fc`` and the matching rows of its ``proj``,
+        so an expert's output on a rank is a partial sum. The reductions are deferred to the layer, as Megatron
+        defers them to its token dispatcher: one ``f`` on the tokens entering the experts (an all-reduce of their
+        gradient in backward), one ``g`` on the combined output (an all-reduce in forward), one ``f`` on the gates
+        (their gradient is partial too, k fp32 values per token) — instead of an f and a g per expert call. The
+        ``proj`` biases are added once, on tp rank 0 (×0 elsewhere, so every rank has the gradient the hooks
+        sum over tp). The router stays whole: every tp rank routes the same tokens the same way."""
+        from ..tensor_parallel.mappings import group_rank, group_size
+        from ..tensor_parallel.sharding import Shard, mark_sequence_parallel, shard_parameter
+
+        if group_size(group) == 1:
+            return
+        for e, expert in self.experts.items():
+            name = f"{tag}.experts.{e}"
+            expert.fc.weight = shard_parameter(expert.fc.weight, Shard(0), group, memo, f"{name}.fc.weight")
+            expert.fc.bias = shard_parameter(expert.fc.bias, Shard(0), group, memo, f"{name}.fc.bias")
+            expert.proj.weight = shard_parameter(expert.proj.weight, Shard(1), group, memo, f"{name}.proj.weight")
+            expert.fc.out_features = expert.proj.in_features = expert.fc.weight.shape[0]
+            mark_sequence_parallel(expert.proj.bias)  # its gradient lives on tp rank 0 alone: summed over tp
+        self.tp_group = dist.group.WORLD if group is None else group  # None: every rank (not "no tp")
+        self._bias_share = 1.0 if group_rank(group) == 0 else 0.0
 
     def owner(self, expert: torch.Tensor) -> torch.Tensor:
         n = 1 if self.group is None else dist.get_world_size(self.group)
@@ -130,12 +155,18 @@ class MoEMLP(nn.Module):
         self.tokens_per_expert = (onehot * keep[..., None]).sum(dim=(0, 1, 2)).long().cpu()
         self.dropped = int((~keep).sum())
         rows = x.reshape(b * t, d)
+        if self.tp_group is not None:  # f on the experts' tokens and gates (see split_experts)
+            rows = copy_to_tensor_parallel_region(rows, self.tp_group, "moe experts:f")
+            gates = copy_to_tensor_parallel_region(gates, self.tp_group, "moe gates:f")
         slot_token = torch.arange(b * t, device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_gate = chosen.reshape(-1), gates.reshape(-1)
         kept = keep.reshape(-1)
         slot_token, slot_expert, slot_gate = slot_token[kept], slot_expert[kept], slot_gate[kept]
         out = self._experts(rows[slot_token], slot_expert) * slot_gate[:, None].to(x.dtype)
-        y = torch.zeros_like(rows).index_add(0, slot_token, out).view(b, t, d)
+        y = torch.zeros_like(rows).index_add(0, slot_token, out)
+        if self.tp_group is not None:  # g: the experts' partial sums, summed over tp once per layer
+            y = reduce_from_tensor_parallel_region(y, self.tp_group, "moe experts:g")
+        y = y.view(b, t, d)
         return AuxLoss.apply(y, aux, self.aux_weight) if self.training and torch.is_grad_enabled() else y
 
     def _capacity(self, chosen: torch.Tensor) -> torch.Tensor:
@@ -176,11 +207,15 @@ class MoEMLP(nn.Module):
         """Rows sorted by expert, each through its (local) expert."""
         pieces = []
         counts = torch.bincount(expert, minlength=self.n_experts).tolist()
-        if torch.is_grad_enabled():
-            self.computed_rows += rows.shape[0]
         start = 0
         for e, c in enumerate(counts):
             if str(e) in self.experts:  # every local expert runs, on no rows too: its gradients exist (zeros)
-                pieces.append(self.experts[str(e)](rows[start:start + c]))
+                pieces.append(self._expert(self.experts[str(e)], rows[start:start + c]))
             start += c
         return torch.cat(pieces) if pieces else rows[:0]
+
+    def _expert(self, expert: Expert, rows: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return expert(rows)
+        partial = F.linear(F.gelu(expert.fc(rows)), expert.proj.weight)  # this rank's share of the sum
+        return partial + expert.proj.bias * self._bias_share

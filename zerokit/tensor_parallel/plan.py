@@ -19,7 +19,9 @@ tied embedding and head) stays one shared, sharded parameter. The styles:
   over ``tp`` after backward (:func:`.sharding.allreduce_sequence_parallel_gradients`);
 - ``sequence_slice``: a module whose output holds the whole sequence on dimension −2
   (position embeddings): under sequence parallelism it is cut to this rank's slice;
-- ``attention``: an ``nn.MultiheadAttention``, by whole heads (:mod:`.attention`).
+- ``attention``: an ``nn.MultiheadAttention``, by whole heads (:mod:`.attention`);
+- ``experts``: a mixture-of-experts layer (:class:`zerokit.expert_parallel.MoEMLP`): every expert
+  column then row inside, the reductions once per layer (its ``split_experts``).
 
 The last two do nothing without sequence parallelism.
 """
@@ -39,7 +41,9 @@ from .mappings import group_rank, group_size
 from .sharding import Shard, mark_sequence_parallel
 
 STYLES = ("colwise", "rowwise", "colwise_qkv", "vocab_embedding", "vocab_head", "sequence_parallel",
-          "sequence_slice", "attention")
+          "sequence_slice", "attention", "experts")
+#: how an ``experts`` module's experts lay out their parameters (:meth:`~zerokit.expert_parallel.MoEMLP.split_experts`)
+EXPERT_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
 _LINEAR = ("colwise", "rowwise", "colwise_qkv", "vocab_head")
 LOSSES = (None, "vocab_parallel")
 HEAD_ATTRIBUTES = ("n_head", "num_heads", "n_heads")
@@ -64,17 +68,16 @@ def tiny_gpt_plan(sequence_parallel: bool = False, keep_input_sharded: bool = Fa
 
     ``experts``: the MLPs are mixtures of experts; each expert is split as the dense MLP is (Megatron's
     expert tensor parallelism equal to tp), the router stays whole on every tp rank, so every tp rank routes the
-    same tokens the same way. Under sequence parallelism a tp rank would hold only a slice of the tokens its
+    same tokens the same way (style ``experts``). Under sequence parallelism a tp rank would hold only a slice of the tokens its
     router must see whole: that combination is refused (zerokit's choice; Megatron all-gathers the tokens first)."""
     if experts and sequence_parallel:
         raise ValueError("sequence_parallel=True with a mixture of experts is not implemented: each tp rank's router "
                          "needs every token of its micro-batch; use sequence_parallel=False")
-    mlp = "blocks.*.mlp.experts.*." if experts else "blocks.*.mlp."
+    mlp = {"blocks.*.mlp": "experts"} if experts else {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
     return Plan({"tok": "vocab_embedding", "pos": "sequence_slice",
                  "blocks.*.ln1": "sequence_parallel", "blocks.*.attn.qkv": "colwise_qkv",
                  "blocks.*.attn.proj": "rowwise", "blocks.*.ln2": "sequence_parallel",
-                 mlp + "fc": "colwise", mlp + "proj": "rowwise",
-                 "ln_f": "sequence_parallel", "head": "vocab_head"},
+                 **mlp, "ln_f": "sequence_parallel", "head": "vocab_head"},
                 sequence_parallel=sequence_parallel, loss="vocab_parallel", keep_input_sharded=keep_input_sharded)
 
 
@@ -114,8 +117,14 @@ def match(model: nn.Module, plan: Plan) -> Dict[str, Tuple[str, str]]:
     return {name: found[name] for name in names if name in found}
 
 
-def _placements(module: nn.Module, style: Optional[str]) -> Dict[str, Optional[Shard]]:
-    """How a style lays out the module's own parameters: a :class:`Shard`, or None (replicated)."""
+def _placements(module: nn.Module, style: Optional[str], expert_layer: Optional[str] = None
+                ) -> Dict[str, Optional[Shard]]:
+    """How a style lays out the module's own parameters: a :class:`Shard`, or None (replicated);
+    ``expert_layer``: the module is an expert's ``fc`` or ``proj`` inside an ``experts`` module."""
+    if expert_layer is not None:
+        return {name: (None if f"{expert_layer}.{name}" not in EXPERT_LAYOUT
+                       else Shard(EXPERT_LAYOUT[f"{expert_layer}.{name}"]))
+                for name, _ in module.named_parameters(recurse=False)}
     shard = {"colwise": Shard(0), "vocab_head": Shard(0), "colwise_qkv": Shard(0, 3), "vocab_embedding": Shard(0),
              "rowwise": Shard(1), "attention": Shard(0, 3)}.get(style)
     out = {name: shard for name, _ in module.named_parameters(recurse=False)}
@@ -155,6 +164,8 @@ def _check_sizes(model: nn.Module, name: str, module: nn.Module, style: str, tp:
         need(module.num_embeddings, "num_embeddings (vocabulary)")
     elif style == "attention":
         need(module.num_heads, "num_heads")
+    elif style == "experts":
+        need(next(iter(module.experts.values())).fc.out_features, "expert hidden width (fc.out_features)")
 
 
 def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = None) -> Dict[str, Tuple[str, str]]:
@@ -163,7 +174,10 @@ def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = N
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive integer")
     matched = match(model, plan)
-    want = {"vocab_embedding": nn.Embedding, "attention": nn.MultiheadAttention, **{s: nn.Linear for s in _LINEAR}}
+    from ..expert_parallel.moe import MoEMLP
+
+    want = {"vocab_embedding": nn.Embedding, "attention": nn.MultiheadAttention, "experts": MoEMLP,
+            **{s: nn.Linear for s in _LINEAR}}
     for name, (pattern, style) in matched.items():
         module = model.get_submodule(name)
         if style in want and not isinstance(module, want[style]):
@@ -176,7 +190,7 @@ def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = N
     owners: Dict[int, Tuple[str, Optional[Shard]]] = {}
     for mname, module in model.named_modules(remove_duplicate=False):
         style = matched.get(mname, (None, None))[1]
-        for pname, shard in _placements(module, style).items():
+        for pname, shard in _placements(module, style, _inside_experts(matched, mname)).items():
             p = module._parameters[pname]
             where = f"{mname}.{pname}" if mname else pname
             first = owners.setdefault(id(p), (where, shard))
@@ -194,8 +208,15 @@ def plan_layout(model: nn.Module, plan: Plan) -> Dict[str, Optional[Shard]]:
     for name, _ in model.named_parameters():
         mname, _, pname = name.rpartition(".")
         module = model.get_submodule(mname)
-        out[name] = _placements(module, matched.get(mname, (None, None))[1])[pname]
+        out[name] = _placements(module, matched.get(mname, (None, None))[1], _inside_experts(matched, mname))[pname]
     return out
+
+
+def _inside_experts(matched: Dict[str, Tuple[str, str]], mname: str) -> Optional[str]:
+    """``fc`` / ``proj`` when module ``mname`` is one of an ``experts`` module's experts' layers, else None."""
+    parent, _, layer = mname.rpartition(".")
+    owner = parent.rpartition(".experts.")[0]
+    return layer if owner and matched.get(owner, (None, None))[1] == "experts" else None
 
 
 def _slice_sequence_hook(group, name: str):
@@ -230,6 +251,11 @@ def apply_plan(model: nn.Module, plan: Plan, group=None) -> nn.Module:
             if sp:
                 raise ValueError(f"plan: {name} (attention) under sequence_parallel=True is not implemented")
             new = TensorParallelMultiheadAttention(module, group, memo=memo, tag=name)
+        elif style == "experts":
+            if sp:
+                raise ValueError(f"plan: {name} (experts) under sequence_parallel=True is not implemented")
+            module.split_experts(group, memo, tag=name)
+            continue
         else:
             if sp:
                 for p in module.parameters():

@@ -91,7 +91,8 @@ def parameter_layout(model: nn.Module) -> Dict[str, Optional[Shard]]:
 
 
 def sequence_parallel_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
-    """The replicated parameters that see sequence-sharded inputs: their gradients are partial sums over ``tp``."""
+    """The replicated parameters whose gradients are partial sums over ``tp``: those that see sequence-sharded
+    inputs, and a tensor-parallel expert's output bias (added on one tp rank, :mod:`zerokit.expert_parallel.moe`)."""
     return {name: p for name, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
 
 
@@ -181,16 +182,18 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
     the input widths that sequence parallelism all-gathers a second time in backward
     (``keep_input_sharded``).
     ``sequence_parallel_numel``: elements of the replicated parameters whose gradients are summed
-    over ``tp`` (sequence parallelism). :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
+    over ``tp`` (sequence parallelism; a tensor-parallel expert's output bias). ``fp32_per_token``: fp32
+    values per token all-reduced once (a tensor-parallel MoE layer's k gates, in backward). :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
     """
     from ..expert_parallel.apply import moe_layers
     from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
-    reduced = gathered = 0
-    routed = {id(m) for layer in moe_layers(model) for m in layer.experts.modules()}
+    reduced = gathered = fp32_per_token = 0
+    for layer in moe_layers(model):  # tensor-parallel experts: one f and one g per token, and the k gates' f
+        if layer.tp_group is not None:
+            reduced += 2 * layer.router.in_features
+            fp32_per_token += layer.top_k
     for module in model.modules():
-        if id(module) in routed:  # an expert's layers see only its routed rows: :func:`expert_widths`
-            continue
         if isinstance(module, ColumnParallelLinear):
             reduced += module.in_features
             if module.gather_output:
@@ -202,15 +205,5 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
         elif isinstance(module, VocabParallelEmbedding):
             reduced += module.embedding_dim
     sp = sum(p.numel() for p in sequence_parallel_parameters(model).values())
-    return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp}
+    return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp, "fp32_per_token": fp32_per_token}
 
-
-def expert_widths(layer: nn.Module) -> int:
-    """Per row an expert of a MoE ``layer`` computes, the activation width its tensor-parallel operators move over
-    ``tp`` (f at its column-parallel input, g at its row-parallel output; one expert's, all alike): the dense
-    MLP's widths, paid on the routed rows instead of on every token."""
-    from .layers import ColumnParallelLinear, RowParallelLinear
-
-    expert = next(iter(layer.experts.values()))
-    return sum(m.in_features if isinstance(m, ColumnParallelLinear) else m.out_features
-               for m in expert.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)))

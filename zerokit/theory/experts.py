@@ -28,16 +28,6 @@ def moe_alltoall_bytes(sent_away: int, received_away: int, d_model: int, element
             + 2 * d_model * element_bytes * received_away)
 
 
-def moe_tp_bytes(rows_computed: int, width: int, t: int, element_bytes: int) -> float:
-    """Bytes one rank sends on ``tp`` for the tensor-parallel experts of one MoE layer (each expert split as the
-    dense MLP is): every row its experts computed crosses each expert's f (an all-reduce in backward) and g (one in
-    forward), ``width`` summing their widths, under the ring formula 2(t − 1)/t. ``rows_computed``: measured, since
-    the router decides how many rows reach this rank's experts."""
-    if t <= 1:
-        return 0
-    return 2 * (t - 1) / t * rows_computed * width * element_bytes
-
-
 # --- for the planner: uniform routing, the parameter inventory, what a layer saves -------------------------------
 
 def moe_alltoall_bytes_uniform(tokens: int, top_k: int, d_model: int, element_bytes: int, ep: int,
