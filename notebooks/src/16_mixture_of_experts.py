@@ -299,7 +299,11 @@ for rank in ep_run.ranks:
 # - **Tensor parallelism on the experts** (every expert's matmuls split column → row over n
 #   ranks, as lesson 07's MLP) moves no tokens between ranks but all-reduces activations: the
 #   f/g pair of an MLP, one all-reduce of T·d forward and one backward:
-#   `2 · 2(n−1)/n · T·d·b`, with the n ranks sharing the *same* T tokens.
+#   `2 · 2(n−1)/n · T·d·b`, with the n ranks sharing the *same* T tokens. That holds when the
+#   reductions wait for the whole layer — each expert's output is a partial sum, and the gated
+#   sum over a token's k experts is still one, so one g after the combine does for all of them
+#   (Megatron's dispatcher does the same). zerokit's `MoEMLP.split_experts` does this; its gates'
+#   gradient is partial too, so it adds an all-reduce of k fp32 values per token.
 #
 # Per rank the two are k/1 apart; per token the group processes, tensor parallelism moves
 # n/k times more, because its n ranks work on one set of tokens. It also splits each
@@ -335,9 +339,42 @@ for row in rows:
 assert abs(measured_ep / rows[0]["EP B per rank (formula)"] - 1) < 0.2  # the measured split is near even
 
 # %% [markdown]
-# **Who does what.** zerokit's choice is expert parallelism only: `ep` carved from dp, whole
+# Both run here. The same MoE GPT at tp = 2 (no ep: every rank holds every expert, split), its
+# MoE layers' collectives read off the ledger by their tags, next to the expert-parallel run
+# above. Per rank and layer, forward + backward, one step:
+
+# %%
+tp_report = compare(work, 2, ["single", "ddp"], steps=1, optimizer="sgd", lr=0.1, parallel={"tp": 2},
+                    keep_records=True)
+tp_run = tp_report["ddp"]
+moe_tp = [r for r in tp_run.ranks[0].comm_records if r["phase"] != "setup" and r["tag"].startswith("moe")]
+T_TP = B * S  # at tp = 2 both ranks see the whole batch
+ep_step = [r for r in ep_run.ranks[0].comm_records if r["step"] == 1 and r["axis"] == "ep"]
+course.table([
+    {"run": "ep = 2 (dp = 2)", "tokens per rank": T_RANK, "calls per layer (ledger)": len(ep_step) // L,
+     "B per layer (ledger)": sum(r["ring_cost_bytes"] for r in ep_step) / L,
+     "B per layer (formula)": per_layer(T_RANK, H, K, 2, 4)[0], "max |Δ param| vs one process": ep_run.param_diff["max_abs"]},
+    {"run": "tp = 2 on the experts", "tokens per rank": T_TP, "calls per layer (ledger)": len(moe_tp) // L,
+     "B per layer (ledger)": sum(r["ring_cost_bytes"] for r in moe_tp) / L,
+     "B per layer (formula)": theory.tp_comm_bytes_per_step(T_TP, 2 * H, 2, 4, loss_reductions=K),
+     "max |Δ param| vs one process": tp_run.param_diff["max_abs"]}])
+
+# %% [checks]
+assert tp_run.param_diff["max_abs"] <= 1e-5 and ep_run.param_diff["max_abs"] <= 1e-5
+assert sum(r["ring_cost_bytes"] for r in moe_tp) == L * theory.tp_comm_bytes_per_step(T_TP, 2 * H, 2, 4,
+                                                                                     loss_reductions=K)
+assert len(moe_tp) == 3 * L  # f on the tokens, f on the gates, g on the output: per layer, not per expert
+
+# %% [markdown]
+# The ep row's formula is the even-routing estimate (the ledger's is the router's real split,
+# plus the counts and the expert ids); the tp row's is exact, since no routing decides it. The
+# tp run carries twice the tokens per rank — its two ranks share one batch — which is the
+# "per token of the group" column above, measured.
+#
+# **Who does what.** zerokit's default is expert parallelism: `ep` carved from dp, whole
 # experts per rank, dropless by default, uneven all-to-alls with split sizes (the counts
-# exchanged first). DeepSpeed-MoE (`deepspeed.moe.layer.MoE(…, ep_size=…)`) carves the same
+# exchanged first); with tp above 1 the experts are split by tp as well (both at once:
+# `parallel={"dp": 2, "ep": 2, "tp": 2}`). DeepSpeed-MoE (`deepspeed.moe.layer.MoE(…, ep_size=…)`) carves the same
 # expert-parallel groups from the data-parallel ranks and reduces the experts' gradients over
 # the expert-data-parallel ones; its gates pad every expert to its capacity, so its
 # all-to-alls are even-sized, GShard's way; for inference on more GPUs than experts it adds
