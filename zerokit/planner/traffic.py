@@ -195,6 +195,21 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
                             theory.sequence_parallel_grad_bytes(whole, t, e, m), m,
                             f"2(t−1)/t·b·{whole:,} parameters kept whole (norms, row-parallel biases, positions), "
                             "per backward"))
+    if model.moe:  # zerokit's tensor-parallel experts: the gates' gradients, and the output biases' without sp
+        out.append(transfer("all_reduce (MoE gates)", theory.moe_gates_tp_bytes(s * b, model.top_k, t, layers, m),
+                            layers * m, f"2(t−1)/t·b·s·k·4 per MoE layer per micro-batch (k = {model.top_k} fp32 "
+                            f"gates per token)"))
+        if not layout.sp:
+            from ..theory.experts import is_expert
+            from .memory import stage_tensors
+
+            biases = sum(p.numel for p in stage_tensors(model, layout.pp, stage)
+                         if is_expert(p) and not p.tp_sharded) // layout.ep
+            if biases:
+                out.append(transfer("all_reduce (expert output biases)",
+                                    theory.sequence_parallel_grad_bytes(biases, t, e, m), m,
+                                    f"2(t−1)/t·b·{biases:,} expert output-bias elements (added on one tp rank), "
+                                    "per backward"))
     return out
 
 

@@ -29,7 +29,8 @@ from .context import (  # noqa: F401
     ring_attention_bytes, ulysses_bytes, check_context_parallel, cp_attention_bytes, cp_attention_calls,
     cp_layer_activation_bytes)
 from .experts import (  # noqa: F401
-    moe_alltoall_bytes, moe_dispatch_payload, moe_alltoall_bytes_uniform, moe_parameters, moe_extra_activation_bytes)
+    moe_alltoall_bytes, moe_dispatch_payload, moe_alltoall_bytes_uniform, moe_parameters, moe_extra_activation_bytes,
+    moe_gates_tp_bytes)
 from .experts_zero import expert_zero_model_state_bytes, expert_zero_comm_bytes  # noqa: F401
 from .communication import (  # noqa: F401
     RING_OPS, ring_bytes_sent, ring_steps, comm_bytes_per_step, zero_collective_bytes, link_seconds,

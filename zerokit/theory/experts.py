@@ -28,6 +28,16 @@ def moe_alltoall_bytes(sent_away: int, received_away: int, d_model: int, element
             + 2 * d_model * element_bytes * received_away)
 
 
+def moe_gates_tp_bytes(tokens: int, top_k: int, t: int, layers: int = 1, micro_batches: int = 1) -> float:
+    """Bytes one rank sends on ``tp`` for the gates of tensor-parallel MoE layers: with the experts' reductions
+    deferred to the layer (:meth:`zerokit.expert_parallel.MoEMLP.split_experts`) each gate's gradient is a partial
+    sum over tp, so backward all-reduces the k fp32 gates of each of the ``tokens``: 2(t − 1)/t · tokens · k · 4 per
+    layer per micro-batch."""
+    if t <= 1:
+        return 0.0
+    return 2 * (t - 1) / t * tokens * top_k * 4 * layers * micro_batches
+
+
 # --- for the planner: uniform routing, the parameter inventory, what a layer saves -------------------------------
 
 def moe_alltoall_bytes_uniform(tokens: int, top_k: int, d_model: int, element_bytes: int, ep: int,
