@@ -28,7 +28,8 @@ On one GPU (one rank on the CPU with ``--dry``):
 On 2 GPUs (2 gloo ranks with ``--dry``; ``skip`` with fewer GPUs), each with ``heartbeat_s`` so a
 deadlock fails in a minute instead of hanging: context parallelism at cp=2 (ring attention's
 ``batch_isend_irecv`` and Ulysses' all-to-all on NCCL) and expert parallelism at dp=2×ep=2 (the uneven
-all-to-all of dispatch and combine), each with its bytes per axis equal to the theory; ddp (overlap on/off, ``algorithm="ring"``), zero1,
+all-to-all of dispatch and combine), and on 4 GPUs cp=2×tp=2 and dp=2×ep=2×tp=2 (experts split by tp),
+each with its bytes per axis equal to the theory; ddp (overlap on/off, ``algorithm="ring"``), zero1,
 zero2, zero2 ``overlap_comm``, zero3, zero3 ``prefetch``, offload on 2 ranks, zero3
 ``offload="params"`` with ``param_persistence_threshold``, tp=2 with sequence parallelism, the four
 pipeline schedules at pp=2 (one micro-batch's boundary activation ≥ 16 MiB on the GPU), dp×tp×pp
@@ -487,6 +488,8 @@ CHECKS = [
     ("cp=2 ring attention", multi("ddp", parallel={"cp": 2}, cp_attention="ring")),
     ("cp=2 Ulysses", multi("ddp", parallel={"cp": 2}, cp_attention="ulysses")),
     ("dp×ep 2×2 mixture of experts", multi("ddp", 2, "moe", parallel={"dp": 2, "ep": 2})),
+    ("cp×tp 2×2 ring attention", multi("ddp", 4, parallel={"cp": 2, "tp": 2}, cp_attention="ring")),
+    ("dp×ep×tp 2×2×2 experts split by tp", multi("ddp", 4, "moe", parallel={"dp": 2, "ep": 2, "tp": 2})),
     ("checkpoint round trip", checkpoint_round_trip),
     ("own loop under torchrun", own_loop),
 ]
