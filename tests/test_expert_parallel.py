@@ -37,20 +37,27 @@ def test_routing_capacity_and_the_load_balancing_loss():
         MoEMLP(D, E, top_k=5)
 
 
-def _sharded_layer(ctx):
+def _against_the_whole_layer(split, x):
+    """The layer with ``split`` applied, and the same layer whole, each run forward and backward on ``x``; the
+    ledger holds the split layer's collectives."""
     torch.manual_seed(0)
     whole = MoEMLP(D, E, top_k=2)
     torch.manual_seed(0)
     layer = MoEMLP(D, E, top_k=2)
-    layer.shard(None)
-    g = torch.Generator().manual_seed(1 + ctx.rank)  # each rank its own tokens
-    x = torch.randn(2, 6, D, generator=g)
+    split(layer)
     ledger = comm.ledger()
     ledger.reset()
     ours = layer(x)
     ours.sum().backward()
     theirs = whole(x)
     theirs.sum().backward()
+    return whole, layer, ours, theirs, ledger
+
+
+def _sharded_layer(ctx):
+    g = torch.Generator().manual_seed(1 + ctx.rank)  # each rank its own tokens
+    whole, layer, ours, theirs, ledger = _against_the_whole_layer(lambda m: m.shard(None),
+                                                                  torch.randn(2, 6, D, generator=g))
     dispatch = [r.payload_bytes for r in ledger.records if r.tag == "moe dispatch"]
     return {"out": float((ours - theirs).abs().max()), "router": float((layer.router.weight.grad
                                                                         - whole.router.weight.grad).abs().max()),
@@ -97,18 +104,8 @@ def test_the_moe_gpt_under_expert_parallelism_trains_like_one_process(parallel, 
 
 
 def _split_layer(ctx):
-    torch.manual_seed(0)
-    whole = MoEMLP(D, E, top_k=2)
-    torch.manual_seed(0)
-    layer = MoEMLP(D, E, top_k=2)
-    layer.split_experts(None)  # every rank is on tp
     x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(1)).requires_grad_()  # shared by the tp ranks
-    ledger = comm.ledger()
-    ledger.reset()
-    ours = layer(x)
-    ours.sum().backward()
-    theirs = whole(x)
-    theirs.sum().backward()
+    whole, layer, ours, theirs, ledger = _against_the_whole_layer(lambda m: m.split_experts(None), x)  # all on tp
     ring, calls = sum(r.ring_cost_bytes for r in ledger.records), len(ledger.records)
     from zerokit.tensor_parallel import allreduce_sequence_parallel_gradients, full_gradients
 
