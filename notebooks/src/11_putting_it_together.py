@@ -16,14 +16,18 @@
 # (TP 2 × PP 4) and the 3-D grid: memory per rank, traffic per axis, bubble, each measured
 # next to its formula. Then a decision guide with the planner (`zerokit.plan`) on real sizes
 # at realistic micro-batch counts — flat ZeRO-3 next to hierarchical sharding (HSDP, ZeRO++'s
-# hpZ) and model parallelism — and a panel (`course.GridPanel`) where you set dp, tp, pp and
-# the ZeRO stage.
+# hpZ) and model parallelism. On the way, the two axes lessons 15 and 16 teach — cp, which cuts
+# the sequence, and ep, which cuts the experts — join the grid on a tiny GPT with experts (dp 2 ×
+# ep 2 × tp 2) and without (cp 2 × tp 2), each next to one process, with the combinations
+# zerokit refuses.
+# Last, a panel (`course.GridPanel`) where you set dp, cp, ep, tp, pp and the ZeRO stage.
 #
 # **Time:** about 30 min to read and run (the run itself: about 8 s on a 2-core laptop) ·
 # **Needs:** lessons 03–08 (DDP, the three ZeRO stages, tensor and pipeline parallelism),
 # nothing else · **After it you can answer:** *Along which axis of a 3-D mesh does ZeRO shard?*
-# · *Is ZeRO-3's traffic O(P/N)?* · *What is HSDP, and when does it send fewer bytes across
-# nodes than ZeRO-3?* · *Given a model and a cluster, which layout do you try first?*
+# · *What do dp, cp, ep, tp and pp each cut, and on which group does each communicate?* · *Is
+# ZeRO-3's traffic O(P/N)?* · *What is HSDP, and when does it send fewer bytes across nodes than
+# ZeRO-3?* · *Given a model and a cluster, which layout do you try first?*
 
 # %%
 %matplotlib inline
@@ -87,6 +91,103 @@ for rank in result.ranks:
         assert rank.comm_bytes_by_axis[axis]["ring_cost_bytes"] == rank.theory_comm_bytes_by_axis[axis], (rank.rank, axis)
 print(f"largest |Δparam| vs one process: {result.max_abs_param_diff:.1e}; "
       f"every rank's states and every axis's bytes = theory")
+
+# %% [markdown]
+# ## Five axes: the sequence and the experts join the grid
+#
+# zerokit's mesh has two more axes than the grid above, each cutting something the first three
+# leave whole (lessons 15 and 16 take them apart one at a time). Each axis cuts one thing, and
+# its ranks exchange what that cut leaves them missing, on their own group:
+#
+# - **dp** cuts the **batch**: each replica trains on other sequences, and the weights' gradients
+#   are reduced over the dp group (ZeRO shards along it).
+# - **cp** cuts the **sequence**: each rank holds chunks of every sequence, and attention, which
+#   needs every key, exchanges keys and values on the cp group (ring attention passes them round
+#   the ring; Ulysses swaps sequence chunks for heads with all-to-alls). The cp ranks hold the same
+#   weights, so the gradients are reduced over dp × cp flattened — the axis the ledger calls `dp_cp`.
+# - **ep** cuts the **experts** of a mixture-of-experts layer, and is carved from dp: ep divides dp
+#   and adds no ranks (world = dp · cp · tp · pp). Each token goes to the ranks holding its chosen
+#   experts and comes back: all-to-alls on the ep group, in forward and in backward; the dense
+#   weights' gradients stay on dp, and when dp > ep the ranks holding the same experts reduce
+#   theirs on `edp`.
+# - **tp** cuts the **hidden size and the heads** (Megatron's column and row splits, each expert
+#   split as the dense MLP is): activations are all-reduced on the tp group inside every block.
+# - **pp** cuts the **layers**: activations and their gradients are sent point to point between
+#   neighbouring stages on the pp group.
+#
+# zerokit runs dp × tp × pp, dp × cp, cp × tp, dp × ep and dp × ep × tp; it refuses cp with pp, ep
+# with cp and ep with pp, before any process starts, with the reason. Those refusals are zerokit's
+# current choices, not limits of the field: Megatron-Core, for one, runs expert parallelism together
+# with context and pipeline parallelism. Below, two 4-rank grids under ZeRO-1, each next to one
+# process, every axis's bytes next to its formula: a tiny GPT with 4 experts (top-2) on dp 2 ×
+# ep 2 × tp 2, and the same GPT without experts on cp 2 × tp 2 (ring attention). Why not the
+# experts under cp too: zerokit computes the experts' load-balancing loss on each rank's chunk of
+# a sequence rather than on the whole sequence, so with cp its gradients are not yet one process's.
+
+# %%
+SHAPE5 = dict(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=4, batch_size=8)
+moe = zerokit.tiny_gpt(**SHAPE5, n_experts=4, top_k=2)  # 4 experts per block, each token to its top 2
+FIVE = {"dp 2 × ep 2 × tp 2, experts": (moe, {"dp": 2, "ep": 2, "tp": 2}, {}),
+        "cp 2 × tp 2, ring, no experts": (zerokit.tiny_gpt(**SHAPE5), {"cp": 2, "tp": 2}, {"cp_attention": "ring"})}
+five = {name: zerokit.train(model, "zero1", world_size=4, steps=2, parallel=par, **kw)
+        for name, (model, par, kw) in FIVE.items()}
+CROSSES = {"dp": "the dense weights' gradients", "dp_cp": "the weights' gradients, over dp × cp",
+           "cp": "keys, values (and their gradients) round the ring",
+           "ep": "tokens to their experts and back (all-to-all)", "edp": "the experts' gradients",
+           "tp": "activations, all-reduced in each block", "pp": "activations between stages"}
+five_rows = []
+for name, report in five.items():
+    rows = course.grid_rows(report)  # one row per rank, in rank order
+    for axis in CROSSES:
+        ledger = [row.get(f"{axis} B/step (ledger)", 0) for row in rows]
+        formula = [row.get(f"{axis} B/step (theory)", 0) for row in rows]
+        if any(ledger) or any(formula):
+            five_rows.append({"grid (4 ranks, ZeRO-1)": name, "axis": axis, "what crosses it": CROSSES[axis],
+                              "B/step, ranks 0–3 (ledger)": " · ".join(f"{v:,.0f}" for v in ledger),
+                              "B/step, ranks 0–3 (theory)": " · ".join(f"{v:,.0f}" for v in formula)})
+course.table(five_rows)
+
+# %% [markdown]
+# Read the rows by axis. On dp 2 × ep 2 × tp 2 each dp rank holds 2 of the 4 experts (split again
+# over tp), so `dp` carries only the dense weights' gradients: an expert lives on one dp rank, and
+# the combine all-to-all's backward has already brought it the gradient of every token routed to
+# it. The `ep` bytes can differ between the two dp ranks: the router decides how many tokens
+# leave each rank, and the formula is taken on the rows it measured. On cp 2 × tp 2 there is no
+# `dp` row: the gradients are reduced over dp × cp (`dp_cp`), and the `cp` row is ring attention's
+# keys and values on each tp rank's heads. Ask for a combination zerokit does not run:
+
+# %%
+refused = {}
+for name, (par, kw) in {"cp 2 × pp 2": ({"cp": 2, "pp": 2}, {"cp_attention": "ring"}),
+                        "dp 2 × ep 2 × pp 2": ({"dp": 2, "ep": 2, "pp": 2}, {}),
+                        "dp 2 × ep 2 × cp 2": ({"dp": 2, "ep": 2, "cp": 2}, {"cp_attention": "ring"})}.items():
+    try:  # refused before any process starts
+        zerokit.train(moe, "zero1", world_size=4, parallel=par, reference=False, **kw)
+    except ValueError as exc:
+        refused[name] = str(exc)
+for name, why in refused.items():
+    print(f"{name}: {why}")
+
+# %% [checks]
+# each five-axis grid trains the model one process trains, and every axis's ledger bytes equal the formula
+for name, report in five.items():
+    res = report.results[0]
+    assert all(abs(a - b) <= 1e-5 for a, b in zip(res.losses, report.reference.losses)), (name, res.losses)
+    assert res.max_abs_param_diff <= 1e-5, (name, res.max_abs_param_diff)
+    for rank in res.ranks:
+        assert sum(rank.model_state_bytes.values()) == rank.theory_model_states["total"], (name, rank.rank)
+        assert set(rank.comm_bytes_by_axis) == set(rank.theory_comm_bytes_by_axis), (name, rank.rank)
+        for axis, formula in rank.theory_comm_bytes_by_axis.items():
+            assert abs(rank.comm_bytes_by_axis[axis]["ring_cost_bytes"] - formula) <= 0.5, (name, rank.rank, axis)
+ep_ranks = five["dp 2 × ep 2 × tp 2, experts"].results[0].ranks
+cp_ranks = five["cp 2 × tp 2, ring, no experts"].results[0].ranks
+assert all(set(r.comm_bytes_by_axis) == {"dp", "ep", "tp"} for r in ep_ranks)
+assert all(set(r.comm_bytes_by_axis) == {"dp_cp", "cp", "tp"} for r in cp_ranks)
+assert sorted((r.coords["dp"], r.coords["ep"], r.coords["tp"]) for r in ep_ranks) == \
+    [(d, d, t) for d in range(2) for t in range(2)]  # ep is carved from dp: here each dp rank is its own ep rank
+assert set(refused) == {"cp 2 × pp 2", "dp 2 × ep 2 × pp 2", "dp 2 × ep 2 × cp 2"}
+assert all("so far" in why for why in refused.values()), refused
+print("both grids = one process (losses, parameters within 1e-5); every axis's bytes = theory; 3 combinations refused")
 
 # %% [markdown]
 # ## ZeRO on the dp axis
@@ -465,16 +566,22 @@ course.PlanPanel(preset="llama-13b", gpus=8, gpu_memory_gb=80, strategy="zero1",
 # %% [markdown]
 # ## Try it: the grid panel
 #
-# Set the degrees of dp, tp and pp (at most 8 ranks) and the ZeRO stage on dp. Each change
-# trains the tiny GPT on that mesh for a step — real ranks, real ledgers — and draws each
-# rank's model states (stacked by category, the formula as a tick) and its bytes per axis
-# (the ledger's bars next to the formula's hatched ones). It opens on the grid run above.
-# Watch the optimizer states halve when dp goes from 1 to 2 under ZeRO-1; the dp bars grow by
-# half when ddp becomes zero3; tp's bars appear only with tp > 1, and a pipeline refuses
-# ZeRO-2 and ZeRO-3.
+# Set the degrees of dp, cp, ep, tp and pp (at most 8 ranks: dp · cp · tp · pp, ep carved from
+# dp), the ZeRO stage on the data-parallel group and, with cp above 1, ring attention or Ulysses.
+# Each change trains the tiny GPT with experts on that mesh for a step — real ranks, real
+# ledgers — and draws each rank's model states (stacked by category, the formula as a tick) and
+# its bytes on every axis the run used (the ledger's bars next to the formula's hatched ones),
+# each rank labelled with its coordinates. It opens on the dp 2 × ep 2 × tp 2 run above.
+# Set ep to 1 and the experts' gradients join dp's bars; then watch the optimizer states halve
+# when dp goes from 1 to 2 under ZeRO-1, and the dp bars grow by half when ddp becomes zero3.
+# Cut the sequence (cp 2) and `dp_cp` takes dp's place; switching ring to Ulysses changes only
+# the cp bars. Every combination zerokit refuses — ep or cp with a pipeline, ep with cp, Ulysses
+# on heads cp · tp does not divide, ZeRO-2 or 3 with a pipeline — shows its reason in the
+# status line and runs nothing.
 
 # %%
-panel = course.GridPanel(work, **GRID, stage="zero1", micro_batches=M, report=grid)
+panel = course.GridPanel(moe, dp=2, ep=2, tp=2, pp=1, stage="zero1", micro_batches=M,
+                         report=five["dp 2 × ep 2 × tp 2, experts"])
 panel
 
 # %% [markdown]
@@ -488,6 +595,12 @@ panel
 # - The seed's table, measured on one model: data parallelism is O(P) per rank, ZeRO-3 O(P/N)
 #   in memory but 1.5 × DDP in traffic (not O(P/N)); model parallelism divides the states by
 #   tp × pp and sends activations; only a pipeline idles, (p − 1)/(m + p − 1).
+# - Five axes, each cutting one thing: dp the batch, cp the sequence, ep the experts (carved
+#   from dp, no ranks of its own), tp the hidden size and heads, pp the layers; each exchanges on
+#   its own group (the gradients on dp × cp once cp cuts the sequence, the experts' on `edp`
+#   when dp > ep). dp 2 × ep 2 × tp 2 (with experts) and cp 2 × tp 2 (without) train the model
+#   one process trains, every axis's bytes equal to its formula; zerokit refuses cp with pp and ep with cp or pp — its
+#   current choice, not the field's (Megatron-Core runs them together).
 # - Choose by memory first, then by which link each axis crosses, at the global batch the
 #   recipe fixes: DDP/ZeRO-1/2 while states fit; HSDP when 16Ψ/g fits a GPU (one all-reduce
 #   across nodes a step), else ZeRO-3 (1.5 × DDP's bytes per micro-batch), with hpZ to keep its

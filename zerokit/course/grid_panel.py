@@ -138,9 +138,9 @@ class GridPanel(Panel):
         #: what the last picture drew, read off the ledgers: {"states": [...], "traffic": {axis: [...]},
         #: "theory": {axis: [...]}}
         self.bars: dict = {}
+        self.degree["cp"].observe(self._cp_changed, names="value")  # first: the attention's state, then the rerun
         for control in (*self.degree.values(), self.stage):
             control.observe(self._changed, names="value")
-        self.degree["cp"].observe(self._cp_changed, names="value")
         self.attention.observe(self._attention_changed, names="value")
         self.box = w.VBox([w.HBox([w.VBox(list(self.degree.values())), w.VBox([self.stage, self.attention])]),
                            w.HBox([self.run_button, self.progress, self.status]), self.image, self.details])
