@@ -131,6 +131,33 @@ def test_a_cp_by_tp_grid_trains_like_one_process(attention, strategy):
         assert measured["cp"] == 2 * sum(formula(2, block).values())  # two layers
 
 
+@pytest.mark.parametrize("parallel,attention,strategy", [({"cp": 2}, "ring", "ddp"),
+                                                         ({"cp": 2, "tp": 2}, "ulysses", "zero1")])
+def test_a_mixture_of_experts_under_context_parallelism_trains_like_one_process(parallel, attention, strategy):
+    """The load-balancing loss's f_e and P_e are per whole sequence: each cp rank holds chunks of it, so they are
+    summed over cp (forward, and the probability mass's gradient backward); 2 accumulated micro-batches."""
+    from zerokit.cli import compare
+
+    moe = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=4, batch_size=8, n_experts=4, top_k=2)
+    world = parallel["cp"] * parallel.get("tp", 1)
+    report = compare(moe, world, ["single", strategy], steps=3, optimizer="sgd", lr=0.1, parallel=parallel,
+                     micro_batches=2, keep_records=True,
+                     options_for=lambda name: {"cp_attention": attention} if name == strategy else {})
+    result = report[strategy]
+    assert result.param_diff["max_abs"] <= 1e-5, result.param_diff
+    assert result.losses == pytest.approx(report["single"].losses, abs=1e-5)
+    aux = 2 * 2 * theory.moe_aux_cp_bytes(8 // 2, 4, 2)  # per step: 2 layers × 2 micro-batches of 4 sequences
+    for rank in result.ranks:
+        measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+        assert measured == pytest.approx(rank.theory_comm_bytes_by_axis, abs=0.5)
+        aux_records = [r for r in rank.comm_records if r["tag"].startswith("moe aux") and r["phase"] != "setup"]
+        assert sum(r["ring_cost_bytes"] for r in aux_records) == aux * 3 and {r["axis"] for r in aux_records} == {"cp"}
+    with pytest.raises(ValueError, match="cp with dropless experts only"):
+        zerokit.train(zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=4, batch_size=8,
+                                       n_experts=4, top_k=2, capacity_factor=1.0), "ddp", world_size=2, steps=1,
+                      parallel={"cp": 2})
+
+
 def test_ring_transfers_travel_while_a_block_is_computed():
     """The timeline's order of marks on each rank (not a duration): every K/V transfer of forward and backward, and
     every dK/dV hop but the last, is posted before a block's compute and waited after it; the last hop home has

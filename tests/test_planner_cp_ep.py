@@ -199,13 +199,15 @@ def test_planned_zero_over_dp_cp_and_over_dp_edp_equals_what_train_measures(stra
 
 
 @pytest.mark.parametrize("parallel,experts", [({"cp": 2, "tp": 2}, {}), ({"tp": 2}, dict(n_experts=4, top_k=2)),
-                                              ({"dp": 2, "ep": 2, "tp": 2}, dict(n_experts=4, top_k=4))])
-def test_planned_grids_with_tp_equal_what_train_measures(parallel, experts):
-    """cp × tp, and experts split by tp (alone and with ep; top-4 of 4 where ep is on, so routing is uniform): bytes
-    on every axis and model states to the byte — the tp bytes with the MoE layers' gates and, without sequence
-    parallelism, the experts' output biases. Activations within 5 % either way: under two splits at once the plan's
+                                              ({"dp": 2, "ep": 2, "tp": 2}, dict(n_experts=4, top_k=4)),
+                                              ({"cp": 2}, dict(n_experts=4, top_k=2))])
+def test_planned_grids_equal_what_train_measures(parallel, experts):
+    """cp × tp, experts split by tp (alone and with ep; top-4 of 4 where ep is on, so routing is uniform), and a
+    MoE model under cp: bytes on every axis and model states to the byte — the tp bytes with the MoE layers' gates
+    and, without sequence parallelism, the experts' output biases; the cp bytes with the load-balancing loss's
+    statistics. Activations within 5 % either way: under two splits at once the plan's
     per-layer terms (a Megatron layer's) and zerokit's saved tensors part by a few per cent (cp × tp: the plan above)."""
-    world = parallel.get("dp", 1) * parallel.get("cp", 1) * parallel["tp"]
+    world = parallel.get("dp", 1) * parallel.get("cp", 1) * parallel.get("tp", 1)
     work = zerokit.tiny_gpt(**TINY, batch_size=BATCH, **experts)
     rank = zerokit.train(work, "ddp", world_size=world, steps=1, parallel=parallel, reference=False).result.ranks[0]
     p = plan(tiny_gpt_spec(**TINY, **experts), gpus=world, parallel=parallel, precision="fp32",

@@ -120,19 +120,20 @@ print(f"largest |Δparam| vs one process: {result.max_abs_param_diff:.1e}; "
 # current choices, not limits of the field: Megatron-Core, for one, runs expert parallelism together
 # with context and pipeline parallelism. Below, two 4-rank grids under ZeRO-1, each next to one
 # process, every axis's bytes next to its formula: a tiny GPT with 4 experts (top-2) on dp 2 ×
-# ep 2 × tp 2, and the same GPT without experts on cp 2 × tp 2 (ring attention). Why not the
-# experts under cp too: zerokit computes the experts' load-balancing loss on each rank's chunk of
-# a sequence rather than on the whole sequence, so with cp its gradients are not yet one process's.
+# ep 2 × tp 2, and the same GPT on cp 2 × tp 2 (ring attention). Under cp the experts' load-
+# balancing loss needs each whole sequence's statistics (the share of its tokens each expert got,
+# and the router's mean probability), so the cp ranks sum theirs: a few bytes on `cp` besides the
+# ring's.
 
 # %%
 SHAPE5 = dict(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=4, batch_size=8)
 moe = zerokit.tiny_gpt(**SHAPE5, n_experts=4, top_k=2)  # 4 experts per block, each token to its top 2
 FIVE = {"dp 2 × ep 2 × tp 2, experts": (moe, {"dp": 2, "ep": 2, "tp": 2}, {}),
-        "cp 2 × tp 2, ring, no experts": (zerokit.tiny_gpt(**SHAPE5), {"cp": 2, "tp": 2}, {"cp_attention": "ring"})}
+        "cp 2 × tp 2, ring, experts": (moe, {"cp": 2, "tp": 2}, {"cp_attention": "ring"})}
 five = {name: zerokit.train(model, "zero1", world_size=4, steps=2, parallel=par, **kw)
         for name, (model, par, kw) in FIVE.items()}
 CROSSES = {"dp": "the dense weights' gradients", "dp_cp": "the weights' gradients, over dp × cp",
-           "cp": "keys, values (and their gradients) round the ring",
+           "cp": "keys, values (and their gradients) round the ring; the experts' routing statistics",
            "ep": "tokens to their experts and back (all-to-all)", "edp": "the experts' gradients",
            "tp": "activations, all-reduced in each block", "pp": "activations between stages"}
 five_rows = []
@@ -154,7 +155,7 @@ course.table(five_rows)
 # it. The `ep` bytes can differ between the two dp ranks: the router decides how many tokens
 # leave each rank, and the formula is taken on the rows it measured. On cp 2 × tp 2 there is no
 # `dp` row: the gradients are reduced over dp × cp (`dp_cp`), and the `cp` row is ring attention's
-# keys and values on each tp rank's heads. Ask for a combination zerokit does not run:
+# keys and values on each tp rank's heads, with the load-balancing statistics' all-reduces. Ask for a combination zerokit does not run:
 
 # %%
 refused = {}
@@ -180,7 +181,7 @@ for name, report in five.items():
         for axis, formula in rank.theory_comm_bytes_by_axis.items():
             assert abs(rank.comm_bytes_by_axis[axis]["ring_cost_bytes"] - formula) <= 0.5, (name, rank.rank, axis)
 ep_ranks = five["dp 2 × ep 2 × tp 2, experts"].results[0].ranks
-cp_ranks = five["cp 2 × tp 2, ring, no experts"].results[0].ranks
+cp_ranks = five["cp 2 × tp 2, ring, experts"].results[0].ranks
 assert all(set(r.comm_bytes_by_axis) == {"dp", "ep", "tp"} for r in ep_ranks)
 assert all(set(r.comm_bytes_by_axis) == {"dp_cp", "cp", "tp"} for r in cp_ranks)
 assert sorted((r.coords["dp"], r.coords["ep"], r.coords["tp"]) for r in ep_ranks) == \

@@ -18,7 +18,7 @@ per thing a lesson shows:
   axis, exposed time on top, straggler waits named) and :func:`timeline_stats` (medians);
 - :mod:`.pipeline_panel`: :class:`PipelinePanel` (stages, micro-batches, schedule,
   chunks → the simulated schedule drawn, its bubble next to (p − 1)/(v·m + p − 1));
-- :mod:`.grid_panel`: :class:`GridPanel` (dp, tp, pp degrees and the ZeRO stage on dp →
+- :mod:`.grid_panel`: :class:`GridPanel` (dp, cp, ep, tp, pp degrees and the ZeRO stage on dp →
   per-rank memory bars and per-axis traffic, ledger vs theory) and :func:`grid_rows`;
 - :mod:`.offload_panel`: :class:`OffloadPanel` (ZeRO stage, offload, world size →
   device vs host bytes and the device↔host copies per step, ledgers vs theory) and

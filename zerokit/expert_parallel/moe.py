@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime import comm
 from ..workloads import MLPBlock
 from ..tensor_parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from .alltoall import counts_exchange, exchange
@@ -74,6 +75,31 @@ def backward_scale(scale: float):
         AuxLoss.scale = previous
 
 
+class _SumOverGroup(torch.autograd.Function):
+    """The sum over ``group`` in forward; in backward the sum of the gradients, since every rank's copy of the sum
+    feeds its own loss and the strategy averages the gradients over the group."""
+
+    @staticmethod
+    def forward(ctx, x, group, tag):
+        ctx.group, ctx.tag = group, tag
+        out = x.contiguous().clone()
+        comm.all_reduce(out, group=group, tag=tag)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.contiguous().clone()
+        comm.all_reduce(out, group=ctx.group, tag=f"{ctx.tag} grad")
+        return out, None, None
+
+
+def _sequence_sums(counts: torch.Tensor, mass: torch.Tensor, group):
+    """Per sequence over the cp ranks: the routed slots per expert (no gradient) and the router's probability mass."""
+    counts = counts.clone()
+    comm.all_reduce(counts, group=group, tag="moe aux counts")
+    return counts, _SumOverGroup.apply(mass, group, "moe aux probabilities")
+
+
 class MoEMLP(nn.Module):
     """E experts, top-k routing, optional capacity, load-balancing loss; see the module docstring."""
 
@@ -98,6 +124,10 @@ class MoEMLP(nn.Module):
         #: tensor parallelism inside the experts (:meth:`split_experts`): the tp group, and whether this rank adds
         #: the experts' output biases (tp rank 0 only: 1.0, else 0.0)
         self.tp_group, self._bias_share = None, 1.0
+        #: context parallelism: the cp degree and group (None: every rank) whose ranks hold the other chunks of each
+        #: sequence (set by :func:`zerokit.context_parallel.apply_context_parallel`); the load-balancing loss's f_e
+        #: and P_e are per whole sequence, so they are summed over it
+        self.cp, self.cp_group = 1, None
 
     # -- expert parallelism ------------------------------------------------------------
     def shard(self, group) -> None:
@@ -149,8 +179,11 @@ class MoEMLP(nn.Module):
         gates, chosen = probs.topk(self.top_k, dim=-1)                                # [b, t, k]
         keep = self._capacity(chosen)                                                 # [b, t, k] bool
         onehot = F.one_hot(chosen, self.n_experts).float()                            # [b, t, k, E]
-        f = onehot.sum(dim=(1, 2)) / (t * self.top_k)                                 # [b, E]
-        aux = (self.n_experts * (f * probs.mean(dim=1)).sum(-1)).mean()
+        counts, mass, whole = onehot.sum(dim=(1, 2)), probs.sum(dim=1), t             # [b, E] per sequence
+        if self.cp > 1:  # each cp rank holds chunks of every sequence: the statistics are the sums over them
+            (counts, mass), whole = _sequence_sums(counts, mass, self.cp_group), t * self.cp
+        f = counts / (whole * self.top_k)
+        aux = (self.n_experts * (f * mass / whole).sum(-1)).mean()
         self.aux = aux.detach()
         self.tokens_per_expert = (onehot * keep[..., None]).sum(dim=(0, 1, 2)).long().cpu()
         self.dropped = int((~keep).sum())

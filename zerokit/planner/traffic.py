@@ -251,11 +251,21 @@ def cp_transfers(layout, cluster, model) -> list:
     rounds = 1 if att == "ring" else cp - 1  # a ring step is one message; an all-to-all cp − 1
     formula = ("ring: forward 2(cp−1)·|K|, backward 4(cp−1)·|K| + 2·|K|, |K| = b·(s/cp)·kv_dim·e"
                if att == "ring" else "Ulysses: 4 all-to-alls each way (q, k, v, output), together (cp−1)/cp·b·(s/cp)·(2q + 2kv)·e")
-    return [Transfer("cp", "send/recv (ring attention)" if att == "ring" else "all_to_all (Ulysses)", nbytes,
-                     n_calls, link.name, theory.link_seconds(nbytes, n_calls * rounds, link.bandwidth, link.latency),
-                     f"{formula}; per attention layer and micro-batch"
-                     f"{', forward twice (recomputed)' if forwards == 2 else ''}, {calls_per} layers, cp = {cp}",
-                     _leaving(layout, cluster, "cp", nbytes))]
+    out = [Transfer("cp", "send/recv (ring attention)" if att == "ring" else "all_to_all (Ulysses)", nbytes,
+                    n_calls, link.name, theory.link_seconds(nbytes, n_calls * rounds, link.bandwidth, link.latency),
+                    f"{formula}; per attention layer and micro-batch"
+                    f"{', forward twice (recomputed)' if forwards == 2 else ''}, {calls_per} layers, cp = {cp}",
+                    _leaving(layout, cluster, "cp", nbytes))]
+    if model.moe:  # the load-balancing loss's per-sequence statistics, summed over the cp ranks' chunks
+        layers = model.layers // layout.pp
+        aux = layers * m * cp_theory.moe_aux_cp_bytes(layout.micro_batch_size, model.experts, cp)
+        out.append(Transfer("cp", "all_reduce (MoE load-balancing statistics)", aux, 3 * layers * m, link.name,
+                            theory.link_seconds(aux, 3 * layers * m * _rounds("all_reduce", cp), link.bandwidth,
+                                                link.latency),
+                            "3 · 2(cp−1)/cp · b · E · 4 per MoE layer and micro-batch (slots and probability mass per "
+                            "expert and sequence, forward; the mass's gradient, backward)",
+                            _leaving(layout, cluster, "cp", aux)))
+    return out
 
 
 def ep_transfers(layout, cluster, model) -> list:

@@ -27,7 +27,7 @@ from .deepspeed import (  # noqa: F401
     deepspeed_model_state_bytes)
 from .context import (  # noqa: F401
     ring_attention_bytes, ulysses_bytes, check_context_parallel, cp_attention_bytes, cp_attention_calls,
-    cp_layer_activation_bytes)
+    moe_aux_cp_bytes, cp_layer_activation_bytes)
 from .experts import (  # noqa: F401
     moe_alltoall_bytes, moe_dispatch_payload, moe_alltoall_bytes_uniform, moe_parameters, moe_extra_activation_bytes,
     moe_gates_tp_bytes)

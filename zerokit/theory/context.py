@@ -80,6 +80,15 @@ def cp_attention_bytes(attention: str, cp: int, s: int, b: int, q_dim: int, kv_d
     raise ValueError(f"cp_attention={attention!r}; allowed: {', '.join(ATTENTIONS)}")
 
 
+def moe_aux_cp_bytes(rows: int, experts: int, cp: int) -> float:
+    """Bytes one rank sends on ``cp`` per MoE layer and micro-batch of ``rows`` sequences for the load-balancing
+    loss, whose per-sequence statistics sum over the cp ranks' chunks: all-reduces of the slots per expert and of
+    the router's probability mass forward, and of the mass's gradient backward — 3 · 2(cp − 1)/cp · rows · E · 4."""
+    if cp <= 1:
+        return 0.0
+    return 3 * 2 * (cp - 1) / cp * rows * experts * 4
+
+
 def cp_attention_calls(attention: str, cp: int) -> dict:
     """Collective calls on ``cp`` per attention call: the ring's sends (forward, one per step that moves a block;
     backward, the K/V blocks' cp − 1 and the dK/dV ring's cp, home included), Ulysses's all-to-alls (q, k, v,
