@@ -19,6 +19,11 @@ one forward, per MoE layer:
    and a second all-to-all brings the outputs back (**combine**), where they are weighted by
    the gates and summed per token. Without a group every expert is local.
 
+Two compositions change a step: under **tensor parallelism** (:meth:`MoEMLP.split_experts`) every
+expert is split column then row over tp and the layer reduces once — f on the tokens and the
+gates, g on the combined output; under **context parallelism** each rank holds chunks of every
+sequence, so step 1's per-sequence statistics are summed over the cp ranks.
+
 :attr:`tokens_per_expert` counts the slots each expert received in the last forward
 (measured). Expert parameters are marked ``_zerokit_expert``: a data-parallel strategy
 reduces their gradients over the ranks holding the same experts (:mod:`.apply`).
