@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zerokit import cli, strategies, tour
+from zerokit import cli, strategies, tour, tour_results
 
 STEPS = 4  # `zerokit tour`'s default: the runs `make tour` just made are read back when the code is the same
 WORLD_SIZES = [2, 4]
@@ -19,7 +19,7 @@ SECTIONS = ["data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "tensor parallel", "p
 def ran():
     """The CLI's tour and the results behind it: those `make tour` kept for exactly this code (its source digest), or
     a fresh run."""
-    kept = tour.kept_results(WORLD_SIZES, STEPS)
+    kept = tour_results.kept_results(WORLD_SIZES, STEPS)
     if kept is not None:
         return 0, kept
     captured, original = {}, tour.main

@@ -205,7 +205,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_tour(args) -> int:
-    from . import tour
+    from . import tour, tour_results
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
@@ -219,7 +219,7 @@ def cmd_tour(args) -> int:
     except ValueError as e:  # a row refused by make_job, before any process started
         raise UsageError(str(e)) from e
     results = tour.main(prepared, args.steps, args.timeout)  # a failing rank raises RankFailed: main() reports it
-    tour.keep_results(results, args.world_sizes, args.steps)
+    tour_results.keep_results(results, args.world_sizes, args.steps)
     return 0
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Optional
 
 from . import strategies as strategy_registry
@@ -278,46 +277,6 @@ def prepare(world_sizes, steps: int) -> tuple:
 
     workload = tiny_gpt(**TOUR_WORKLOAD)
     return workload, plan(tour_rows(world_sizes), workload, steps)
-
-
-#: where a finished tour keeps its results, keyed by the code that made them (tests/test_tour.py reads them back)
-RESULTS_FILE = Path(__file__).resolve().parents[1] / ".zerokit" / "tour-results.pkl"
-
-
-def code_key(world_sizes, steps: int) -> str:
-    """A digest of everything that decides the tour's results: zerokit's source files, torch's version, whether
-    DeepSpeed is installed, the world sizes and the steps."""
-    import hashlib
-
-    import torch
-
-    digest = hashlib.sha256(f"{torch.__version__} {_have('deepspeed-zero1')} {list(world_sizes)} {steps}".encode())
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        digest.update(path.as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def keep_results(results: list, world_sizes, steps: int) -> None:
-    """Write the results under :func:`code_key`, so a test of this same code reads the runs instead of redoing them."""
-    import pickle
-
-    try:
-        RESULTS_FILE.parent.mkdir(exist_ok=True)
-        RESULTS_FILE.write_bytes(pickle.dumps({"key": code_key(world_sizes, steps), "results": results}))
-    except (OSError, pickle.PicklingError):  # a read-only checkout: nothing is kept, nothing breaks
-        pass
-
-
-def kept_results(world_sizes, steps: int):
-    """The results a tour of exactly this code kept (None when there are none, or the code has changed since)."""
-    import pickle
-
-    try:
-        kept = pickle.loads(RESULTS_FILE.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-        return None
-    return kept["results"] if kept.get("key") == code_key(world_sizes, steps) else None
 
 
 def main(prepared: tuple, steps: int, timeout_s: float, out=print) -> list:
