@@ -45,6 +45,10 @@ from ..tensor_parallel.mappings import copy_to_tensor_parallel_region, reduce_fr
 from .alltoall import counts_exchange, exchange
 
 
+#: how tensor parallelism splits each expert (:meth:`MoEMLP.split_experts`; the plan's ``experts`` style reads it
+#: too): parameter → the dimension cut over tp (``fc`` by output columns, ``proj`` by input rows); the rest stay whole
+EXPERT_TP_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
+
 #: one expert: the tiny GPT's MLP (d → 4d → d, GELU), the same module, so an expert's names and arithmetic are
 #: the dense MLP's
 Expert = MLPBlock
@@ -164,10 +168,11 @@ class MoEMLP(nn.Module):
         if group_size(group) == 1:
             return
         for e, expert in self.experts.items():
-            name = f"{tag}.experts.{e}"
-            expert.fc.weight = shard_parameter(expert.fc.weight, Shard(0), group, memo, f"{name}.fc.weight")
-            expert.fc.bias = shard_parameter(expert.fc.bias, Shard(0), group, memo, f"{name}.fc.bias")
-            expert.proj.weight = shard_parameter(expert.proj.weight, Shard(1), group, memo, f"{name}.proj.weight")
+            for name, dim in EXPERT_TP_LAYOUT.items():
+                layer, attr = name.split(".")
+                module = getattr(expert, layer)
+                setattr(module, attr, shard_parameter(getattr(module, attr), Shard(dim), group, memo,
+                                                      f"{tag}.experts.{e}.{name}"))
             expert.fc.out_features = expert.proj.in_features = expert.fc.weight.shape[0]
             mark_sequence_parallel(expert.proj.bias)  # its gradient lives on tp rank 0 alone: summed over tp
         self.tp_group = dist.group.WORLD if group is None else group  # None: every rank (not "no tp")

@@ -42,8 +42,6 @@ from .sharding import Shard, mark_sequence_parallel
 
 STYLES = ("colwise", "rowwise", "colwise_qkv", "vocab_embedding", "vocab_head", "sequence_parallel",
           "sequence_slice", "attention", "experts")
-#: how an ``experts`` module's experts lay out their parameters (:meth:`~zerokit.expert_parallel.MoEMLP.split_experts`)
-EXPERT_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
 _LINEAR = ("colwise", "rowwise", "colwise_qkv", "vocab_head")
 LOSSES = (None, "vocab_parallel")
 HEAD_ATTRIBUTES = ("n_head", "num_heads", "n_heads")
@@ -67,12 +65,8 @@ def tiny_gpt_plan(sequence_parallel: bool = False, keep_input_sharded: bool = Fa
     embedding and head by vocabulary (tied or not), LayerNorms and positions sequence-parallel.
 
     ``experts``: the MLPs are mixtures of experts; each expert is split as the dense MLP is (Megatron's
-    expert tensor parallelism equal to tp), the router stays whole on every tp rank, so every tp rank routes the
-    same tokens the same way (style ``experts``). Under sequence parallelism a tp rank would hold only a slice of the tokens its
-    router must see whole: that combination is refused (zerokit's choice; Megatron all-gathers the tokens first)."""
-    if experts and sequence_parallel:
-        raise ValueError("sequence_parallel=True with a mixture of experts is not implemented: each tp rank's router "
-                         "needs every token of its micro-batch; use sequence_parallel=False")
+    expert tensor parallelism equal to tp), the router stays whole on every tp rank, so every tp rank routes
+    the same tokens the same way (style ``experts``; :func:`check_plan` refuses it under sequence parallelism)."""
     mlp = {"blocks.*.mlp": "experts"} if experts else {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
     return Plan({"tok": "vocab_embedding", "pos": "sequence_slice",
                  "blocks.*.ln1": "sequence_parallel", "blocks.*.attn.qkv": "colwise_qkv",
@@ -122,9 +116,11 @@ def _placements(module: nn.Module, style: Optional[str], expert_layer: Optional[
     """How a style lays out the module's own parameters: a :class:`Shard`, or None (replicated);
     ``expert_layer``: the module is an expert's ``fc`` or ``proj`` inside an ``experts`` module."""
     if expert_layer is not None:
-        return {name: (None if f"{expert_layer}.{name}" not in EXPERT_LAYOUT
-                       else Shard(EXPERT_LAYOUT[f"{expert_layer}.{name}"]))
+        from ..expert_parallel.moe import EXPERT_TP_LAYOUT
+
+        dims = {name: EXPERT_TP_LAYOUT.get(f"{expert_layer}.{name}")
                 for name, _ in module.named_parameters(recurse=False)}
+        return {name: None if dim is None else Shard(dim) for name, dim in dims.items()}
     shard = {"colwise": Shard(0), "vocab_head": Shard(0), "colwise_qkv": Shard(0, 3), "vocab_embedding": Shard(0),
              "rowwise": Shard(1), "attention": Shard(0, 3)}.get(style)
     out = {name: shard for name, _ in module.named_parameters(recurse=False)}
@@ -180,6 +176,10 @@ def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = N
             **{s: nn.Linear for s in _LINEAR}}
     for name, (pattern, style) in matched.items():
         module = model.get_submodule(name)
+        if style == "experts" and plan.sequence_parallel:  # zerokit's choice; Megatron all-gathers the tokens first
+            raise ValueError(f"plan: {name} (experts): sequence_parallel=True with a mixture of experts is not "
+                             f"implemented: each tp rank's router needs every token of its micro-batch; use "
+                             f"sequence_parallel=False")
         if style in want and not isinstance(module, want[style]):
             raise ValueError(f"plan: {name} (matched by {pattern!r}) is a {type(module).__name__}; style {style!r} "
                              f"needs an nn.{want[style].__name__}")
@@ -251,9 +251,7 @@ def apply_plan(model: nn.Module, plan: Plan, group=None) -> nn.Module:
             if sp:
                 raise ValueError(f"plan: {name} (attention) under sequence_parallel=True is not implemented")
             new = TensorParallelMultiheadAttention(module, group, memo=memo, tag=name)
-        elif style == "experts":
-            if sp:
-                raise ValueError(f"plan: {name} (experts) under sequence_parallel=True is not implemented")
+        elif style == "experts":  # check_plan refused it under sequence parallelism
             module.split_experts(group, memo, tag=name)
             continue
         else:
