@@ -7,7 +7,6 @@ compared after training. Each rank trains on its share of the global batch.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Tuple
 

@@ -58,8 +58,8 @@ def ring_overlap_figure(result, rank: int = 0, step: int = 0):
         if c["blocked_s"] > 0:
             ax.broken_barh([(ms(c["blocked_start"]), max(ms(c["end"]) - ms(c["blocked_start"]), 0.01))],
                            (y + 0.3, 0.4), color=COLORS["waited (exposed)"])
-    ax.set_yticks([top + 0.4, *[top - 1 - i + 0.5 for i in range(len(sends))]],
-                  ["blocks", *[f"{'fwd' if c['phase'] == 'forward' else 'bwd'} {c['tag'][len(TAG) + 1:]}" for c in sends]], fontsize=7)
+    names = [f"{'fwd' if c['phase'] == 'forward' else 'bwd'} {c['tag'][len(TAG) + 1:]}" for c in sends]
+    ax.set_yticks([top + 0.4, *[top - 1 - i + 0.5 for i in range(len(sends))]], ["blocks", *names], fontsize=7)
     ax.set_xlabel(f"ms from rank {rank}'s first ring event of step {step} (measured)")
     ax.set_title(f"rank {rank}: each send of the ring, launch to the end of its wait, under the blocks computed",
                  fontsize=10)

@@ -218,10 +218,11 @@ def _split_backward(compute: list, modules: list) -> list:
 
 def overlap(rank_result, tag_prefix: str) -> dict:
     """How much of the transfers whose ledger tag starts with ``tag_prefix`` the rank's ``block`` spans covered
-    (measured, training steps only): ``transfers`` (ledger records: each send and each receive), ``in_flight_s`` (launch to the end of the wait),
-    ``computing_s`` (the part of that during which a block was being computed: the overlap) and ``blocked_s``
-    (the wait after it: exposed). A transfer posted before the block and waited after it has its whole window
-    minus the wait covered; one waited at once has nothing covered."""
+    (measured, training steps only): ``transfers`` (ledger records: each send and each receive),
+    ``in_flight_s`` (launch to the end of the wait), ``computing_s`` (the part of that during which a block
+    was being computed: the overlap) and ``blocked_s`` (the wait after it: exposed). A transfer posted before
+    the block and waited after it has its whole window minus the wait covered; one waited at once has nothing
+    covered."""
     line = rank_timeline(rank_result)
     blocks = [(m["start"], m["end"]) for m in line["modules"] if m["kind"] == "block"]
     out = {"transfers": 0, "in_flight_s": 0.0, "computing_s": 0.0, "blocked_s": 0.0}

@@ -183,7 +183,8 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
     (``keep_input_sharded``).
     ``sequence_parallel_numel``: elements of the replicated parameters whose gradients are summed
     over ``tp`` (sequence parallelism; a tensor-parallel expert's output bias). ``fp32_per_token``: fp32
-    values per token all-reduced once (a tensor-parallel MoE layer's k gates, in backward). :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
+    values per token all-reduced once (a tensor-parallel MoE layer's k gates, in backward).
+    :func:`zerokit.theory.tp_comm_bytes_per_step` turns these into bytes.
     """
     from ..expert_parallel.apply import moe_layers
     from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -205,5 +206,5 @@ def communicated_widths(model: nn.Module) -> Dict[str, int]:
         elif isinstance(module, VocabParallelEmbedding):
             reduced += module.embedding_dim
     sp = sum(p.numel() for p in sequence_parallel_parameters(model).values())
-    return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp, "fp32_per_token": fp32_per_token}
-
+    return {"reduced": reduced, "gathered": gathered, "sequence_parallel_numel": sp,
+            "fp32_per_token": fp32_per_token}

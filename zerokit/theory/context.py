@@ -4,9 +4,8 @@
 size (its queries and values are the same size). Ring attention sends each block to the next
 rank: forward (cp − 1) transfers of K and V; backward (cp − 1) transfers of K and V and, one
 step behind them on a second ring, cp of dK and dV — the last brings each block's gradients
-home. Ulysses runs all-to-alls, each
-sending (cp − 1)/cp of one such tensor: q, k, v and the output in forward, their gradients in
-backward. (Derivations: :mod:`zerokit.context_parallel.ring_attention`, :mod:`~.ulysses`.)
+home. Ulysses runs all-to-alls, each sending (cp − 1)/cp of one such tensor: q, k, v and the
+output in forward, their gradients in backward. (Derivations: :mod:`zerokit.context_parallel.ring_attention`, :mod:`~.ulysses`.)
 """
 from __future__ import annotations
 
