@@ -32,6 +32,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 import torch.nn as nn
 
+from ..checkpoint.layout import group_of, place_state
 from ..runtime import comm
 from .ddp import broadcast_from_first, precision_of
 from .engine import rank_context
@@ -214,13 +215,15 @@ class ShardedOptimizer(OptimizerFace):
             n, me = strategy.world, strategy.rank  # the dp group's size and this rank's place in it
             for unit, master in zip(strategy.units, inner.masters):
                 first = states.get(index[id(unit.params[0])], {})
+                group = group_of(inner.optimizer, master)
                 restored = {}
                 for key, value in first.items():
-                    if not torch.is_tensor(value) or value.dim() == 0:
-                        restored[key] = value.clone() if torch.is_tensor(value) else value
+                    if not torch.is_tensor(value) or value.dim() == 0:  # step: where torch's load_state_dict puts it
+                        restored[key] = place_state(master, key, value.clone(), group) if torch.is_tensor(value) \
+                            else value
                         continue
                     full = torch.zeros(unit.padded_numel, dtype=value.dtype, device=master.device)
                     for p, view in zip(unit.params, unit.views(full)):
                         view.copy_(states[index[id(p)]][key].reshape(view.shape))
-                    restored[key] = full.view(n, -1)[me].clone()
+                    restored[key] = place_state(master, key, full.view(n, -1)[me].clone(), group)
                 inner.optimizer.state[master] = restored

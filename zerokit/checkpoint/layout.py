@@ -15,7 +15,10 @@ Every strategy steps a list of tensors (``strategy.optimizer.tensors``): whole p
 3. :func:`apply_full` goes the other way: given every parameter whole (``FullState``, built
    from any checkpoint by :mod:`.reshard`), it fills this rank's segments — model tensor,
    master, optimizer state — in the target's layout, padding with zeros; under ZeRO-1/2
-   and DDP every parameter is also written whole (the replicated full buffers).
+   and DDP every parameter is also written whole (the replicated full buffers). Each state
+   goes where torch's ``Optimizer.load_state_dict`` would put it (:func:`place_state`):
+   ``step`` stays on the host unless the optimizer is fused or capturable, whose kernels
+   read it on the parameter's device.
 """
 from __future__ import annotations
 
@@ -103,6 +106,27 @@ def local_state(strategy) -> Dict[str, dict]:
     return out
 
 
+def group_of(optimizer: torch.optim.Optimizer, master: torch.Tensor) -> dict:
+    """The param group of ``optimizer`` that steps ``master`` ({} when none does)."""
+    return next((g for g in optimizer.param_groups if any(p is master for p in g["params"])), {})
+
+
+def place_state(master: torch.Tensor, key: str, value, group: dict):
+    """A loaded optimizer state ``value`` (read on the host) placed as torch's ``Optimizer.load_state_dict`` places
+    it: ``step`` stays where it is, unless the group is ``fused`` or ``capturable`` — then fp32 on the master's
+    device (a fused CUDA AdamW refuses a host ``step``); any other state goes to the master's device, floating
+    ones in the master's dtype."""
+    if not torch.is_tensor(value):
+        return value
+    if key == "step":
+        if group.get("fused") or group.get("capturable"):
+            return value.to(dtype=torch.float32, device=master.device)
+        return value
+    if value.is_floating_point() and master.is_floating_point():
+        return value.to(dtype=master.dtype, device=master.device)
+    return value.to(device=master.device)
+
+
 class FullState:
     """Every trainable parameter whole, 1-D: ``param`` (fp32 or better: the master where there was one),
     ``state`` {key: flat per-element tensor or scalar}; ``frozen`` and ``buffers`` {name: tensor}."""
@@ -143,8 +167,9 @@ def apply_full(strategy, full: FullState) -> None:
             master.view(-1).copy_(value[lo:hi])
         inner.state.pop(master, None)
         if keys or scalars:
-            state = {k: t[lo:hi].clone().view_as(master).to(master.device) for k, t in keys.items()}
-            state.update({k: t.clone() for k, t in scalars.items()})
+            group = group_of(inner, master)
+            state = {k: place_state(master, k, t[lo:hi].clone().view_as(master), group) for k, t in keys.items()}
+            state.update({k: place_state(master, k, t.clone(), group) for k, t in scalars.items()})
             inner.state[master] = state
     by_name = dict(model.named_parameters())
     if strategy.stage == 3:

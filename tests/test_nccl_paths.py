@@ -1,0 +1,68 @@
+"""The NCCL and CUDA paths, checked on the CPU: what a CUDA run needs that gloo forgives.
+
+Each test pins down one rule a CUDA job relies on, with the device simulated (the
+``meta`` device stands for a GPU where a tensor's placement is what matters; the CUDA
+calls are recorded where their count or order is what matters):
+
+- a resumed optimizer's ``step`` goes where torch's ``Optimizer.load_state_dict`` puts
+  it: on the master's device when the optimizer is fused or capturable, on the host
+  otherwise (a fused CUDA AdamW refuses a host ``step``);
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+import zerokit
+from zerokit.checkpoint.layout import FullState, apply_full
+
+
+# -- resume: where the loaded optimizer states go ------------------------------------------------
+def _meta_strategy(fused: bool):
+    """A DDP-layout strategy whose parameters live on the ``meta`` device (a GPU's stand-in)."""
+    model = nn.Linear(3, 2).to("meta")
+    params = list(model.parameters())
+    inner = SimpleNamespace(state={}, param_groups=[{"params": params, "fused": fused, "capturable": False}])
+    optimizer = SimpleNamespace(tensors=params, masters=params, optimizer=inner, pieces=None)
+    return SimpleNamespace(model=model, rank=0, world=1, stage=0, optimizer=optimizer)
+
+
+def _full_state(model) -> FullState:
+    full = FullState()
+    for name, p in model.named_parameters():
+        full.params[name] = torch.ones(p.numel())
+        full.shapes[name] = list(p.shape)
+        full.states[name] = {"step": torch.tensor(3.0), "exp_avg": torch.ones(p.numel())}
+    return full
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_resumed_step_goes_where_torchs_load_state_dict_puts_it(fused):
+    strategy = _meta_strategy(fused)
+    apply_full(strategy, _full_state(strategy.model))
+    for master in strategy.optimizer.masters:
+        state = strategy.optimizer.optimizer.state[master]
+        assert state["exp_avg"].device == master.device
+        assert state["step"].device == (master.device if fused else torch.device("cpu")), fused
+        assert state["step"].dtype == torch.float32
+
+
+def _sharded_resume(ctx):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = zerokit.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=0.1, fused=True)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.consolidate_state_dict(to=0)
+    saved = opt.state_dict()
+    inner = opt.strategies[0].optimizer  # its masters moved to the meta device: a GPU's stand-in
+    inner.masters[:] = [torch.empty_like(m, device="meta") for m in inner.masters]
+    inner.optimizer.param_groups[0]["params"] = list(inner.masters)
+    opt.load_state_dict(saved)
+    return [(str(inner.optimizer.state[m]["step"].device), str(inner.optimizer.state[m]["exp_avg"].device))
+            for m in inner.masters]
+
+
+def test_sharded_optimizers_load_puts_a_fused_step_on_the_masters_device():
+    assert set(zerokit.launch(_sharded_resume, 1)[0]) == {("meta", "meta")}
