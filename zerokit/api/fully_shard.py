@@ -15,8 +15,11 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
 1. **each call** shards its module at once, as FSDP2 does: a ``zero3`` instance whose one
    unit is the module's parameters that no earlier call (on a block inside it) took —
    rank 0's values broadcast first. Call it on the blocks, then on the root, which takes
-   the rest (embeddings, head). Each module gets FSDP2's mixin (here
-   :class:`FullyShardedModule`).
+   the rest (embeddings, head). **The root rule**, FSDP2's: a call that finds no trainable
+   parameter left (the root of a ``Sequential`` whose blocks took them all, or a ``ReLU``)
+   is accepted and shards nothing (:class:`_NoUnits`); the root still owns its forward hooks
+   (``mp_policy``'s input and output casts) and the whole-model entry points below, over its
+   blocks. Each module gets FSDP2's mixin (here :class:`FullyShardedModule`).
 2. **the parameters you see** (``model.parameters()``, ``named_parameters()``, what your
    optimizer steps): for every trainable parameter, a 1-D ``nn.Parameter`` that *is* this
    rank's slice of it in the unit's flat shard (a view, sharing its storage; empty where the
@@ -32,8 +35,10 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
    ``optimizer.step()`` updates the shards in place; the next forward gathers them and, its
    gradients gone, starts a new accumulation; without ``zero_grad`` gradients accumulate, as
    torch's do.
-5. **``model.full_state_dict()``** (a collective): the unwrapped model's ``state_dict()``
-   on rank 0, which ``load_state_dict(…, strict=True)`` takes.
+5. **``model.full_state_dict(options)``** / **``model.load_full_state_dict(sd, options)``**
+   (collectives, :mod:`.fully_shard_state`): torch's ``get_model_state_dict`` /
+   ``set_model_state_dict`` with ``StateDictOptions(full_state_dict=True, …)`` — the whole
+   ``state_dict()`` on every rank by default; ``cpu_offload=True``: rank 0 only, ``{}`` elsewhere.
 
 ``mp_policy`` (FSDP2's ``MixedPrecisionPolicy``: ``param_dtype``, ``reduce_dtype``,
 ``output_dtype``, ``cast_forward_inputs``): each gather casts the fp32 shard to ``param_dtype``
@@ -52,25 +57,41 @@ the same face inside ``zerokit.train`` (:mod:`.fully_shard_strategy`), for the t
 """
 from __future__ import annotations
 
-import contextlib
-from contextlib import contextmanager
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from ..runtime import comm
 from .ddp import broadcast_from_first
 from .engine import rank_context, wrapper_kind
+from .fully_shard_precision import cast_floats, read_policy
 
 
 class FullyShardedModule:
     """The mixin ``fully_shard`` gives every module it shards (as FSDP2's ``FSDPModule``)."""
 
-    def full_state_dict(self, rank0_only: bool = True) -> Optional[Dict[str, torch.Tensor]]:
-        """The unwrapped model's ``state_dict()``, whole, on rank 0 (None elsewhere; ``rank0_only=False``: on every
-        rank, as torch's ``FullStateDictConfig(rank0_only=False)``); a collective."""
-        return self._zerokit_face.full_state_dict(rank0_only)
+    def full_state_dict(self, options=None, *, rank0_only: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+        """The unwrapped model's ``state_dict()``, whole — on every rank by default, as torch's
+        ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))``; ``options``: torch's
+        ``StateDictOptions`` (``cpu_offload=True``: on the CPU, rank 0 only, ``{}`` elsewhere), see
+        :mod:`.fully_shard_state`; ``rank0_only=True`` (FSDP1's ``FullStateDictConfig`` spelling): rank 0 only,
+        ``{}`` elsewhere. A collective."""
+        from .fully_shard_state import get_full
+
+        state = get_full(self._zerokit_face, options)
+        if rank0_only:
+            from .fully_shard_state import _first_rank
+
+            return state if _first_rank(self._zerokit_face)[0] else {}
+        return state
+
+    def load_full_state_dict(self, state_dict, options=None):
+        """Load a whole ``state_dict()`` into the shards, as torch's ``set_model_state_dict(model, state_dict,
+        options=StateDictOptions(full_state_dict=True, …))``: each rank's own dict, or rank 0's under
+        ``broadcast_from_rank0=True``; returns ``(missing_keys, unexpected_keys)``. A collective."""
+        from .fully_shard_state import load_full
+
+        return load_full(self._zerokit_face, state_dict, options)
 
     def reshard(self) -> None:
         """Free every gathered unit, the blocks' too (after a forward without backward, under ``torch.no_grad()``)."""
@@ -84,7 +105,7 @@ def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_pol
     """Shard ``module`` FSDP2's way (see the module docstring); returns ``module``, changed in place."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"zerokit.fully_shard(module=…) needs an nn.Module, got {type(module).__name__}")
-    precision = _precision(mp_policy)
+    precision = read_policy(mp_policy)
     if offload_policy is not None and type(offload_policy).__name__ != "OffloadPolicy":
         raise ValueError("zerokit.fully_shard(offload_policy=…) is not implemented yet; use zerokit.initialize with "
                          "\"offload_param\": {\"device\": \"cpu\"}")
@@ -102,33 +123,6 @@ def fully_shard(module: nn.Module, *, reshard_after_forward: bool = True, mp_pol
     module.__dict__["_zerokit_face"] = face
     module.__class__ = type(f"FullyShard{type(module).__name__}", (FullyShardedModule, type(module)), {})
     return module
-
-
-_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
-
-
-def _precision(mp_policy) -> dict:
-    """FSDP2's ``MixedPrecisionPolicy`` (or any object with its four fields) read and checked."""
-    fields = dict(param_dtype=None, reduce_dtype=None, output_dtype=None, cast_forward_inputs=True)
-    if mp_policy is None:
-        return fields
-    unknown = [f for f in fields if not hasattr(mp_policy, f)]
-    if unknown:
-        raise TypeError(f"zerokit.fully_shard(mp_policy=…) needs torch.distributed.fsdp.MixedPrecisionPolicy (fields "
-                        f"{', '.join(fields)}); got a {type(mp_policy).__name__} without {', '.join(unknown)}")
-    fields = {f: getattr(mp_policy, f) for f in fields}
-    for name in ("param_dtype", "reduce_dtype", "output_dtype"):
-        if fields[name] not in (None, torch.float32, *_SIXTEEN_BIT):
-            raise ValueError(f"zerokit.fully_shard: mp_policy.{name}={fields[name]} is not allowed; give None, "
-                             f"torch.float32, torch.bfloat16 or torch.float16")
-    if fields["param_dtype"] == torch.float32:
-        fields["param_dtype"] = None  # the parameters' own dtype: no cast
-    if fields["reduce_dtype"] is not None and fields["param_dtype"] is None and fields["reduce_dtype"] != torch.float32:
-        raise ValueError(f"zerokit.fully_shard: mp_policy.reduce_dtype={fields['reduce_dtype']} with an fp32 compute "
-                         f"dtype is not implemented (gradients reduced in 16 bits from fp32 ones); set param_dtype too")
-    if fields["reduce_dtype"] == torch.float32 and fields["param_dtype"] is None:
-        fields["reduce_dtype"] = None
-    return fields
 
 
 class _Face:
@@ -151,8 +145,11 @@ class _Face:
         options = dict({"contiguous_gradients": False}, **options, unit_size=frozenset())
         self.precision = precision
         dtype = precision["param_dtype"]
-        self.strategy = ZeroStage3(root, ctx, TrainConfig("fp32"), exclude=frozenset(managed), param_dtype=dtype,
-                                   reduce_dtype=precision["reduce_dtype"], **options)
+        if not any(p.requires_grad for p in own):  # the root over blocks that took them all, or a ReLU: hooks only
+            self.strategy = _NoUnits(ctx)
+        else:
+            self.strategy = ZeroStage3(root, ctx, TrainConfig("fp32"), exclude=frozenset(managed), param_dtype=dtype,
+                                       reduce_dtype=precision["reduce_dtype"], **options)
         self.root, self.ctx = root, ctx
         s = self.strategy
         #: per unit: (module, name, whole parameter, shard parameter) of every registration of its parameters
@@ -198,8 +195,9 @@ class _Face:
                 lambda m, args, out, i=unit.index: self._sharded(i)))
         s._hooks.append(root.register_forward_pre_hook(self._enter, with_kwargs=True))
         s._hooks.append(root.register_forward_hook(self._leave))
-        self._close = s.reducer.after_finish
-        s.reducer.after_finish = self._after_backward
+        if s.units or s.persistent is not None:
+            self._close = s.reducer.after_finish
+            s.reducer.after_finish = self._after_backward
 
     # -- forward ---------------------------------------------------------------------
     def _enter(self, module, args, kwargs):
@@ -211,14 +209,14 @@ class _Face:
                 module_._parameters[name] = during
         self._new_pass()
         if dtype is not None and self.precision["cast_forward_inputs"]:
-            return _cast_floats((args, kwargs), dtype)
+            return cast_floats((args, kwargs), dtype)
         return None
 
     def _leave(self, module, args, output):
         for module_, name, rest, _ in self.root_swaps:
             module_._parameters[name] = rest
         if self.precision["output_dtype"] is not None:
-            return _cast_floats(output, self.precision["output_dtype"])
+            return cast_floats(output, self.precision["output_dtype"])
         return None
 
     def _whole(self, unit: int) -> None:
@@ -262,34 +260,36 @@ class _Face:
             s.persistent_grad = None
 
     # -- whole parameters ------------------------------------------------------------
-    @contextmanager
     def whole(self):
         """Every registration the whole parameter, gathered from the shards in their own dtype (fp32 under a 16-bit
         compute dtype) — the blocks' too; a collective, for reading (a state dict), not for a forward."""
-        from ..zero.flat_buffer import all_gather_flat
+        from .fully_shard_state import gathered
 
-        with contextlib.ExitStack() as stack:
-            for face in [*self.inner, self]:
-                s = face.strategy
-                for unit in s.units:
-                    full = torch.empty(unit.flat.padded_numel, dtype=unit.shard.dtype, device=unit.flat.device)
-                    all_gather_flat(full, unit.shard, s.group, "torch", False, f"whole {unit.label}")
-                    # one Parameter per tensor: a tied one stays one (named_parameters lists it once)
-                    whole = {id(p): nn.Parameter(view, requires_grad=p.requires_grad)
-                             for p, view in zip(unit.flat.params, unit.flat.views(full))}
-                    for module, name, p, _ in face.swaps.get(unit.index, []):
-                        module._parameters[name] = whole[id(p)]
-                stack.callback(lambda face=face: [face._sharded(unit) for unit in face.swaps])
-            yield
-
-    def full_state_dict(self, rank0_only: bool = True) -> Optional[Dict[str, torch.Tensor]]:
-        with comm.phase("setup"), self.whole():  # every rank gathers the whole model
-            state = {n: t.detach().cpu().clone() for n, t in self.root.state_dict().items()}
-        return state if self.ctx.rank == 0 or not rank0_only else None
+        return gathered(self)
 
 
-def _cast_floats(tree, dtype: torch.dtype):
-    """Every floating-point tensor of a (nested) structure cast to ``dtype`` (FSDP2's input and output casts)."""
-    from torch.utils._pytree import tree_map
+class _NoUnits:
+    """The root's ``zero3`` when the blocks sharded before it took every trainable parameter (FSDP2's usual root
+    call over a ``Sequential``): nothing to gather or reduce; the root keeps its forward hooks (the input and output
+    casts of ``mp_policy``, the 16-bit copies of its frozen parameters) and its state-dict entry points."""
 
-    return tree_map(lambda t: t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t, tree)
+    units: list = []
+    persistent = None
+
+    def __init__(self, ctx):
+        self.group = ctx.mesh.group("dp")
+        self._hooks: list = []
+        self.grad_shards: list = []
+        self.shard_buffer = None
+
+    def _free_all(self) -> None:
+        pass
+
+    def refresh_persistent(self) -> None:
+        pass
+
+    def zero_grad(self) -> None:
+        pass
+
+    def track_memory(self, ledger) -> None:
+        pass
