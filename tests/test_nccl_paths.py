@@ -7,6 +7,8 @@ calls are recorded where their count or order is what matters):
 - a resumed optimizer's ``step`` goes where torch's ``Optimizer.load_state_dict`` puts
   it: on the master's device when the optimizer is fused or capturable, on the host
   otherwise (a fused CUDA AdamW refuses a host ``step``);
+- under torchrun each worker computes ``zerokit.train``'s reference on its own GPU, chosen
+  by its node's worker count (not the world's, which spans nodes);
 """
 from types import SimpleNamespace
 
@@ -66,3 +68,24 @@ def _sharded_resume(ctx):
 
 def test_sharded_optimizers_load_puts_a_fused_step_on_the_masters_device():
     assert set(zerokit.launch(_sharded_resume, 1)[0]) == {("meta", "meta")}
+
+
+# -- zerokit.train under torchrun: the reference's device ----------------------------------------
+def _torchrun_env(monkeypatch, rank, local_rank, world, local_world):
+    for name, value in {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": str(rank // local_world), "RANK": str(rank),
+                        "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+                        "LOCAL_WORLD_SIZE": str(local_world)}.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("backend", [None, "nccl"])
+def test_under_torchrun_each_worker_computes_the_reference_on_its_own_gpu(monkeypatch, backend):
+    from zerokit.train import reference_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    _torchrun_env(monkeypatch, rank=3, local_rank=1, world=4, local_world=2)  # two nodes of two GPUs
+    assert reference_device(backend, 4) == torch.device("cuda", 1)
+    _torchrun_env(monkeypatch, rank=1, local_rank=1, world=2, local_world=2)  # one node: not every worker on cuda:0
+    assert reference_device(backend, 2) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert reference_device(None, 2) == torch.device("cpu")

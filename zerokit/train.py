@@ -242,9 +242,14 @@ def _routing(model) -> Optional[dict]:
 
 def reference_device(backend: Optional[str] = None, world_size: int = 1) -> torch.device:
     """Where the reference runs: on the ranks' kind of device, so that parity compares the same kernels — the
-    first GPU when the ranks run on NCCL (one GPU each), else the CPU."""
+    first GPU when the ranks run on NCCL (one GPU each), else the CPU. Under torchrun every worker computes
+    the reference itself, on its own GPU (``cuda:LOCAL_RANK``): the world may span nodes, and the first GPU
+    is another worker's."""
     from .runtime.launch import choose_backend
+    from .runtime.torchrun import rank_device, under_torchrun
 
+    if under_torchrun():
+        return rank_device(backend)[1]
     return torch.device("cuda", 0) if choose_backend(backend, world_size) == "nccl" else torch.device("cpu")
 
 

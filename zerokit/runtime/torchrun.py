@@ -37,6 +37,19 @@ def under_torchrun() -> bool:
     return all(name in os.environ for name in TORCHRUN_VARIABLES)
 
 
+def rank_device(backend=None):
+    """(backend, device) of this torchrun worker: the group's backend once joined, else ``backend`` or NCCL when
+    this node has a GPU per local worker (``LOCAL_WORLD_SIZE``, not the whole world: the other nodes' GPUs
+    are theirs); the device is this worker's own GPU, ``cuda:LOCAL_RANK``, on NCCL, else the CPU."""
+    if dist.is_available() and dist.is_initialized():
+        backend = str(dist.get_backend())
+    elif backend is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        backend = "nccl" if torch.cuda.device_count() >= local_world else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    return backend, torch.device("cuda", local_rank) if "nccl" in backend else torch.device("cpu")
+
+
 def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> list:
     """torchrun already started the ranks: run ``fn`` here as this one and gather all results.
 
@@ -51,14 +64,8 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
                          f"pass world_size={env_world}")
     check_backend(backend)
     rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     joined = dist.is_initialized()
-    if joined:
-        backend = dist.get_backend()
-    elif backend is None:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        backend = "nccl" if torch.cuda.device_count() >= local_world else "gloo"
-    device = torch.device("cuda", local_rank) if "nccl" in backend else torch.device("cpu")
+    backend, device = rank_device(backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not joined:
