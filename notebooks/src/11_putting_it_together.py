@@ -169,26 +169,51 @@ for name, (par, kw) in {"cp 2 × pp 2": ({"cp": 2, "pp": 2}, {"cp_attention": "r
 for name, why in refused.items():
     print(f"{name}: {why}")
 
+# %% [markdown]
+# How close is "equal to one process"? The losses match to fp32 rounding. The parameters are another
+# matter under AdamW: its step `lr·g/(|g| + ε)` divides by the gradient's own size, so an element whose
+# gradient lies within a few ε of zero — an expert weight that few tokens reached — turns a rounding-level
+# gradient difference into a visibly different step (up to `2·lr`; `theory.adam_parity_ceiling`). No
+# tighter bound follows from the arithmetic, so the check below holds the AdamW runs to one process on
+# their losses, and trains each grid again with plain SGD, whose step is linear in the gradient: there
+# the parameters must agree to two units in the last place per step (`theory.sgd_parity_bound`).
+
+# %%
+sgd = {name: zerokit.train(model, "zero1", world_size=4, steps=2, parallel=par, optimizer="sgd", **kw)
+       for name, (model, par, kw) in FIVE.items()}
+course.table([{"grid (4 ranks, ZeRO-1)": name,
+               "largest |Δparam|, AdamW (measured)": f"{five[name].results[0].max_abs_param_diff:.1e}",
+               "largest |Δparam|, SGD (measured)": f"{report.results[0].max_abs_param_diff:.1e}",
+               "SGD bound (theory)": f"{theory.sgd_parity_bound(report.reference.params, steps=2):.1e}",
+               "AdamW ceiling (theory)": f"{theory.adam_parity_ceiling(1e-3, steps=2):.1e}"}
+              for name, report in sgd.items()])
+
 # %% [checks]
 # each five-axis grid trains the model one process trains, and every axis's ledger bytes equal the formula
 for name, report in five.items():
     res = report.results[0]
+    # the losses: a mean over tokens, to fp32 rounding; the parameters under AdamW: below its ceiling only
     assert all(abs(a - b) <= 1e-5 for a, b in zip(res.losses, report.reference.losses)), (name, res.losses)
-    assert res.max_abs_param_diff <= 1e-5, (name, res.max_abs_param_diff)
+    assert res.max_abs_param_diff <= theory.adam_parity_ceiling(1e-3, steps=2), (name, res.max_abs_param_diff)
+    # the same layout under SGD: the parameters to two ulps per step
+    bound = theory.sgd_parity_bound(sgd[name].reference.params, steps=2)
+    assert sgd[name].results[0].max_abs_param_diff <= bound, (name, sgd[name].results[0].max_abs_param_diff, bound)
     for rank in res.ranks:
         assert sum(rank.model_state_bytes.values()) == rank.theory_model_states["total"], (name, rank.rank)
-        assert set(rank.comm_bytes_by_axis) == set(rank.theory_comm_bytes_by_axis), (name, rank.rank)
+        assert set(rank.comm_bytes_by_axis) == set(rank.theory_comm_bytes_by_axis), \
+            (name, rank.rank, rank.comm_bytes_by_axis, rank.theory_comm_bytes_by_axis)
         for axis, formula in rank.theory_comm_bytes_by_axis.items():
             assert abs(rank.comm_bytes_by_axis[axis]["ring_cost_bytes"] - formula) <= 0.5, (name, rank.rank, axis)
 ep_ranks = five["dp 2 × ep 2 × tp 2, experts"].results[0].ranks
 cp_ranks = five["cp 2 × tp 2, ring, experts"].results[0].ranks
-assert all(set(r.comm_bytes_by_axis) == {"dp", "ep", "tp"} for r in ep_ranks)
-assert all(set(r.comm_bytes_by_axis) == {"dp_cp", "cp", "tp"} for r in cp_ranks)
+assert all(set(r.comm_bytes_by_axis) == {"dp", "ep", "tp"} for r in ep_ranks), [r.comm_bytes_by_axis for r in ep_ranks]
+assert all(set(r.comm_bytes_by_axis) == {"dp_cp", "cp", "tp"} for r in cp_ranks), [r.comm_bytes_by_axis for r in cp_ranks]
 assert sorted((r.coords["dp"], r.coords["ep"], r.coords["tp"]) for r in ep_ranks) == \
     [(d, d, t) for d in range(2) for t in range(2)]  # ep is carved from dp: here each dp rank is its own ep rank
 assert set(refused) == {"cp 2 × pp 2", "dp 2 × ep 2 × pp 2", "dp 2 × ep 2 × cp 2"}
 assert all("so far" in why for why in refused.values()), refused
-print("both grids = one process (losses, parameters within 1e-5); every axis's bytes = theory; 3 combinations refused")
+print("both grids = one process (losses to fp32 rounding; parameters under SGD within two ulps a step); "
+      "every axis's bytes = theory; 3 combinations refused")
 
 # %% [markdown]
 # ## ZeRO on the dp axis

@@ -12,7 +12,7 @@ elements is ``ceil(u / n)`` elements; pass the unit sizes to get exact figures.
 
 The formulas live in one module per subject — ``model_states``, ``deepspeed``,
 ``communication``, ``parallelism``, ``activations``, ``transformer``, ``offload``,
-``hierarchical`` (HSDP, ZeRO++ hpZ) — and
+``hierarchical`` (HSDP, ZeRO++ hpZ), ``parity`` (how close a parallel run may lie to one process) — and
 every name is available here: ``zerokit.theory.ring_bytes_sent`` as before.
 """
 from __future__ import annotations
@@ -54,3 +54,4 @@ from .hierarchical import (  # noqa: F401
     HIERARCHICAL, check_shard_group, hsdp_model_state_bytes, hpz_secondary_bytes, hpz_model_state_bytes,
     hsdp_collective_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
     hierarchical_link_bytes)
+from .parity import ulp, sgd_parity_bound, adam_parity_ceiling  # noqa: F401
