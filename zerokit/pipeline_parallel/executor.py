@@ -14,11 +14,13 @@ code that does. Lifecycle:
    backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``SEND_*`` posts a
    send (waited for at the end of the step) and ``RECV_*`` waits for a receive, each posted
    where :mod:`.p2p_plan` says — grouped with the receives that come before it in the
-   pair's one order of messages, so that NCCL's one stream per pair cannot deadlock. Two stages on the same rank (interleaving on one rank) hand tensors over in
-   memory. Every action is recorded with its start and end (``spans``, marks of
-   :mod:`zerokit.runtime.clock`: CUDA events on a GPU; :meth:`Executor.timed_spans` reads
-   them as seconds from the step's start): the measured timeline has the same shape as
-   :func:`zerokit.simulate`'s.
+   rank's one order of messages, always as one ``batch_isend_irecv`` (a single operation
+   too), so that every message runs on the group's communicator on both of its ranks and
+   NCCL's one stream per communicator cannot deadlock. Two stages on the same rank
+   (interleaving on one rank) hand tensors over in memory. Every action is recorded with
+   its start and end (``spans``, marks of :mod:`zerokit.runtime.clock`: CUDA events on a
+   GPU; :meth:`Executor.timed_spans` reads them as seconds from the step's start): the
+   measured timeline has the same shape as :func:`zerokit.simulate`'s.
 
 Traffic is point-to-point only: per boundary per step, m activations forward and m
 gradients backward, each ``b·s·h`` elements for a transformer (recorded by the
@@ -213,13 +215,15 @@ class Executor:
                 entry["input_grad"] = input_grad
                 self._stash[(a.stage, a.micro)] = entry  # kept until SEND_B
 
-    # -- point to point: as p2p_plan says, so that NCCL's one stream per pair cannot deadlock --------------------
+    # -- point to point: as p2p_plan says, so that NCCL's one stream per communicator cannot deadlock ------------
     _SEND = ("SEND_F", "SEND_B")
     _RECV = ("RECV_F", "RECV_B")
 
     def _post(self, group: list) -> None:
         """Post a plan's group — receives posted early, then possibly this action's send — as one
-        ``batch_isend_irecv`` (a single operation alone); received messages wait in the inbox for their RECV."""
+        ``batch_isend_irecv``, a single operation too: on NCCL a lone isend / irecv would run on the pair's own
+        communicator while its peer posts the same message in a batch, on the group's, and neither would finish.
+        Received messages wait in the inbox for their RECV."""
         ops, receiving, sending = [], [], []
         for kind, message in group:
             what = "activation" if message[0] == "F" else "gradient"
@@ -237,11 +241,7 @@ class Executor:
                 ops.append(("recv", buffer, self._peer(message[1]), f"{what} {recv}"))
                 receiving.append((message, buffer))
         with comm.phase("forward" if group[-1][1][0] == "F" else "backward"):
-            if len(ops) == 1:
-                kind, tensor, peer, tag = ops[0]
-                works = [(comm.isend if kind == "send" else comm.irecv)(tensor, peer, self.group, tag=tag)]
-            else:
-                works = comm.batch_isend_irecv(ops, self.group)
+            works = comm.batch_isend_irecv(ops, self.group)
         self._sends += [work for op, work in zip(ops, works) if op[0] == "send"]
         for send, what in sending:
             self._sent(send, what)

@@ -87,11 +87,14 @@ def set_link(link) -> None:
 
 
 class Work:
-    """An async collective in flight; ``wait`` records completion and blocked time."""
+    """An async collective in flight; ``wait`` records completion and blocked time. The works of one
+    ``batch_isend_irecv`` that the backend completes with one handle (NCCL coalesces the batch) share it: waiting
+    for any of them ends every record it covers, and only the waiter's record counts the time blocked."""
 
-    def __init__(self, work, record: CommRecord):
+    def __init__(self, work, record: CommRecord, covered: tuple = ()):
         self._work = work
         self.record = record
+        self._covered = covered or (self,)  # the Works the backend's handle covers, this one among them
 
     def wait(self) -> None:
         if self.record.t_end is not None:
@@ -101,13 +104,21 @@ class Work:
             context.wait_collective(*call)
         before = _clock.mark()
         self._work.wait()
+        for work in self._covered:
+            work._ended(before if work is self else None)
+
+    def _ended(self, before) -> None:
+        if self.record.t_end is not None:
+            return
         link = _link.clock()
         if link is not None:  # an emulated link (gloo only): sleep for what is left of its time
             if self.record.op == "recv":  # the data just came: its bytes cross the link from now
                 link.book(self.record, start=time.perf_counter())
             link.hold(self.record)
         self.record.t_end = _clock.mark()  # NCCL's wait only makes the current stream wait: a mark on that stream
-        self.record.add_blocked(before, self.record.t_end)
+        if before is not None:
+            self.record.add_blocked(before, self.record.t_end)
+        call = getattr(self.record, "_call", None)
         if call is not None:
             context.leave_collective(*call)
 
@@ -245,35 +256,49 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False
     return _finish(work, record, async_op)
 
 
+def _p2p(kind: str, tensor: torch.Tensor, peer: int, group, channel: int = 0):
+    return dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, tensor, peer, group=group, tag=channel)
+
+
 def send(tensor: torch.Tensor, dst: int, group=None, tag: str = ""):
+    """Send to global rank ``dst`` and wait; posted as a ``batch_isend_irecv`` of one (:func:`batch_isend_irecv`)."""
     record = new_record("send", tensor, _bytes(tensor), group, False, tag)
-    dist.send(tensor, dst=dst, group=group)
+    dist.batch_isend_irecv([_p2p("send", tensor, dst, group)])[0].wait()  # a batch of one: one work, gloo or NCCL
     _finish(None, record, False)
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, tag: str = ""):
+    """Receive from global rank ``src`` and wait; posted as a ``batch_isend_irecv`` of one."""
     record = new_record("recv", tensor, _bytes(tensor), group, False, tag)
-    dist.recv(tensor, src=src, group=group)
+    dist.batch_isend_irecv([_p2p("recv", tensor, src, group)])[0].wait()
     _finish(None, record, False)
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, tag: str = "") -> Work:
-    record = new_record("send", tensor, _bytes(tensor), group, True, tag)
-    return _finish(dist.isend(tensor, dst=dst, group=group), record, True)
+    """Post a send to global rank ``dst``; posted as a ``batch_isend_irecv`` of one."""
+    return batch_isend_irecv([("send", tensor, dst, tag)], group)[0]
 
 
 def irecv(tensor: torch.Tensor, src: int, group=None, tag: str = "") -> Work:
-    record = new_record("recv", tensor, _bytes(tensor), group, True, tag)
-    return _finish(dist.irecv(tensor, src=src, group=group), record, True)
+    """Post a receive from global rank ``src``; posted as a ``batch_isend_irecv`` of one."""
+    return batch_isend_irecv([("recv", tensor, src, tag)], group)[0]
 
 
 def batch_isend_irecv(ops: list, group=None, channel: int = 0) -> list:
     """Post ``ops`` — ``("send" | "recv", tensor, peer's global rank, tag)`` — as one group, as torch's
-    ``batch_isend_irecv`` does (``ncclGroupStart/End`` on NCCL, where a pair of ranks shares one stream and a
-    send and a receive posted apart on both ranks can wait on each other); one :class:`Work` per op.
-    ``channel``: torch's p2p ``tag``, so two exchanges in flight between the same ranks at once are matched
-    each with its own (gloo matches by it; NCCL keeps the posting order)."""
+    ``batch_isend_irecv`` does (``ncclGroupStart/End`` on NCCL); one :class:`Work` per op. Every point-to-point
+    call of zerokit is posted this way, a single operation too: on NCCL a batch runs on its group's communicator
+    and a lone ``isend`` / ``irecv`` on the two ranks' own, and a message posted on different ones by its sender
+    and its receiver never finishes (:mod:`.p2p_replay`). Gloo returns one work per op, NCCL one for the batch:
+    waited for, it ends every op's record. ``channel``: torch's p2p ``tag``, so two exchanges in flight between
+    the same ranks are matched each with its own (gloo matches by it; NCCL keeps the posting order)."""
     records = [new_record(kind, tensor, _bytes(tensor), group, True, tag) for kind, tensor, _, tag in ops]
-    works = dist.batch_isend_irecv([dist.P2POp(c10d.isend if kind == "send" else c10d.irecv, tensor, peer,
-                                               group=group, tag=channel) for kind, tensor, peer, _ in ops])
-    return [_finish(work, record, True) for work, record in zip(works, records)]
+    works = dist.batch_isend_irecv([_p2p(kind, tensor, peer, group, channel) for kind, tensor, peer, _ in ops])
+    if len(works) == len(records):
+        return [_finish(work, record, True) for work, record in zip(works, records)]
+    if len(works) != 1:
+        raise RuntimeError(f"batch_isend_irecv returned {len(works)} works for {len(records)} operations")
+    covered = [_finish(works[0], record, True) for record in records]
+    for work in covered:
+        work._covered = tuple(covered)
+    return covered

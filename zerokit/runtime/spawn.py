@@ -104,7 +104,7 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
         device = torch.device("cuda", spec.rank) if spec.backend == "nccl" else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        init_process_group(spec, store_socket)
+        init_process_group(spec, store_socket, device)
         ctx = RankContext(spec.rank, spec.world_size, device, spec.backend)
         set_current(ctx)
         from . import comm
@@ -175,8 +175,9 @@ def _status_writer_now() -> Callable[[str], None]:
     return context._status_writer or (lambda text: None)
 
 
-def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) -> None:
-    """Join the group through rank 0's store on the parent's loopback socket; peers on loopback too."""
+def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket], device: torch.device) -> None:
+    """Join the group through rank 0's store on the parent's loopback socket; peers on loopback too. On a GPU the
+    group is bound to the rank's device (``device_id``: NCCL sets its communicators up for that device at once)."""
     status_write = _status_writer_now()
     status_write(encode("init", 0, "", "", ""))
     if sys.platform.startswith("linux"):  # gloo and NCCL would otherwise listen on the hostname's address
@@ -187,7 +188,7 @@ def init_process_group(spec: RankSpec, store_socket: Optional[socket.socket]) ->
     store = dist.TCPStore(LOOPBACK, spec.port, spec.world_size, is_master=spec.rank == 0,
                           timeout=timeout, **serve)
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
-                            timeout=timeout)
+                            timeout=timeout, device_id=device if device.type == "cuda" else None)
     status_write(encode("idle", 0, "", "", ""))  # joined: a hang from here on is fn's
 
 

@@ -69,7 +69,8 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not joined:
-        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)  # NCCL: bound to its GPU
         atexit.register(_leave_group)
     ctx = RankContext(rank, world_size, device, backend, torchrun=True)
     set_current(ctx)
