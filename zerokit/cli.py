@@ -1,9 +1,10 @@
-"""The ``zerokit`` command: ``tour``, ``compare``, ``plan`` and ``bench``."""
+"""The ``zerokit`` command: ``tour``, ``compare``, ``plan``, ``grade`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from . import theory
 from .report import Report
 from .runtime.errors import RankFailed, RankTimeout
 from .runtime.mesh import AXES, check_built, parse_parallel
+from .runtime.termination import end_by, stop_resource_tracker
 from .job import JOB_OPTIONS, make_job
 from .train import reference_device, run_job, run_reference
 from .workloads import Workload
@@ -297,6 +299,12 @@ def _failure_message(e: Exception) -> str:
 
 
 def main(argv=None) -> int:
+    """Run one command; it returns only after every process it started has exited, however it ends.
+
+    The launches stop and reap their ranks (on Ctrl-C, SIGTERM and SIGHUP too); what a
+    spawn-method launch leaves, multiprocessing's resource tracker, is stopped here. Ctrl-C
+    says so in one line, then ends the process by SIGINT, as a shell expects.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -306,6 +314,12 @@ def main(argv=None) -> int:
     except (RankFailed, RankTimeout) as e:  # a rank failed or hung: its own traceback, not the CLI's
         print(f"zerokit {args.command}: {_failure_message(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"zerokit {args.command}: interrupted; every process it started has stopped", file=sys.stderr)
+        end_by(signal.SIGINT)
+        raise
+    finally:
+        stop_resource_tracker()
 
 
 if __name__ == "__main__":

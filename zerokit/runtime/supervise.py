@@ -17,12 +17,15 @@ Lifecycle (:meth:`Supervisor.run`):
    :class:`.errors.RankTimeout` naming, per rank, the collective it is in (grouped by
    call, :mod:`.hang`). With ``heartbeat_s``, a stall — no rank entered, waited in or left
    a collective for that long — ends the loop the same way, before the deadline.
-4. *stop* — on every path (return, raise, Ctrl-C), SIGTERM then SIGKILL every rank's
-   whole process group (``os.killpg``: each rank leads one, :func:`.spawn.own_session`),
-   so what a rank started dies with it even after the rank exited; reap, print what is
-   left in the pipes, close them. An ``atexit`` hook kills the groups of launches still
-   running at interpreter exit (in a daemon thread). A parent killed hard takes its
-   ranks along (PDEATHSIG) but nothing is left to kill their children.
+4. *stop* — on every path (return, raise, Ctrl-C, and SIGTERM or SIGHUP, which unwind
+   the launch first and end the process afterwards, :mod:`.termination`), SIGTERM then
+   SIGKILL every rank's whole process group (``os.killpg``: each rank leads one,
+   :func:`.spawn.own_session`), so what a rank started dies with it even after the rank
+   exited; reap the ranks and wait until nothing in their groups runs
+   (:mod:`.process_group`), so the launch returns after every process it started; print
+   what is left in the pipes, close them. An ``atexit`` hook kills the groups of launches
+   still running at interpreter exit (in a daemon thread). A parent killed hard
+   (SIGKILL) takes its ranks along (PDEATHSIG) but nothing is left to kill their children.
 """
 from __future__ import annotations
 
@@ -42,8 +45,10 @@ from typing import Any, Callable, Dict, List, Optional
 from .errors import RankFailed, RankTimeout
 from .hang import group_sentences, summarise
 from .output import LineForwarder
+from .process_group import signal_rank, wait_gone
 from .rank_handle import RankHandle, _Failure
 from .spawn import STATUS_BYTES, RankSpec, main_module_hidden, rank_main, rendezvous_socket
+from .termination import unwinding
 
 #: after the first failure, how long to keep collecting the other ranks' reports
 _GRACE_S = 1.0
@@ -51,6 +56,9 @@ _GRACE_S = 1.0
 _STACK_DUMP_S = 0.5
 #: how long ranks get to exit on SIGTERM before SIGKILL
 _TERMINATE_S = 1.0
+#: after SIGKILL, the longest wait for what the ranks started to be gone (a process in uninterruptible sleep
+#: may take longer: the launch then returns without it)
+_GROUP_EXIT_S = 10.0
 #: the ranks' own collective timeout exceeds the launch timeout by this much, so that
 #: a hang is reported by the parent as a hang rather than by gloo as a rank failure
 _GROUP_TIMEOUT_MARGIN_S = 30.0
@@ -74,18 +82,19 @@ class Supervisor:
         self.owner_pid = os.getpid()
 
     def run(self) -> list:
-        with _ACTIVE_LOCK:
-            _ACTIVE.add(self)
-        try:
-            self._start()
-            self._supervise()
-            return [rank.value for rank in self.ranks]
-        finally:
+        with unwinding():  # SIGTERM, SIGHUP: raised here, so that the finally below stops the ranks first
+            with _ACTIVE_LOCK:
+                _ACTIVE.add(self)
             try:
-                self._stop()
+                self._start()
+                self._supervise()
+                return [rank.value for rank in self.ranks]
             finally:
-                with _ACTIVE_LOCK:
-                    _ACTIVE.discard(self)
+                try:
+                    self._stop()
+                finally:
+                    with _ACTIVE_LOCK:
+                        _ACTIVE.discard(self)
 
     def _start(self) -> None:
         sys.stdout.flush()  # what the caller printed comes before what the ranks print
@@ -205,14 +214,15 @@ class Supervisor:
         started = [rank.process for rank in self.ranks if rank.process.pid is not None]
         try:
             for process in started:
-                _signal_rank(process, signal.SIGTERM)
+                signal_rank(process, signal.SIGTERM)
             end = time.monotonic() + _TERMINATE_S
             for process in started:
                 process.join(max(0.0, end - time.monotonic()))
         finally:
             for process in started:
-                _signal_rank(process, signal.SIGKILL)
+                signal_rank(process, signal.SIGKILL)
                 process.join()
+            wait_gone([process.pid for process in started], _GROUP_EXIT_S)
             for rank in self.ranks:
                 for output in rank.outputs:
                     if not output.closed:
@@ -224,7 +234,7 @@ class Supervisor:
         """SIGKILL every rank's group, from the ``atexit`` hook: no waiting, no printing."""
         for rank in list(self.ranks) if os.getpid() == self.owner_pid else ():  # not in a fork
             if rank.process.pid is not None:
-                _signal_rank(rank.process, signal.SIGKILL)
+                signal_rank(rank.process, signal.SIGKILL)
 
 
 class _Heartbeat:
@@ -252,18 +262,6 @@ class _Heartbeat:
 
 def _names(ranks: List[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-def _signal_rank(process, sig: int) -> None:
-    """Send ``sig`` to the rank's process group (its id is the rank's pid, and it outlives
-    the rank while anything the rank started runs), and to the rank itself, which may not
-    have made its group yet (it has then started nothing)."""
-    if hasattr(os, "killpg"):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-    if process.exitcode is None:  # not reaped yet, so the pid is still this rank's
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, sig)
 
 
 #: launches in progress in this process, for the atexit hook
