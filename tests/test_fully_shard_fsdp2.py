@@ -171,6 +171,10 @@ def _state_dicts(ctx):
             ours.full_state_dict(options)
         except ValueError as e:
             refused[name] = str(e)
+    try:  # torch's own function would read model.state_dict(): flat shards, refused rather than taken as whole
+        get_model_state_dict(ours, options=StateDictOptions(full_state_dict=True))
+    except RuntimeError as e:
+        refused["torch's"] = str(e)
     out["refused"] = refused
     # load: rank 0's dict broadcast (the others pass {}), then each rank's own whole dict
     torch.manual_seed(7)
@@ -258,6 +262,8 @@ def test_state_dict_options_zerokit_cannot_honour_are_refused_by_name(on_two_ran
     refused = on_two_ranks[0]["state dicts"]["refused"]
     assert "full_state_dict=False" in refused["sharded"] and "full_state_dict=True" in refused["sharded"]
     assert "dsd_fqn_modifiers='x'" in refused["fqn"] and "rename the dict's keys yourself" in refused["fqn"]
+    assert "model.state_dict() would hold this rank's flat 1-D shards" in refused["torch's"]
+    assert "model.full_state_dict(options)" in refused["torch's"]
 
 
 def test_load_full_state_dict_broadcasts_rank_0s_or_takes_each_ranks_own_strictly(on_two_ranks):

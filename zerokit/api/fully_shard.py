@@ -39,6 +39,7 @@ machine, hooks, reduce-scatter and ledgers. What this file adds is FSDP2's face.
    (collectives, :mod:`.fully_shard_state`): torch's ``get_model_state_dict`` /
    ``set_model_state_dict`` with ``StateDictOptions(full_state_dict=True, …)`` — the whole
    ``state_dict()`` on every rank by default; ``cpu_offload=True``: rank 0 only, ``{}`` elsewhere.
+   ``model.state_dict()`` itself (what torch's functions and DCP read) would be flat shards: refused.
 
 ``mp_policy`` (FSDP2's ``MixedPrecisionPolicy``: ``param_dtype``, ``reduce_dtype``,
 ``output_dtype``, ``cast_forward_inputs``): each gather casts the fp32 shard to ``param_dtype``
@@ -65,6 +66,7 @@ import torch.nn as nn
 from .ddp import broadcast_from_first
 from .engine import rank_context, wrapper_kind
 from .fully_shard_precision import cast_floats, read_policy
+from .fully_shard_state import first_rank, gathered, get_full, load_full, refuse_shards
 
 
 class FullyShardedModule:
@@ -76,22 +78,26 @@ class FullyShardedModule:
         ``StateDictOptions`` (``cpu_offload=True``: on the CPU, rank 0 only, ``{}`` elsewhere), see
         :mod:`.fully_shard_state`; ``rank0_only=True`` (FSDP1's ``FullStateDictConfig`` spelling): rank 0 only,
         ``{}`` elsewhere. A collective."""
-        from .fully_shard_state import get_full
-
         state = get_full(self._zerokit_face, options)
         if rank0_only:
-            from .fully_shard_state import _first_rank
-
-            return state if _first_rank(self._zerokit_face)[0] else {}
+            return state if first_rank(self._zerokit_face)[0] else {}
         return state
 
     def load_full_state_dict(self, state_dict, options=None):
         """Load a whole ``state_dict()`` into the shards, as torch's ``set_model_state_dict(model, state_dict,
         options=StateDictOptions(full_state_dict=True, …))``: each rank's own dict, or rank 0's under
         ``broadcast_from_rank0=True``; returns ``(missing_keys, unexpected_keys)``. A collective."""
-        from .fully_shard_state import load_full
-
         return load_full(self._zerokit_face, state_dict, options)
+
+    def state_dict(self, *args, **kwargs):
+        """Within :meth:`full_state_dict` only (the whole parameters); elsewhere refused, saying what to call."""
+        refuse_shards(self._zerokit_face, "state_dict")
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        """Within :meth:`load_full_state_dict` only; elsewhere refused, saying what to call."""
+        refuse_shards(self._zerokit_face, "load_state_dict")
+        return super().load_state_dict(*args, **kwargs)
 
     def reshard(self) -> None:
         """Free every gathered unit, the blocks' too (after a forward without backward, under ``torch.no_grad()``)."""
@@ -263,8 +269,6 @@ class _Face:
     def whole(self):
         """Every registration the whole parameter, gathered from the shards in their own dtype (fp32 under a 16-bit
         compute dtype) — the blocks' too; a collective, for reading (a state dict), not for a forward."""
-        from .fully_shard_state import gathered
-
         return gathered(self)
 
 

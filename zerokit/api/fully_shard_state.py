@@ -19,6 +19,8 @@ The options mean what they mean to torch's ``get_model_state_dict`` / ``set_mode
    As torch: on every rank by default, on the parameters' device; ``cpu_offload=True`` moves them to the CPU
    and, the dict being full, gives it to rank 0 only — the other ranks get ``{}``.
    ``ignore_frozen_params=True`` drops every name of a frozen parameter.
+   Outside these calls ``model.state_dict()`` and ``load_state_dict()`` are refused (:func:`refuse_shards`):
+   they would be flat 1-D shards, which torch's ``get_model_state_dict`` and DCP would take for whole tensors.
 4. **load** (:func:`load_full`): each rank's own full dict, or rank 0's under ``broadcast_from_rank0=True`` (the
    others may pass ``{}``), copied in by the module's own ``load_state_dict(strict=options.strict)`` — torch's
    errors and its ``(missing_keys, unexpected_keys)`` — then each rank's slice written back into its shards and
@@ -72,7 +74,7 @@ def state_options(options, who: str):
     return options
 
 
-def _first_rank(face) -> Tuple[bool, object, int]:
+def first_rank(face) -> Tuple[bool, object, int]:
     """(is this rank the data-parallel group's first, that group, its first rank's global rank)."""
     mesh = face.ctx.mesh
     src = mesh.ranks("dp")[0]
@@ -99,7 +101,20 @@ def gathered(face):
                 for module, name, p, _ in each.swaps.get(unit.index, []):
                     module._parameters[name] = whole[id(p)]
             stack.callback(lambda each=each: [each._sharded(unit) for unit in each.swaps])
+            each.is_whole = True  # module.state_dict() / load_state_dict() allowed (:func:`refuse_shards`)
+            stack.callback(setattr, each, "is_whole", False)
         yield fulls
+
+
+def refuse_shards(face, call: str) -> None:
+    """``model.state_dict()`` / ``load_state_dict()`` outside a whole-model gather would read or write this rank's
+    flat 1-D shards under the whole tensors' names — what torch's ``get_model_state_dict`` and DCP would then take
+    for whole tensors, silently: refused, with the calls that mean what FSDP2's do."""
+    if not getattr(face, "is_whole", False):
+        raise RuntimeError(f"zerokit.fully_shard: model.{call}() would hold this rank's flat 1-D shards, not "
+                           f"FSDP2's DTensors (torch's get_model_state_dict, set_model_state_dict and DCP would take "
+                           f"them for whole tensors); call model.full_state_dict(options) / "
+                           f"model.load_full_state_dict(state_dict, options) with torch's StateDictOptions instead")
 
 
 def get_full(face, options=None, who: str = "model.full_state_dict") -> Dict[str, torch.Tensor]:
@@ -112,7 +127,7 @@ def get_full(face, options=None, who: str = "model.full_state_dict") -> Dict[str
                 if not p.requires_grad:
                     state.pop(name, None)
         if options.cpu_offload:
-            first, _, _ = _first_rank(face)
+            first, _, _ = first_rank(face)
             return {n: t.detach().cpu().clone() for n, t in state.items()} if first else {}
         return {n: t.detach().clone() for n, t in state.items()}
 
@@ -121,7 +136,7 @@ def _from_first(face, state_dict) -> Dict[str, torch.Tensor]:
     """Rank 0's dict on every rank: its names and shapes first (so every rank checks them alike), then each tensor
     the model also has, shaped and typed as the model's; names the model lacks get an empty placeholder (they are
     unexpected keys all the same)."""
-    first, group, src = _first_rank(face)
+    first, group, src = first_rank(face)
     if first and not isinstance(state_dict, dict):
         raise TypeError(f"model.load_full_state_dict: with broadcast_from_rank0=True rank 0 passes the whole dict, "
                         f"got a {type(state_dict).__name__}")
