@@ -9,6 +9,9 @@ calls are recorded where their count or order is what matters):
   otherwise (a fused CUDA AdamW refuses a host ``step``);
 - under torchrun each worker computes ``zerokit.train``'s reference on its own GPU, chosen
   by its node's worker count (not the world's, which spans nodes);
+- a loop of the user's own under a bare torchrun gets one context per process group (one
+  mesh, one set of groups), timed with CUDA events, and ``zerokit.measure`` reads the
+  caching allocator of its device;
 """
 from types import SimpleNamespace
 
@@ -89,3 +92,40 @@ def test_under_torchrun_each_worker_computes_the_reference_on_its_own_gpu(monkey
     assert reference_device(backend, 2) == torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert reference_device(None, 2) == torch.device("cpu")
+
+
+# -- a user's own loop under a bare torchrun: one context, the device's clock, the allocator read --------
+class _FakeEvent:
+    """A CUDA event's stand-in (:mod:`zerokit.runtime.clock` replays a GPU's timeline with it)."""
+
+    def record(self):
+        self.t = 0.0
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+def _bare_torchrun_loop(ctx):
+    from zerokit.runtime import clock, context
+
+    clock._event_factory = _FakeEvent
+    context.backend_device = lambda backend: torch.device("cuda", 0)  # NCCL's device, as a GPU rank sees it
+    torch.cuda.memory_allocated = lambda device=None: 12345
+    context.set_current(None)  # no launch: only the process group the user made, as under a bare torchrun
+    first = zerokit.runtime.context.current()
+    same = first is zerokit.runtime.context.current() and first.mesh is zerokit.runtime.context.current().mesh
+    on_device = clock.on_device()
+    model = nn.Linear(3, 2)
+    with zerokit.measure(model) as m:
+        model(torch.randn(4, 3)).sum().backward()
+    return same, on_device, str(m.ledger.device), m.ledger.allocator_gap_max  # its tensors are on the host: gap = all
+
+
+def test_a_bare_torchrun_loop_keeps_one_context_times_on_the_device_and_reads_the_allocator():
+    same, on_device, device, allocated = zerokit.launch(_bare_torchrun_loop, 1)[0]
+    assert same, "current() built a new context (mesh, process groups) per call"
+    assert on_device, "the adopted context did not install the device's clock (CUDA events)"
+    assert device == "cuda:0" and allocated == 12345

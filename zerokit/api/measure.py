@@ -16,7 +16,10 @@ ZeroRedundancyOptimizer's torch.distributed calls are recorded while the block r
 exit the ledgers are read: the block's time (measured on the device's timeline), bytes
 per category now and at the peak (measured from tensor storages; offloaded model states
 on the host apart), and the collectives issued inside the block per axis, phase and op
-(calls and payload measured; ring cost by formula on those payloads).
+(calls and payload measured; ring cost by formula on those payloads). The ledger is told the
+rank's device (in a bare torchrun loop, the context :func:`zerokit.runtime.context.current` keeps
+for the user's process group, which also times the block with CUDA events): on CUDA it reads
+the caching allocator at each sample too (``allocator_at_peak``, ``allocator_gap_max``).
 """
 from __future__ import annotations
 
@@ -61,10 +64,14 @@ def _route_torch_ddp(obj) -> None:
 
 
 class Measurement:
-    """What :func:`measure` read: ``memory`` (now), ``peak`` (per category), ``collectives`` (rows)."""
+    """What :func:`measure` read: ``memory`` (now), ``peak`` (per category), ``collectives`` (rows); on CUDA
+    ``allocator_at_peak`` (``torch.cuda.memory_allocated`` at the ledger's peak sample) and ``allocator_gap_max``
+    (the largest allocated − ledger: what the ledger does not name), None elsewhere."""
 
-    def __init__(self):
-        self.ledger = MemoryLedger()
+    def __init__(self, device=None):
+        #: told the rank's device, the ledger counts that device's storages and reads its caching allocator
+        self.ledger = MemoryLedger(device)
+        self.allocator_at_peak = self.allocator_gap_max = None
         self.memory: dict = {}
         self.peak: dict = {}
         self.collectives: list = []
@@ -93,6 +100,9 @@ class Measurement:
                          f"{r['ring_cost_bytes']:>23,.0f}")
         if not self.collectives:
             lines.append("(no collectives inside the block)")
+        if self.allocator_at_peak is not None:
+            lines.append(f"CUDA allocator at the ledger's peak (measured): {self.allocator_at_peak / 2**20:.3f} MiB; "
+                         f"largest allocated − ledger: {self.allocator_gap_max / 2**20:.3f} MiB")
         lines += self.notes
         return "\n".join(lines)
 
@@ -123,6 +133,22 @@ def _track(ledger: MemoryLedger, obj) -> None:
                          f"ShardedOptimizers, torch optimizers or nn.Modules")
 
 
+def _device_of(objects):
+    """The device whose memory the block uses: the rank's, in a launch or the user's process group; else the
+    device of the first parameter among ``objects`` (a loop on one GPU); None when there is none."""
+    import torch.distributed as dist
+
+    from ..runtime import context
+
+    if context._current is not None or (dist.is_available() and dist.is_initialized()):
+        return context.current().device
+    for obj in objects:
+        module = _modules(obj)
+        for p in module.parameters() if module is not None else ():
+            return p.device
+    return None
+
+
 def _modules(obj):
     for attr in ("module", "model"):
         module = getattr(obj, attr, None)
@@ -137,7 +163,7 @@ def measure(*objects) -> Iterator[Measurement]:
     if not objects:
         raise ValueError("zerokit.measure(): name what to measure, e.g. zerokit.measure(engine) or "
                          "zerokit.measure(model, optimizer)")
-    m = Measurement()
+    m = Measurement(_device_of(objects))  # in a bare torchrun loop: its context (and device clock) from here on
     for obj in objects:
         _track(m.ledger, obj)
     torch_side = any(_torch_side(obj) for obj in objects)
@@ -161,6 +187,7 @@ def measure(*objects) -> Iterator[Measurement]:
         m.ledger.remove_hooks()
         m.memory = m.ledger.current()
         m.peak = dict(m.ledger.peak_by_category, total=m.ledger.peak_total)
+        m.allocator_at_peak, m.allocator_gap_max = m.ledger.allocator_at_peak, m.ledger.allocator_gap_max
         rows: dict = {}
         for r in ledger.records[start:]:
             row = rows.setdefault((r.axis, r.phase, r.op), {"axis": r.axis, "phase": r.phase, "op": r.op,

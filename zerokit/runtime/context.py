@@ -12,6 +12,7 @@ compared across its group before it runs (``check_collectives`` / ``ZEROKIT_DEBU
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -48,21 +49,47 @@ class RankContext:
 
 
 _current: Optional[RankContext] = None
+#: (the user's default process group, weakly; its context): :func:`current` outside a launch, once per group
+_adopted: Optional[tuple] = None
 _status_writer: Optional[Callable[[str], None]] = None
 _calls = 0  # collectives this rank has entered
 _check_collectives: Optional[bool] = None  # None: ask ZEROKIT_DEBUG_COLLECTIVES
 
 
 def current() -> RankContext:
-    """The context of the rank this code runs in; outside a launch, a world of one on the CPU."""
+    """The context of the rank this code runs in; outside a launch, a world of one on the CPU.
+
+    In a process group the user made (a bare torchrun script) the context is built once per group and kept
+    (:func:`_adopt`): every wrapper, engine and ``zerokit.measure`` of the loop shares its mesh and process
+    groups, and times on its device's timeline."""
     if _current is not None:
         return _current
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # the user made the group (a bare torchrun script)
-        backend = str(dist.get_backend())
-        return RankContext(dist.get_rank(), dist.get_world_size(), backend_device(backend), backend)
+        return _adopt(dist.group.WORLD)
     return RankContext(0, 1, torch.device("cpu"), "none")
+
+
+def _adopt(world) -> RankContext:
+    """The context of the user's process group ``world``: built on first use, kept while that group lives (a new
+    group after ``destroy_process_group`` gets a new one). Building it installs the device's clock (:mod:`.clock`:
+    CUDA events on a GPU), as a launch does for its ranks."""
+    global _adopted
+    from . import clock
+
+    if _adopted is not None and _adopted[0]() is world:
+        ctx = _adopted[1]
+        if ctx.device.type == "cuda" and not clock.on_device():  # a launch under torchrun ended: set_current(None)
+            clock.use(ctx.device)
+        return ctx
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend())
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), backend_device(backend), backend)
+    _adopted = (weakref.ref(world), ctx)  # weakly, as the mesh holds its groups (destroy_process_group frees them)
+    clock.use(ctx.device)
+    return ctx
 
 
 def backend_device(backend: str) -> torch.device:
