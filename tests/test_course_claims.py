@@ -75,3 +75,65 @@ def test_every_claim_a_committed_lesson_made_agrees_with_its_numbers():
                         assert abs(a / b - 1) <= int(m.group(5)) / 100 + 0.005, (path.name, m.group(0))
                     else:
                         assert (a < b) == (m.group(6) == "faster"), (path.name, m.group(0))
+
+
+#: a quantity a sentence quotes: milliseconds, or bytes written with thousands separators ("30,690 B")
+QUOTED = re.compile(r"(?<![\w.,])(\d[\d,]*(?:\.\d+)?) ?(ms|B)\b")
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+
+
+def _decimals(number: str) -> int:
+    return len(number.split(".", 1)[1]) if "." in number else 0
+
+
+def _quotes(number: str, printed: list) -> bool:
+    """Some printed number is ``number`` at the coarser of the two precisions (34.82 printed, 34.8 quoted)."""
+    value = float(number.replace(",", ""))
+    return any(abs(float(p.replace(",", "")) - value) <= 0.5 * 10 ** -min(_decimals(number), _decimals(p)) + 1e-9
+               for p in printed)
+
+
+def misquoted(cell: dict) -> list:
+    """Numbers a cell's sentences (its Markdown outputs) quote in a unit its printed outputs (streams, tables) also
+    show, that no printed number matches: a sentence and a table beside it giving two figures for one quantity."""
+    sentences, printed = [], []
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        if "text/markdown" in data:
+            sentences.append("".join(data["text/markdown"]))
+        elif "text" in output:
+            printed.append("".join(output["text"]))
+        elif "text/plain" in data and "image/png" not in data:
+            printed.append("".join(data["text/plain"]))
+    if not sentences or not printed:
+        return []
+    shown = "\n".join(printed)
+    numbers = NUMBER.findall(shown)
+    units = {u for u in ("ms", "B") if re.search(rf"(?<![\w]){u}\b", shown)}
+    return [f"{cell.get('id')}: {n} {u} in {s[:100]!r}…" for s in sentences for n, u in QUOTED.findall(s)
+            if u in units and (u != "B" or "," in n) and not _quotes(n, numbers)]
+
+
+def test_a_sentence_quotes_the_numbers_its_cell_printed():
+    """One figure per quantity per run: a sentence under a table names the table's number, not another median."""
+    found = [f"{path.name} {m}" for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+             for cell in json.loads(path.read_text())["cells"] for m in misquoted(cell)]
+    assert not found, "a sentence quotes a figure its cell printed differently:\n" + "\n".join(found)
+
+
+def test_the_quote_check_catches_two_figures_for_one_step():
+    def cell(printed, sentence):
+        return {"id": "c1", "outputs": [{"output_type": "stream", "name": "stdout", "text": printed},
+                                        {"output_type": "display_data", "data": {"text/markdown": sentence}}]}
+
+    assert misquoted(cell("ddp step 29.8 ms, bucketed 30.2 ms\n", "On this machine ddp 30.9 ms, bucketed 31.7 ms."))
+    assert not misquoted(cell("ddp step 34.82 ms\n", "On this machine ddp 34.8 ms, within the noise."))
+    assert not misquoted(cell("step 46 ms\n", "ZB-H1 46.0 ms."))
+    assert not misquoted(cell("share 0.2\n", "estimated for 7 B below, 12.0 ms"))  # no ms printed: not comparable
+    assert misquoted(cell("EP 30,690 B per layer\n", "EP measured 32,761.3 B per layer"))
+
+
+@pytest.mark.parametrize("fraction,words", [(0.9, "most of"), (0.5, "about half of"), (0.22, "part of"),
+                                            (0.02, "almost none of")])
+def test_a_share_is_worded_by_its_size(fraction, words):
+    assert claims.share_words(fraction) == words

@@ -212,6 +212,8 @@ for n in (2, 8, 64, 1024):
                  "ring latency ms": round(1e3 * ring_t["latency_s"], 2),
                  "ring total ms": round(1e3 * ring_t["total_s"], 1), "tree total ms": round(1e3 * tree_t["total_s"], 1)})
 course.table(rows, title="α-β model with this machine's fitted α and β (a formula, extrapolated)")
+
+# %%
 course.show(course.speed_sentence(
     "the smallest payload on 4 ranks (6 rounds)", smallest_points[4], "on 2 ranks (2 rounds)", smallest_points[2],
     elsewhere="Where each rank has its own core or GPU, the 6 rounds take longer; two ranks sharing these cores "
@@ -341,7 +343,8 @@ for (algorithm, op), record in zip(per_rank[0][0], per_rank[0][1]):
     assert record.op == op and record.payload_bytes == 16 * 2**20
     assert record.ring_cost_bytes == theory.ring_bytes_sent(op, record.payload_bytes, 2)  # the formula, on B
     assert record.sent_bytes == (record.ring_cost_bytes if algorithm == "zerokit ring" else None)  # wire: ring only
-#
+
+# %% [markdown]
 # ## Try it
 #
 # Pick a collective, a world size and a payload; the panel runs the ring on that many ranks

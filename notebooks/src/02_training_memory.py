@@ -160,7 +160,7 @@ for precision, report in runs.items():
                  "largest gap B (measured)": rank0.allocator_gap_max, "where": rank0.allocator_gap_where,
                  "transients B (theory)": sum(transients.values())})
 if rows:
-    course.table(rows)
+    display(course.table(rows))
 else:
     print("these ranks ran on the CPU (gloo): no CUDA allocator to compare; on GPU ranks this cell shows "
           "torch.cuda.max_memory_allocated next to the ledger")

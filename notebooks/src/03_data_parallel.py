@@ -172,8 +172,10 @@ for name in positions:  # the split adds up to the ledger's blocked time
 # gradients cross in a few milliseconds (in flight, below); and the machine may have as
 # few cores as ranks: then gloo's threads, which run an all-reduce launched during
 # backward, take a core that backward needed, and overlapped backward stretches by about
-# what it hides. Where the cores are spare — or on a GPU, where the all-reduce runs on the
-# network card and its own stream — it stretches by nothing.
+# what it hides. Where the cores are spare it stretches less. On a GPU the all-reduce is
+# NCCL kernels on a stream of their own: they occupy some of the GPU's SMs and share its
+# memory bandwidth with backward's kernels, so backward still stretches a little there —
+# overlap lowers what communication costs the step, it does not remove it.
 #
 # **Predict before you run.** On your machine, will `ddp`'s step be shorter than
 # `ddp-bucketed`'s?
@@ -193,27 +195,31 @@ mean = lambda name, key: statistics.mean(row[key] for row in stats[name])  # noq
 for name in stats:
     print(f"{name:13s} backward compute {mean(name, 'backward ms'):5.1f} ms, in flight {mean(name, 'in flight ms'):5.1f} "
           f"ms, exposed {mean(name, 'exposed − wait ms'):4.1f} ms once both launched + straggler wait "
-          f"{mean(name, 'straggler wait ms'):4.1f} ms, step {mean(name, 'step ms'):5.1f} ms")
+          f"{mean(name, 'straggler wait ms'):4.1f} ms (each the mean of the ranks' medians); step "
+          f"{1e3 * step_time(report[name], steady)[0]:5.1f} ms (the median over steps of the slower rank)")
 (t_overlap, spread_overlap), (t_after, spread_after) = step_time(report["ddp"], steady), step_time(
     report["ddp-bucketed"], steady)
 course.show(course.speed_sentence(
     "`ddp` (overlapped)", t_overlap, "`ddp-bucketed`", t_after, spread=max(spread_overlap, spread_after),
-    elsewhere="Where the ranks have cores to spare, or on GPUs, backward does not stretch and the hidden part of "
-              "the communication comes off the step."))
+    elsewhere="Where the ranks have cores to spare, or on GPUs, backward stretches less and the hidden part of the "
+              "communication comes off the step, less what the collectives still take from backward (on a GPU, "
+              "NCCL's kernels hold some SMs and memory bandwidth)."))
 
 # %% [markdown]
 # Where ranks share cores, a straggler wait is one rank waiting for the other's compute, not
-# for the wire. On a GPU the all-reduce runs on the network card and a separate stream while
-# the GPU's cores compute, and the link is slow next to the compute: that is the case overlap
-# was built for. This machine cannot show it with a real link — so emulate one.
+# for the wire. On a GPU, NCCL runs the all-reduce as kernels on a separate stream, on a few
+# of the SMs, while backward's kernels compute on the rest, and the link is slow next to the
+# compute: that is the case overlap was built for (the kernels still take SMs and memory
+# bandwidth from backward, so what they hide is not quite free). This machine cannot show it
+# with a real link — so emulate one.
 #
 # ## Behind an emulated link
 #
 # `zerokit.train(..., link=...)` keeps every collective running for real on gloo but holds
 # its completion until an **emulated** link has carried the ring's bytes — each rank's
 # transfers one after another, `rounds·α + bytes/bandwidth` by `theory.link_seconds`. The hold
-# is a sleep, so the cores stay free for backward, as they are when a network card does the
-# sending. A gradient big enough to matter on a link needs a bigger model: the tiny GPT at
+# is a sleep, so the cores stay wholly free for backward — overlap's best case, freer than a
+# GPU whose NCCL kernels take some SMs and memory bandwidth. A gradient big enough to matter on a link needs a bigger model: the tiny GPT at
 # width 256 and 4 layers. First, what a link would take for its gradients (the formula),
 # against what this machine's gloo took (measured, `ddp-bucketed`, which waits for all of it):
 
@@ -239,16 +245,25 @@ course.table(rows + [{"link": "this machine: gloo, measured", "link ms/step (for
 # and on this machine alone, medians over steps 1–4, the mean of the two ranks:
 
 # %%
-columns = ("step ms", "in flight ms", "exposed − wait ms", "emulated held ms", "straggler wait ms")
-display(course.table([{"run": label, **{k: round(statistics.mean(row[k] for row in course.timeline_stats(r, steady)), 1)
-                                        for k in columns}} for label, r in linked.items()]))
+columns = ("in flight ms", "exposed − wait ms", "emulated held ms", "straggler wait ms")
+means = {label: {k: statistics.mean(row[k] for row in course.timeline_stats(r, steady)) for k in columns}
+         for label, r in linked.items()}
+display(course.table([{"run": label, "step ms": round(1e3 * step_time(r, steady)[0], 1),
+                       **{k: round(means[label][k], 1) for k in columns}} for label, r in linked.items()]))
 (t_overlap, spread_overlap), (t_after, spread_after) = (step_time(linked[f"{name}, 1gbe"], steady)
                                                         for name in ("ddp", "ddp-bucketed"))
 course.show(course.speed_sentence(
     "`ddp` behind the emulated 1 GbE link", t_overlap, "`ddp-bucketed` behind it", t_after,
     spread=max(spread_overlap, spread_after),
-    elsewhere="The link is emulated — a sleep while the cores go on with backward — which is what a network card "
-              "gives a GPU: where the link is slower than the compute, overlap hides what backward has time for."))
+    elsewhere="The link is emulated — a sleep while the cores go on with backward, overlap's best case (on a GPU, "
+              "NCCL's kernels also take SMs and memory bandwidth from backward): where the link is slower than the "
+              "compute, overlap hides what backward has time for."))
+# how much of the link's time overlap hid: the link's formula time per step, less what ddp still held after backward
+link_per_step, held = link_ms["1gbe"], means["ddp, 1gbe"]["emulated held ms"]
+hidden_share = max(0.0, 1 - held / link_per_step)
+course.show(f"Behind the emulated 1 GbE link, overlapped `ddp` still held {held:.1f} ms a step after backward "
+            f"(the table), of the link's time per step in the links table above: it hid "
+            f"{course.share_words(hidden_share)} the link's time ({hidden_share:.0%}).")
 
 # %%
 course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=steady,
@@ -270,11 +285,13 @@ assert exposed["ddp, 1gbe"] < exposed["ddp-bucketed, 1gbe"]  # overlap hides the
 
 # %% [markdown]
 # After backward, `ddp-bucketed` waits for every bucket to cross the link: its exposed time
-# is about the link's time per step (grey: the link busy). Overlapped `ddp` sent most
-# buckets while backward was still computing and waits only for what was left; "emulated
-# held" is the part of the link's time the sleep could not hide behind backward. The step
-# times above say what that came to on this machine; on a real link with a real network card
-# the link's time is the same formula, and it is the exposed − wait part that sets the step.
+# is about the link's time per step (grey: the link busy). Overlapped `ddp` launches each
+# bucket as backward fills it, but the link carries them one after another: what it has
+# carried by the end of backward is hidden, the rest is "emulated held" — the part of the
+# link's time the sleep could not hide behind backward. Overlap can hide at most backward's
+# own length of the link's time; the sentences under the table say how much it hid in this
+# run and what the step came to. On a real link the link's time is the same formula, and it
+# is the exposed − wait part that sets the step.
 #
 # ## Bucket size: calls, not bytes
 #
@@ -363,9 +380,11 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 # - A rank's blocked time is the collective's exposed part plus straggler waits, the time a
 #   late peer's compute kept it waiting; ranks sharing cores drift apart, and that part is not
 #   the wire.
-# - Overlap pays where there is communication to hide and something other than the compute
-#   cores to run it — a GPU's network card, or the emulated link here; where the ranks share
-#   every core, the measured sentences above say what it came to.
+# - Overlap pays where there is communication to hide and something runs it beside the
+#   compute — on a GPU, NCCL's kernels on their own stream (they still take some SMs and
+#   memory bandwidth: overlap lowers the cost, it does not remove it), or the emulated link
+#   here; it hides at most backward's length of the link's time. Where the ranks share every
+#   core, the measured sentences above say what it came to.
 # - Bytes per rank are flat in N: data parallelism is limited by memory, not by N ≤ 8.
 #
 # ## Interview questions
@@ -389,8 +408,9 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 #    Gradient hooks launch a bucket's all-reduce as soon as it is full, during backward; the
 #    last bucket, launched when backward ends, is always exposed. It does not pay when there is
 #    little to hide and the communication competes with backward for the same cores — two
-#    ranks on two shared CPU cores over shared memory; behind a link slower than the compute
-#    (here emulated) it hides most of the link's time.
+#    ranks on two shared CPU cores over shared memory. Behind a link slower than the compute
+#    (here emulated) it hides the part of the link's time that backward lasts, and no more:
+#    a link busy for longer than backward leaves the rest exposed.
 #
 #    </details>
 #

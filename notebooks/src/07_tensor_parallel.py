@@ -5,7 +5,11 @@
 # on whole weight matrices. Megatron-LM (arXiv 1909.08053 §3) splits the matrices
 # themselves: each rank multiplies by a slice. How can a layer be cut across ranks so that
 # its output is *exactly* the unsharded layer's, what must the ranks exchange to make it
-# so, and how many bytes is that per layer — `8·b·s·h·(t−1)/t`, as the paper says?
+# so, and how many bytes is that per layer? Megatron-LM's paper gives the four all-reduces
+# per layer; the count `8·b·s·h·(t−1)/t` per device per micro-batch is Narayanan et al.'s
+# (arXiv 2104.04473 §3.3, the paper of the interleaved schedule), and Korthikanti et al.
+# (arXiv 2205.05198 §4.2.2) split each all-reduce into the reduce-scatter and all-gather of
+# sequence parallelism at the same bytes.
 #
 # **What you will see.** Megatron's conjugate operators f and g on 2 ranks, a column-parallel
 # then row-parallel MLP whose output equals the unsharded one; the tiny GPT trained under

@@ -92,7 +92,9 @@ for name, result in simulated.items():
 #
 # Both idle `(p − 1)/(m + p − 1) = 3/11 ≈ 27.3 %` — the `m = 8` rows of the table below, where
 # the simulated bubble equals the formula. They differ in what rank 0 holds: all 8
-# micro-batches under GPipe, `p − 0 = 4` under 1F1B (the last column).
+# micro-batches under GPipe, `p − 0 = 4` under 1F1B (the last column). Interleaved's count is
+# in *chunk* micro-batches — one micro-batch through one of rank 0's v chunks, 1/v of its
+# layers — so its activations are that count ÷ v stages' worth, to compare with 1F1B's 4.
 #
 # </details>
 
@@ -104,7 +106,11 @@ for m_ in (4, 8, 16):
         result = zerokit.simulate(zerokit.schedule(name, p, m_, chunks=v))
         formula = theory.zb_h1_bubble_fraction(p, m_) if name == "zb-h1" else theory.bubble_fraction(p, m_, v)
         rows.append({"schedule": name, "m": m_, "v": v, "bubble (simulated)": round(result.bubble_fraction, 4),
-                     "bubble (formula)": round(formula, 4), "peak in flight, rank 0": result.peak_in_flight[0]})
+                     "bubble (formula)": round(formula, 4),
+                     # interleaved holds chunk micro-batches: each is one micro-batch through 1/v of the stage's layers
+                     "peak in flight, rank 0": f"{result.peak_in_flight[0]} micro-batches" if v == 1 else
+                     f"{result.peak_in_flight[0]} chunk micro-batches (1/{v} stage each: "
+                     f"{result.peak_in_flight[0] / v:g} stages' worth)"})
 course.table(rows)
 
 # %% [checks]

@@ -148,7 +148,9 @@ assert measured[("every", None)]["live_stored"] == measured[("torch-every", None
 assert min(rows[:5], key=lambda r: r["peak B (ledger)"])["policy"] == "every"  # A ≈ 18·X: the best k is 1 here
 
 # %% [markdown]
-# `every` stores the least and, here, also peaks the least — not `sqrt`. Chen's `k + n/k`
+# On this stack of blocks, `every` stores the least and also peaks the least — not `sqrt`
+# (a whole model adds its embedding and head, and its peak can fall elsewhere: the training
+# run below). Chen's `k + n/k`
 # assumes a block's activations are the size of its input; a transformer block's are ~18 × X,
 # so recomputing a long segment costs more at the peak (`k·A`) than the boundaries it saves
 # (`X` each). The formula says where the balance lies: `⌈n/k⌉·X + k·A` is smallest near
@@ -358,7 +360,20 @@ for (strategy, policy), report in trained.items():
                  "recomputed forwards (rank 0)": result.ranks[0].recomputed_forwards,
                  "activation peak B (rank 0, ledger)": None if policy.startswith("torch") else
                  result.ranks[0].peak_by_category["activations"]})  # torch's own hooks hide its tensors from the ledger
-course.table(rows)
+display(course.table(rows))
+X_train = (16 // 2) * 32 * 64 * 4  # one block's input on a rank: 8 sequences × s × h, fp32
+whole = {p: trained[("zero3", p)].result.ranks[0].peak_by_category["activations"] for p in ("every", "sqrt")}
+gap = whole["every"] - whole["sqrt"]
+course.show(f"In this whole model (zero3, rank 0) `every` peaks at {whole['every']:,} B of activations and `sqrt` "
+            f"(k = 2) at {whole['sqrt']:,} B: " + (
+                "`every` peaks lower, as the block-stack formula `⌈n/k⌉·X + k·A` says." if gap < 0 else
+                "the same." if gap == 0 else
+                f"`sqrt` peaks lower, by {gap / X_train:g} block inputs X — " + (
+                    "exactly the boundaries `every` keeps and `sqrt` does not, so the model's peak falls where all the "
+                    "kept boundaries are live, not inside a segment's recompute: the "
+                    "block-stack formula describes the recompute alone, and fewer boundaries win here."
+                    if gap % X_train == 0 else
+                    "the model's peak is not the block stack's; the formula `⌈n/k⌉·X + k·A` counts the blocks alone.")))
 
 # %% [checks]
 for (strategy, policy), report in trained.items():
@@ -378,7 +393,7 @@ for strategy in ("zero2", "zero3"):
 # The seed answers *"ZeRO与梯度检查点的兼容性？"* (is ZeRO compatible with gradient
 # checkpointing?) with a table: memory saved 45 % under ZeRO-2 and 78 % under ZeRO-3, for 18 %
 # and 22 % more compute, and "recompute + sharded storage" recommended. It names no model,
-# batch or policy, and FACTS finds no source for the numbers. The same trade measured on the
+# batch or policy, and cites no source for the numbers. The same trade measured on the
 # runs above (`every` against `none`, rank 0): the activations saved, the rank's whole peak
 # saved (model states + activations), and the step time, the median of the last 3 steps:
 
@@ -451,7 +466,9 @@ course.CheckpointingPanel(blocks=(4, 8, 16), n=8, policy="every_k", k=2)
 #   Chen's √n is optimal only when a block's activations equal its input (`k + n/k`, measured
 #   on a chain); for transformer blocks the peak is smallest near `k* = √(n·X/A)`: with a
 #   fused attention kernel A ≈ 17·X in 16 bits, so `k* ≈ √(n/17)` — 1 for shallow models like
-#   this one, 2 (or 3) for GPT-3's 96 layers.
+#   this one, 2 (or 3) for GPT-3's 96 layers. That is the blocks' own peak: a whole model's
+#   can fall where every kept boundary is live, outside any
+#   recompute, where fewer boundaries win (the training run's sentence says which did here).
 # - The price is one extra forward per checkpointed block (≈ 4/3 of the compute when backward
 #   is 2 × forward; what this machine measured, with its noise, is in the sentences under the
 #   timing table); selective recompute drops the `s²` attention term and recomputes only the
@@ -474,7 +491,9 @@ course.CheckpointingPanel(blocks=(4, 8, 16), n=8, policy="every_k", k=2)
 #    scores materialised), and `⌈n/k⌉·X + k·A` is minimal near `k* = √(n·X/A) ≈ √(n/17)`: 1 for
 #    shallow models, 2–3 for GPT-3's 96 layers (2 by the formula's exact minimum, a quarter less
 #    than k = 1 at the peak), and 1 again when the scores are kept (A ≈ 57·X there). The chain,
-#    the GPT measured side by side, and the k* table above.
+#    the GPT measured side by side, and the k* table above. That optimises the blocks' own
+#    peak; measure the whole model's, whose peak can fall outside any recompute (the
+#    training run, where the sentence under its table compares `every` and `sqrt`).
 #
 #    </details>
 #

@@ -11,8 +11,8 @@
 #
 # **What you will see.** The interview in its order — the two parallelisms, ZeRO's stages,
 # the follow-ups — each answered by a small run on 2–4 CPU ranks or a call to
-# `zerokit.theory` / the planner, never a retyped formula. Every claim the seed makes (FACTS
-# §8) gets its check, the figure here next to the seed's, and a verdict worked out from that
+# `zerokit.theory` / the planner, never a retyped formula. Every claim the seed makes (its ten
+# claims, checked against the ZeRO paper, arXiv 1910.02054, and the other primary sources) gets its check, the figure here next to the seed's, and a verdict worked out from that
 # figure. Then the seed's own follow-up questions (深度追问), its table of misconceptions and
 # its selection table (工业级技术选型建议), row by row, each with its verdict and a link to the
 # lesson that runs its demo; why the planner's DDP step grows from 8 to 64 GPUs while its
@@ -39,7 +39,7 @@ matplotlib.rcParams["figure.dpi"] = course.DPI
 work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
 TRAINING = ("forward", "backward", "step")  # the phases of a step (setup and the final gathers left out)
 STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
-claims = []      # the seed's ten claims (FACTS §8), one row each, filled as the interview goes
+claims = []      # the seed's ten claims, one row each, filled as the interview goes
 follow_ups = []  # its follow-up questions, its misconceptions table and its selection table, row by row
 LESSONS = {"04": "04_zero1", "05": "05_zero2", "06": "06_zero3", "07": "07_tensor_parallel",
            "08": "08_pipeline_parallel", "09": "09_offload", "10": "10_activation_checkpointing",
@@ -173,11 +173,11 @@ assert all(abs(s - 1 / 3) > 0.04 for s in saving_by_n.values())  # at no N is it
 z3 = stages["zero3"].ranks[0]
 at_rest = sum(z3.model_state_bytes.values())
 peak = z3.peak_by_category
-course.table([{"rank 0, ZeRO-3, N = 4": "model states at rest (measured)", "B": at_rest},
-              {"rank 0, ZeRO-3, N = 4": "16Ψ/N (theory)", "B": theory.model_state_bytes(3, psi, N, "bf16-mixed").total},
-              {"rank 0, ZeRO-3, N = 4": "params at peak (own shard + gathered unit, measured)", "B": peak["params"]},
-              {"rank 0, ZeRO-3, N = 4": "activations at peak (measured, not sharded)", "B": peak["activations"]},
-              {"rank 0, ZeRO-3, N = 4": "peak, everything (measured)", "B": z3.peak_bytes}])
+display(course.table([{"rank 0, ZeRO-3, N = 4": "model states at rest (measured)", "B": at_rest},
+                      {"rank 0, ZeRO-3, N = 4": "16Ψ/N (theory)", "B": theory.model_state_bytes(3, psi, N, "bf16-mixed").total},
+                      {"rank 0, ZeRO-3, N = 4": "params at peak (own shard + gathered unit, measured)", "B": peak["params"]},
+                      {"rank 0, ZeRO-3, N = 4": "activations at peak (measured, not sharded)", "B": peak["activations"]},
+                      {"rank 0, ZeRO-3, N = 4": "peak, everything (measured)", "B": z3.peak_bytes}]))
 gathered = peak["params"] - z3.model_state_bytes["params"]
 claims.append({"the seed says": "ZeRO-3 memory = (P + G + O)/N + buffers",
                "figure here": f"at rest {at_rest:,} B = 16Ψ/N; peak {z3.peak_bytes:,} B: + {gathered:,} B of gathered "
@@ -218,14 +218,14 @@ ratio_n4 = stages["zero3"].ranks[0].comm_ring_cost_bytes_per_step / stages["ddp"
 sent = {s: r.results[0].ranks[0].comm_sent_bytes_per_step for s, r in n2.items()}
 ratio_n2 = sent["zero3"] / sent["ddp"]
 ratio_n1024 = theory.comm_bytes_per_step(3, psi, 1024, 2) / theory.comm_bytes_per_step(0, psi, 1024, 2)
-course.table([{"N": 4, "DDP B/step": stages["ddp"].ranks[0].comm_ring_cost_bytes_per_step,
-               "ZeRO-3 B/step": stages["zero3"].ranks[0].comm_ring_cost_bytes_per_step, "kind": "ledger ring cost",
-               "ZeRO-3 ÷ DDP": round(ratio_n4, 3)},
-              {"N": 2, "DDP B/step": sent["ddp"], "ZeRO-3 B/step": sent["zero3"], "kind": "sent on the wire (measured)",
-               "ZeRO-3 ÷ DDP": round(ratio_n2, 3)},
-              {"N": 1024, "DDP B/step": theory.comm_bytes_per_step(0, psi, 1024, 2),
-               "ZeRO-3 B/step": theory.comm_bytes_per_step(3, psi, 1024, 2), "kind": "theory",
-               "ZeRO-3 ÷ DDP": round(ratio_n1024, 3)}])
+display(course.table([{"N": 4, "DDP B/step": stages["ddp"].ranks[0].comm_ring_cost_bytes_per_step,
+                       "ZeRO-3 B/step": stages["zero3"].ranks[0].comm_ring_cost_bytes_per_step, "kind": "ledger ring cost",
+                       "ZeRO-3 ÷ DDP": round(ratio_n4, 3)},
+                      {"N": 2, "DDP B/step": sent["ddp"], "ZeRO-3 B/step": sent["zero3"], "kind": "sent on the wire (measured)",
+                       "ZeRO-3 ÷ DDP": round(ratio_n2, 3)},
+                      {"N": 1024, "DDP B/step": theory.comm_bytes_per_step(0, psi, 1024, 2),
+                       "ZeRO-3 B/step": theory.comm_bytes_per_step(3, psi, 1024, 2), "kind": "theory",
+                       "ZeRO-3 ÷ DDP": round(ratio_n1024, 3)}]))
 shrinks_with_n = theory.comm_bytes_per_step(3, psi, 1024, 2) < theory.comm_bytes_per_step(3, psi, 4, 2)
 claims.append({"the seed says": "ZeRO-3 communication O(P/N)",
                "figure here": f"ZeRO-3 ÷ DDP = {ratio_n4:.2f} (N = 4, ledger), {ratio_n2:.2f} (N = 2, wire), "
@@ -257,10 +257,10 @@ bucket = psi // 8  # elements: ZeRO-2 reduce-scatters a bucket as soon as it fil
 q2 = {s: zerokit.train(work, s, world_size=2, steps=1, precision="bf16-mixed", reference=False,
                        **({"reduce_bucket_size": bucket} if s == "zero2" else {})) for s in ("zero2-naive", "zero2")}
 full_grads = 2 * theory.padded_numel([psi], 2)  # every gradient, 16-bit, padded
-course.table([{"strategy": s, "ops per step": ", ".join(ops(r.results[0].ranks[0])),
-               "grads at the peak B (measured)": r.results[0].ranks[0].peak_breakdown["grads"],
-               "all gradients B (theory)": full_grads,
-               "grads at rest B (measured)": r.results[0].ranks[0].model_state_bytes["grads"]} for s, r in q2.items()])
+display(course.table([{"strategy": s, "ops per step": ", ".join(ops(r.results[0].ranks[0])),
+                       "grads at the peak B (measured)": r.results[0].ranks[0].peak_breakdown["grads"],
+                       "all gradients B (theory)": full_grads,
+                       "grads at rest B (measured)": r.results[0].ranks[0].model_state_bytes["grads"]} for s, r in q2.items()]))
 naive, proper = (q2[s].results[0].ranks[0] for s in ("zero2-naive", "zero2"))
 same_peak = naive.peak_breakdown["grads"] == proper.peak_breakdown["grads"] and ops(naive) == ops(proper)
 claims.append({"the seed says": "ZeRO-2 = all-reduce, then drop non-owned grads",
@@ -300,9 +300,9 @@ def on_axis(p, axis):
             "link": ", ".join(sorted({t.link for t in moves}))}
 
 
-course.table([{"plan": "DDP, 8 GPUs", **on_axis(dp8, "dp")}, {"plan": "DDP, 64 GPUs", **on_axis(dp64, "dp")},
-              {"plan": "ZeRO-1, tp 8 (one node)", **on_axis(tp8, "tp")},
-              {"plan": "ZeRO-1, tp 16 (two nodes)", **on_axis(tp16, "tp")}])
+display(course.table([{"plan": "DDP, 8 GPUs", **on_axis(dp8, "dp")}, {"plan": "DDP, 64 GPUs", **on_axis(dp64, "dp")},
+                      {"plan": "ZeRO-1, tp 8 (one node)", **on_axis(tp8, "tp")},
+                      {"plan": "ZeRO-1, tp 16 (two nodes)", **on_axis(tp16, "tp")}]))
 tp_seconds = {t: sum(x.seconds for x in p.transfers if x.axis == "tp") for t, p in ((8, tp8), (16, tp16))}
 claims.append({"the seed says": "DP scales to N ≤ 8 (memory bottleneck)",
                "figure here": f"DDP states/GPU {dp8.memory.model_states.total / 1e9:.0f} GB at 8 GPUs, "
@@ -396,7 +396,7 @@ for s in ("zero2", "zero3"):
 traffic_3_over_2 = stages["zero3"].ranks[0].comm_ring_cost_bytes_per_step / stages["zero2"].ranks[0].comm_ring_cost_bytes_per_step
 states_ratio_32 = theory.model_state_bytes(0, psi, 32, "bf16-mixed").total / theory.model_state_bytes(3, psi, 32, "bf16-mixed").total
 print(f"model states, DDP ÷ ZeRO-3 at N = 32 (theory): {states_ratio_32:.1f}×")
-course.table(rows)
+display(course.table(rows))
 claims.append({"the seed says": "28× on 32 GPUs; 1.3× faster on DGX-A100; ZeRO-2 15 % faster; checkpointing "
                                 "45 %/78 % for 18 %/22 %",
                "figure here": f"states {states_ratio_32:.0f}× at N = 32; ZeRO-3 ÷ ZeRO-2 traffic {traffic_3_over_2:.2f}× "
@@ -449,10 +449,10 @@ assert 0.4 < mfu < 0.55
 claimed = {"gpt2-1.5b": 4.1, "t5-3b": 4.3}
 table_plans = {name: zerokit.plan(preset=name, gpus=8, strategy="zero3", micro_batch_size=1, checkpointing="full")
                for name in claimed}
-course.table([{"model": name, "seed's GB per GPU": claimed[name], "Ψ": p.model.param_count,
-               "ZeRO-3 model states GB (formula)": round(p.memory.model_states.total / 1e9, 2),
-               "+ activations (micro-batch 1, checkpointed) GB (formula)": round(p.total_bytes / 1e9, 2)}
-              for name, p in table_plans.items()])
+display(course.table([{"model": name, "seed's GB per GPU": claimed[name], "Ψ": p.model.param_count,
+                       "ZeRO-3 model states GB (formula)": round(p.memory.model_states.total / 1e9, 2),
+                       "+ activations (micro-batch 1, checkpointed) GB (formula)": round(p.total_bytes / 1e9, 2)}
+                      for name, p in table_plans.items()]))
 gpt2_states, t5_states = (table_plans[n].memory.model_states.total / 1e9 for n in ("gpt2-1.5b", "t5-3b"))
 possible = {name: table_plans[name].memory.model_states.total / 1e9 <= claimed[name] for name in claimed}
 claims.append({"the seed says": "GPT-2 1.5B ZeRO-3 4.1 GB × 8; T5-3B 4.3 GB × 8",
@@ -522,7 +522,7 @@ for r in stages.results:
                  "B/step ÷ DDP (theory)": round(theory.comm_bytes_per_step(STAGE[r.strategy], psi, N, 2)
                                                / theory.comm_bytes_per_step(0, psi, N, 2), 3),
                  "states ÷ DDP (measured)": round(states[r.strategy] / states["ddp"], 3)})
-course.table(sync)
+display(course.table(sync))
 every_stage_syncs = all(row["gradients reduced by (measured)"] for row in sync)
 fewer_bytes = [row["strategy"] for row in sync if row["B/step ÷ DDP (ledger)"] < 0.99]
 follow_ups.append({"the seed says": "misconception “ZeRO needs no gradient sync”, corrected as: it splits the "
@@ -595,11 +595,11 @@ def on_link(p, link, what="bytes"):
     return sum(getattr(t, what) for t in p.transfers if t.link == link)
 
 
-course.table([{"ZeRO-3, LLaMA-7B, 8 GPUs": f"offload: {o}",
-               "model states GB/GPU (formula)": round(p.memory.model_states.total / 1e9, 2),
-               "GPU↔GPU GB/step (formula)": round(on_link(p, "intra-node") / 1e9, 2),
-               "PCIe GB/step (formula)": round(on_link(p, "host (PCIe)") / 1e9, 2),
-               "PCIe s/step (estimate)": round(on_link(p, "host (PCIe)", "seconds"), 3)} for o, p in offload.items()])
+display(course.table([{"ZeRO-3, LLaMA-7B, 8 GPUs": f"offload: {o}",
+                       "model states GB/GPU (formula)": round(p.memory.model_states.total / 1e9, 2),
+                       "GPU↔GPU GB/step (formula)": round(on_link(p, "intra-node") / 1e9, 2),
+                       "PCIe GB/step (formula)": round(on_link(p, "host (PCIe)") / 1e9, 2),
+                       "PCIe s/step (estimate)": round(on_link(p, "host (PCIe)", "seconds"), 3)} for o, p in offload.items()]))
 gathers_unchanged = on_link(offload["none"], "intra-node") == on_link(offload["params"], "intra-node")
 pcie = {o: on_link(p, "host (PCIe)") / 1e9 for o, p in offload.items()}
 follow_ups += [
@@ -665,7 +665,7 @@ selection = [
                     f"boundary bytes ×{boundary[32768] / boundary[2048]:.0f} (formulas)",
      "verdict": "false as a reason: PP cuts the stack, not a layer's activations, and sends more of them as s grows; "
                 "long sequences call for sequence / context parallelism and checkpointing (PP + ZeRO-1 is the pair "
-                "DeepSpeed allows)",
+                "DeepSpeed's PipelineEngine allows, and zerokit; torchtitan pairs PP with FSDP2)",
      "demo": demo("07", "10", "08")},
     {"the seed says": "extreme memory pressure → CPU offload + ZeRO-3",
      "figure here": f"LLaMA-7B, 8 GPUs: ZeRO-3 states {offload['none'].memory.model_states.total / 1e9:.1f} → "
@@ -685,7 +685,7 @@ assert activations[32768] / activations[2048] > 16 and boundary[32768] / boundar
 # %% [markdown]
 # ## The verdicts
 #
-# The seed's ten claims (FACTS §8) — the figure each check above gave, the verdict worked out
+# The seed's ten claims — the figure each check above gave, the verdict worked out
 # from it, and where its demo runs:
 
 # %%
@@ -698,7 +698,7 @@ course.show(markdown_table(claims))
 course.show(markdown_table(follow_ups))
 
 # %% [checks]
-assert len(claims) == 10 and len(follow_ups) == 10  # every claim of FACTS §8; every follow-up and table row
+assert len(claims) == 10 and len(follow_ups) == 10  # every claim of the seed; every follow-up and table row
 for row in claims + follow_ups:
     assert re.match(r"(true|false|half-true|mostly true|misleading|no source|the misconception)\b", row["verdict"]), row
     assert "lesson" in row["demo"] or row["demo"] == "here", row
@@ -737,8 +737,11 @@ for row in claims + follow_ups:
 #
 # **In practice.** Memory first: DDP or ZeRO-1/2 while the model fits, ZeRO-3 or offload when
 # it doesn't; TP inside a node when a layer or the activations are too large; PP across nodes
-# with many micro-batches; ZeRO-1 on the data-parallel axis of a 3-D mesh (DeepSpeed refuses
-# ZeRO-2/3 with a pipeline). Data parallelism's bytes per GPU are flat in N; its time across
+# with many micro-batches. On the data-parallel axis of a pipelined mesh, DeepSpeed's
+# PipelineEngine takes ZeRO-1 at most (it refuses ZeRO-2/3), and zerokit follows that rule;
+# it is not the field's: torchtitan runs FSDP2 inside each pipeline stage, with
+# `torch.distributed.pipelining` keeping the gradients unsharded over the micro-batches and
+# reduce-scattering them once, at the last backward. Data parallelism's bytes per GPU are flat in N; its time across
 # nodes is set by the inter-node link and by how much of the all-reduce the backward hides.
 # And the numbers to correct if you hear them: ZeRO-1 saves 0.75·(1 − 1/N), not 33 %;
 # ZeRO-3's traffic is 1.5× DDP's, not O(P/N) and not 92 % less; the "N ≤ 8" limit is tensor
@@ -750,7 +753,7 @@ for row in claims + follow_ups:
 #   whole model per rank and sends gradients; model parallelism holds a part and sends
 #   activations; ZeRO partitions data parallelism's states, stage by stage, at DDP's traffic
 #   (stages 1–2) or 1.5× (stage 3).
-# - Of the seed's ten claims (FACTS §8), none survives as written: 33 %, O(P/N), N ≤ 8, 78 %
+# - Of the seed's ten claims, none survives as written: 33 %, O(P/N), N ≤ 8, 78 %
 #   and 92 % are false; ZeRO-2's description is misleading, ZeRO-3's memory formula mostly
 #   true (add the gathered unit and the activations), the GPU table half-true; the speed-ups
 #   have no source and only their ratios can be checked; the config block is not DeepSpeed's

@@ -184,7 +184,9 @@ print(f"{config}\nΨ = {psi:,} parameters: {psi - frozen:,} trained in {len(trai
 # category, measured from the tensors' storages, and the collectives issued inside.
 #
 # One default to know: a DeepSpeed config **without** `gradient_clipping` clips the
-# gradients' norm at 1.0 — DeepSpeed's default, and `zerokit.initialize`'s. DDP and
+# gradients' norm at 1.0 — DeepSpeed's default in the release this course was checked against
+# (0.19.8: `GRADIENT_CLIPPING_DEFAULT = 1.0` in `deepspeed/runtime/constants.py`; older
+# releases defaulted to 0, no clipping: check yours), and `zerokit.initialize`'s. DDP and
 # ZeroRedundancyOptimizer never clip. To compare every setup with one plain copy, the configs
 # below say `"gradient_clipping": 0`; leave the key out and the engine setups clip, as
 # DeepSpeed would.
@@ -198,7 +200,7 @@ SEED_ZERO = {"stage": 3, "allgather_partitions": True, "allgather_bucket_size": 
 def ds_config(zero, optimizer):
     opt_class, hyper = OPTIMIZERS[optimizer]
     return {"train_micro_batch_size_per_gpu": BATCH // WORLD, "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0,  # DeepSpeed's default is 1.0; the plain copy below does not clip
+            "gradient_clipping": 0,  # DeepSpeed 0.19.8's default is 1.0; the plain copy below does not clip
             "optimizer": {"type": opt_class.__name__, "params": hyper}, "zero_optimization": zero}
 
 

@@ -177,7 +177,7 @@ print(shapes.reading())
 # backward); rank 1 is in reduce_scatter of 6 float32 (#2 of backward)* — both sides, their
 # call number and phase, before any data moved. It is the same idea as torch's
 # `TORCH_DISTRIBUTED_DEBUG=DETAIL`, which on gloo turns a mismatched all-reduce into "Detected
-# mismatch between collectives" (FACTS §10); the price is one small all-gather per collective,
+# mismatch between collectives" (torch's distributed docs, *Debugging*; checked on gloo with torch 2.13); the price is one small all-gather per collective,
 # so it is a debug switch, not a default.
 #
 # ## Lab 4 · A rank that crashes mid-step

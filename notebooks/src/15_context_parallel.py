@@ -238,8 +238,9 @@ course.show(f"On this run the ranks waited {waited:.1f} ms in all for the ring's
             + ("more compute covered the transfers than the ranks still waited for them."
                if covered > waited else
                "the ranks waited longer than the blocks took — on two shared CPU cores the transfers and the "
-               "compute compete for the same cores, so there is little to overlap with; on GPUs the sends run "
-               "on the network while the SMs compute.")
+               "compute compete for the same cores, so there is little to overlap with; on GPUs the sends are "
+               "NCCL kernels on a stream of their own, taking a few SMs and some memory bandwidth while the other "
+               "SMs compute: overlap lowers their cost, it does not remove it.")
             + " Whether the wait shrinks to nothing depends on a block's attention taking longer than a hop.")
 
 # %% [checks]

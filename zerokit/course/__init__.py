@@ -42,7 +42,7 @@ The helpers read reports and ledgers; none of them trains or re-types a formula.
 """
 from .failure_panel import Diagnosis, FailurePanel, run_lab
 from .checkpointing_panel import CheckpointingPanel, measure_policy
-from .claims import CLAIMS, speed_sentence, show
+from .claims import CLAIMS, share_words, speed_sentence, show
 from .figures import DPI, new_figure, png, volume_figure
 from .latency_bandwidth import (all_reduce_scaling_figure, fit_latency_bandwidth, latency_bandwidth_figure,
                                 modelled_seconds, time_ring_all_reduce)
@@ -69,6 +69,6 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
            "bytes_by_module", "machine_summary", "DPI", "new_figure", "png",
            "PlanPanel", "plan_bars", "PipelinePanel", "OffloadPanel", "offload_rows", "offload_bars",
            "CheckpointingPanel", "measure_policy", "GridPanel", "grid_rows"]
-__all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "show", "CLAIMS"]
+__all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "share_words", "show", "CLAIMS"]
 __all__ += ["ContextPanel", "ring_overlap_figure", "ring_overlap_rows"]
 __all__ += ["MoEPanel"]

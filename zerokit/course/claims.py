@@ -12,6 +12,7 @@ adds what the learner should expect elsewhere (``elsewhere``). Lifecycle of a cl
    displays it as Markdown under the cell;
 3. every claim made in the kernel is kept in :data:`CLAIMS` with its numbers, so a
    checks cell (and ``tests/test_course_claims.py``) can hold the words to them.
+:func:`share_words` does the same for a share ("most of", "part of") of a measured whole.
 Static prose may speak of speed only as a condition ("where the link is slower than the
 compute, …"): ``tests/test_course_claims.py`` reads every lesson's Markdown for that.
 """
@@ -70,6 +71,15 @@ def speed_sentence(a: str, a_s: float, b: str, b_s: float, spread: float = 0.0, 
         text = f"On this machine {numbers}: {a} was {v}, by {ratio:.2f}×."
     CLAIMS.append(Claim(a, a_s, b, b_s, noise, v))
     return f"{text} {elsewhere}".strip()
+
+
+def share_words(fraction: float) -> str:
+    """The words for a measured share of a whole, chosen by it: ``"most of"`` (≥ 60 %), ``"about half of"``
+    (40–60 %), ``"part of"`` (10–40 %), ``"almost none of"`` (below 10 %)."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"a share is between 0 and 1, got {fraction!r}")
+    return ("most of" if fraction >= 0.6 else "about half of" if fraction >= 0.4 else "part of" if fraction >= 0.1
+            else "almost none of")
 
 
 def show(text: str) -> Optional[object]:
