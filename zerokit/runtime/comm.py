@@ -91,10 +91,10 @@ class Work:
     ``batch_isend_irecv`` that the backend completes with one handle (NCCL coalesces the batch) share it: waiting
     for any of them ends every record it covers, and only the waiter's record counts the time blocked."""
 
-    def __init__(self, work, record: CommRecord, covered: tuple = ()):
+    def __init__(self, work, record: CommRecord, covers: tuple = ()):
         self._work = work
         self.record = record
-        self._covered = covered or (self,)  # the Works the backend's handle covers, this one among them
+        self._covers = covers  # the records of the batch's other ops (records only: no cycle keeps a work alive)
 
     def wait(self) -> None:
         if self.record.t_end is not None:
@@ -104,29 +104,32 @@ class Work:
             context.wait_collective(*call)
         before = _clock.mark()
         self._work.wait()
-        for work in self._covered:
-            work._ended(before if work is self else None)
-
-    def _ended(self, before) -> None:
-        if self.record.t_end is not None:
-            return
-        link = _link.clock()
-        if link is not None:  # an emulated link (gloo only): sleep for what is left of its time
-            if self.record.op == "recv":  # the data just came: its bytes cross the link from now
-                link.book(self.record, start=time.perf_counter())
-            link.hold(self.record)
-        self.record.t_end = _clock.mark()  # NCCL's wait only makes the current stream wait: a mark on that stream
-        if before is not None:
-            self.record.add_blocked(before, self.record.t_end)
-        call = getattr(self.record, "_call", None)
-        if call is not None:
-            context.leave_collective(*call)
+        _ended(self.record, before)
+        for record in self._covers:
+            _ended(record, None)
 
     def is_completed(self) -> bool:
         due = self.record.emulated_end
         if due is not None and time.perf_counter() < due:
             return False
         return self._work.is_completed()
+
+
+def _ended(record: CommRecord, before) -> None:
+    """The backend finished ``record``'s work; ``before``: the mark the rank began waiting (None: it did not)."""
+    if record.t_end is not None:
+        return
+    link = _link.clock()
+    if link is not None:  # an emulated link (gloo only): sleep for what is left of its time
+        if record.op == "recv":  # the data just came: its bytes cross the link from now
+            link.book(record, start=time.perf_counter())
+        link.hold(record)
+    record.t_end = _clock.mark()  # NCCL's wait only makes the current stream wait: a mark on that stream
+    if before is not None:
+        record.add_blocked(before, record.t_end)
+    call = getattr(record, "_call", None)
+    if call is not None:
+        context.leave_collective(*call)
 
 
 def _group_size(group) -> int:
@@ -300,5 +303,5 @@ def batch_isend_irecv(ops: list, group=None, channel: int = 0) -> list:
         raise RuntimeError(f"batch_isend_irecv returned {len(works)} works for {len(records)} operations")
     covered = [_finish(works[0], record, True) for record in records]
     for work in covered:
-        work._covered = tuple(covered)
+        work._covers = tuple(r for r in records if r is not work.record)
     return covered
