@@ -241,11 +241,14 @@ for rank in sorted(result.ranks, key=lambda r: r.rank):
 course.table([{k: v for k, v in row.items() if not k.startswith("dp B/step")} for row in rows])
 
 # %% [markdown]
-# A pipeline takes ZeRO-1 at most. Ask zerokit for ZeRO-2 or ZeRO-3 on the same mesh:
+# zerokit, like DeepSpeed's PipelineEngine, takes ZeRO-1 at most with a pipeline — a rule of
+# those two, not of the field: torchtitan runs FSDP2 inside each pipeline stage, with
+# `torch.distributed.pipelining` keeping the gradients unsharded over the micro-batches and
+# reduce-scattering them once, at the last backward. Ask zerokit for ZeRO-2 or ZeRO-3 on the same mesh:
 
 # %%
 refusals = {}
-for stage in ("zero2", "zero3"):  # refused before any process starts, as DeepSpeed refuses them
+for stage in ("zero2", "zero3"):  # refused before any process starts: zerokit's choice, as DeepSpeed's PipelineEngine refuses them
     try:
         zerokit.train(work, stage, world_size=8, parallel=GRID, micro_batches=M, reference=False)
     except ValueError as exc:
@@ -617,7 +620,8 @@ panel
 #   model one process trains (the same losses, parameters within 1e-5); every rank's model
 #   states and every axis's bytes equal `zerokit.theory`'s, to the byte.
 # - ZeRO shards along dp only: the optimizer states of a rank's (tp, pp) shard divided by dp;
-#   a pipeline takes ZeRO-1 at most (ZeRO-2/3 refused, as DeepSpeed refuses them).
+#   with a pipeline zerokit takes ZeRO-1 at most (ZeRO-2/3 refused, as DeepSpeed's PipelineEngine refuses them);
+#   torchtitan runs FSDP2 with pipeline parallelism, reduce-scattering once per step.
 # - The seed's table, measured on one model: data parallelism is O(P) per rank, ZeRO-3 O(P/N)
 #   in memory but 1.5 × DDP in traffic (not O(P/N)); model parallelism divides the states by
 #   tp × pp and sends activations; only a pipeline idles, (p − 1)/(m + p − 1).
