@@ -1,57 +1,141 @@
-"""``benchmarks/gpu_check.py --dry``: every check of the GPU session's script, on the CPU, so CI keeps it runnable.
+"""``benchmarks/gpu_check.py --dry``: every row of the GPU session's script, on the CPU, so CI keeps it runnable.
 
-One run (about 35 s on 2 cores, 2026-12-03): every check's row in the table printed last, none FAIL, the JSON
-file holding every check, and the multi-rank checks (2 and 8 gloo ranks, torchrun) run, not skipped."""
+One plain run (about 40 s on 2 cores, 2026-12-04): every row's line in the table printed last, none FAIL, exit
+code 0, the JSON file holding every row, and the multi-rank rows (2, 4 and 8 gloo ranks, torchrun) run, not
+skipped — but for a peer whose package is missing, which says so. One run under ``torchrun --nproc-per-node 2`` of
+a few rows (about 10 s): the 2-rank rows run in torchrun's processes, the own loop too (no torchrun inside
+torchrun), the others skip, and rank 0 alone writes the JSON. And, without any run, the memory row's verdict
+and margin and the exit codes."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-#: in make test's second pass, alone: its 8-rank and torchrun checks would otherwise compete with the first pass
+#: in make test's second pass, alone: its 8-rank and torchrun rows would otherwise compete with the first pass
 pytestmark = pytest.mark.serial
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCHMARKS / "gpu_check.py"
+MiB = 2 ** 20
+
+
+def _import():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_check
+        import gpu_check_one
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return gpu_check, gpu_check_one
+
+
+def _rows(out: Path) -> dict:
+    return {row["name"]: row for row in json.loads(out.read_text())["checks"]}
 
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    gpu_check, _ = _import()
     out = tmp_path_factory.mktemp("gpu_check") / "rows.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--json", str(out)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=400)
     return gpu_check, done, out
 
 
-def test_dry_runs_every_check_on_the_cpu_and_none_fails(dry):
+def test_dry_runs_every_row_on_the_cpu_and_none_fails(dry):
     gpu_check, done, _ = dry
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    table = done.stdout.split("gpu_check on CPU (--dry)")[1]
+    assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
+    table = done.stdout.split("gpu_check on CPU (--dry) (a plain script)")[1]
     rows = {line.split("  ")[0].strip(): line for line in table.splitlines()[1:] if line.strip()}
     for name, _ in gpu_check.CHECKS:
         assert name in rows, (name, table)
         assert rows[name][len(name):].split()[0] in ("ok", "n/a", "skip"), rows[name]
 
 
-def test_the_json_holds_every_check_and_the_multi_rank_ones_ran(dry):
+def test_the_json_holds_every_row_and_the_multi_rank_ones_ran(dry):
     gpu_check, done, out = dry
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    report = json.loads(out.read_text())
-    assert report["dry"] is True
-    checks = {row["name"]: row for row in report["checks"]}
+    assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
+    assert json.loads(out.read_text())["dry"] is True
+    checks = _rows(out)
     assert list(checks) == [name for name, _ in gpu_check.CHECKS]
     assert all(row["status"] != "FAIL" and row["detail"] for row in checks.values()), checks
-    for name in gpu_check.MULTI_RANK:  # on gloo ranks with --dry: ran, not skipped
-        assert checks[name]["status"] == "ok", checks[name]
-    for name in gpu_check.MULTI_RANK[:-2]:  # the zerokit.train rows: their measured numbers as fields
+    for name, _ in gpu_check.MULTI_RANK:  # on gloo ranks with --dry: ran, not skipped (a missing package aside)
         row = checks[name]
-        assert row["blocked_s"] > 0 and row["max_abs_param_diff"] <= row["tolerance"], row
+        if row["status"] == "skip":
+            assert row["detail"].startswith("skipped: ") and "is not installed" in row["detail"], row
+            continue
+        assert row["status"] == "ok", row
+        if "tolerance" in row:  # the zerokit.train rows: their measured numbers as fields
+            assert row["max_abs_param_diff"] <= row["tolerance"] and row["blocked_s"] >= 0, row
+    assert checks["dp on every rank of the node"]["world_size"] == 4
+    assert checks["dp on every rank of the node"]["own_reference_max_abs"] <= checks[
+        "dp on every rank of the node"]["tolerance"]
+    for name in ("dp×cp 2×2 zero3", "Ulysses×tp 2×2", "ep zero1", "ep zero2", "ep zero3"):
+        assert checks[name]["bytes_by_axis"], checks[name]
     assert checks["memory ledger vs allocator"]["status"] == "n/a"  # no CUDA allocator on the CPU
     assert checks["memory ledger vs allocator"]["peak_bytes"] > 0
+    assert checks["memory ledger vs allocator"]["margin_bytes"] > 0
+    for name, _ in gpu_check.ONE_RANK:
+        assert checks[name]["status"] in ("ok", "n/a"), checks[name]
     for precision in ("fp32", "bf16-mixed"):
-        assert checks[f"ws=1 {precision}"]["status"] == "ok" and checks[f"ws=1 {precision}"]["strategies"]
+        assert checks[f"ws=1 {precision}"]["strategies"]
+    own = checks["own loop, torchrun 1 rank, zerokit.measure"]
+    assert all(v["measure_seconds"] > 0 and v["measure_peak_bytes"] > 0 for k, v in own.items()
+               if isinstance(v, dict) and "measure_seconds" in v), own
+
+
+def test_under_torchrun_the_rows_of_its_world_run_in_its_ranks(tmp_path):
+    gpu_check, _ = _import()
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT),
+                           "--dry", "--only", "ws=1 fp32,zero2 overlap,own loop under,Ulysses×tp",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count("gpu_check on CPU (--dry) (torchrun, 2 ranks)") == 1  # rank 0 alone reports
+    checks = _rows(out)
+    assert list(checks) == ["ws=1 fp32", "zero2 overlap_comm", "Ulysses×tp 2×2", "own loop under torchrun"]
+    assert checks["zero2 overlap_comm"]["status"] == "ok" and checks["zero2 overlap_comm"]["world_size"] == 2
+    assert checks["own loop under torchrun"]["status"] == "ok"
+    assert checks["own loop under torchrun"]["detail"].startswith("in torchrun's 2 ranks")  # no torchrun inside
+    for name in ("ws=1 fp32", "Ulysses×tp 2×2"):
+        assert checks[name]["status"] == "skip" and "this torchrun started 2" in checks[name]["detail"]
+
+
+def test_the_memory_row_fails_beyond_its_margin_and_only_there():
+    _, one = _import()
+    margin = 100 * MiB
+    assert one.memory_verdict(1000 * MiB, None, None, margin) is None  # no CUDA: nothing to compare
+    assert one.memory_verdict(1000 * MiB, 1100 * MiB, 1050 * MiB, margin) is None
+    assert "misses memory" in one.memory_verdict(1000 * MiB, 1100 * MiB + 1, 1050 * MiB, margin)
+    assert "counts bytes twice" in one.memory_verdict(1000 * MiB, 1050 * MiB, 999 * MiB, margin)
+
+
+def test_the_memory_margin_is_the_sum_of_its_stated_parts():
+    _, one = _import()
+    s = dict(vocab=32000, seq_len=512, d_model=1024, n_layer=8, n_head=16, batch_size=8)
+    parts = one.memory_margin(s, "bf16-mixed", psi=166_800_000, param_tensors=100, hopper=True)
+    btv = 8 * 512 * 32000
+    assert parts["the loss's backward (logits + 2 fp32 gradients)"] == btv * (2 + 8)  # larger than the step's 4·Ψ
+    assert parts["cuBLAS workspace"] == 4096 * 1024 * 8 + 16 * 1024 * 8
+    assert parts["one op's backward"] == 2 * 2 * 8 * 16 * 512 ** 2
+    assert parts["rounding (512 B × 1056 tensors)"] == 512 * (8 * 100 + 32 * 8)
+    # a ledger that missed the bf16 gradients (2·Ψ) of the H200's measured gap (1,315 MiB) would fail
+    assert 1315 * MiB <= sum(parts.values()) < 1315 * MiB + 2 * 166_800_000
+
+
+def test_exit_codes():
+    gpu_check, _ = _import()
+    ok = {"name": "zero1", "status": "ok"}
+    one = {"name": "ws=1 fp32", "status": "ok"}
+    skipped = {"name": "zero1", "status": "skip"}
+    assert gpu_check.verdict([one, ok], dry=False) == gpu_check.PASS == 0
+    assert gpu_check.verdict([one, skipped], dry=False) == gpu_check.NO_NCCL == 3  # one GPU: not a pass
+    assert gpu_check.verdict([one, skipped], dry=True) == gpu_check.PASS
+    assert gpu_check.verdict([{"name": "zero1", "status": "FAIL"}, ok], dry=False) == gpu_check.FAILED == 1
+    assert gpu_check.main(["--dry", "--only", "no such row", "--json", os.devnull]) == gpu_check.CANNOT_RUN == 2
