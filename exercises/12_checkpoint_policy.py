@@ -18,8 +18,9 @@
 # - `segments(n, k)`: the segments of n chained blocks, `[(0, k), (k, 2k), …]`, the last one
 #   shorter when k does not divide n;
 # - `Recompute`, a `torch.autograd.Function` called as `Recompute.apply(run, x, *params)`:
-#   forward returns `run(x)` and keeps only `x`; backward runs `run` again with autograd on
-#   and returns the gradients of `x` and of every parameter in `params`;
+#   forward returns `run(x)` and keeps only `x` (and the RNG state); backward runs `run` again
+#   with autograd on, from forward's RNG state — a block with dropout must draw the same mask
+#   twice — and returns the gradients of `x` and of every parameter in `params`;
 # - `checkpointed_forward(blocks, x, k)`: `x` through the blocks (an `nn.Sequential`), each
 #   segment of `segments(len(blocks), k)` under `Recompute`;
 # - `best_k(n, layer_bytes, boundary_bytes)`: the k in 1…n with the smallest
@@ -30,6 +31,10 @@
 # - `segments` — the segments, the short last one included;
 # - `same-gradients` — the input's and every parameter's gradient equal the run without
 #   checkpointing;
+# - `rng-state` — the same on a chain of `tanh(dropout(x·w))` blocks (p = 0.5) under one
+#   seed: equal only when the recompute draws forward's dropout masks (the RNG state saved
+#   in forward and restored for the recompute, as `torch.utils.checkpoint` does with
+#   `preserve_rng_state=True`);
 # - `stored-bytes` — the memory ledger's saved activations after forward: ⌈n/k⌉·X;
 # - `peak-bytes` — the ledger's peak over forward and backward:
 #   `theory.checkpointed_activation_bytes(n, A, X, "every-k", k)`, with A = X for this block
@@ -68,11 +73,11 @@ class Recompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, x, *params):
-        raise NotImplementedError("keep run, and the input and the params with ctx.save_for_backward; return run(x) — autograd records nothing inside a Function's forward")
+        raise NotImplementedError("keep run, the RNG state (torch.get_rng_state(): dropout's masks), and the input and the params with ctx.save_for_backward; return run(x) — autograd records nothing inside a Function's forward")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('a fresh leaf of the saved input; run again with torch.enable_grad(); torch.autograd.grad of the output with respect to the input and the params; return (None, their gradients)')
+        raise NotImplementedError("a fresh leaf of the saved input; run again with torch.enable_grad(), from forward's RNG state (inside torch.random.fork_rng(), torch.set_rng_state(...), so the training's own RNG moves on untouched); torch.autograd.grad of the output with respect to the input and the params; return (None, their gradients)")
 
 
 def checkpointed_forward(blocks: nn.Sequential, x: torch.Tensor, k: int) -> torch.Tensor:

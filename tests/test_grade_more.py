@@ -73,6 +73,11 @@ WRONG = {
             [("        ctx.save_for_backward(x, *params)\n", "        ctx.kept = (x, *params)\n"),
              ("        x, *params = ctx.saved_tensors\n", "        x, *params = ctx.kept\n")],
             "stored-bytes", "nothing saved"),
+        "a recompute that does not restore the RNG state": (
+            [("        ctx.rng = torch.get_rng_state()\n", ""),
+             ("        with torch.random.fork_rng(), torch.enable_grad():\n            torch.set_rng_state(ctx.rng)\n",
+              "        with torch.enable_grad():\n")],
+            "rng-state", "other dropout masks"),
         "the short last segment dropped": (
             [("    return [(start, min(start + k, n)) for start in range(0, n, k)]\n",
               "    return [(start, start + k) for start in range(0, n - k + 1, k)]\n")],

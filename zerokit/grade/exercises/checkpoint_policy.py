@@ -8,8 +8,11 @@ of n :class:`zerokit.checkpointing.measure.ScaleBlock` (``tanh(x·w)``: its acti
 its input's size, A = X): the gradients against the chain without checkpointing, the saved
 activations the memory ledger counts after forward (⌈n/k⌉·X) and at its peak over forward and
 backward (:func:`zerokit.theory.checkpointed_activation_bytes`), and how many block forwards
-backward re-ran. ``segments`` and ``best_k`` are judged without ranks, ``best_k`` against the
-formula's minimum.
+backward re-ran. The same launch runs a chain whose blocks hold dropout (``tanh(dropout(x·w))``):
+its gradients with ``k`` = 1 and 3 must equal the chain's without checkpointing under the same seed,
+which holds only when the recompute draws the masks forward drew (the RNG state saved in forward and
+restored in backward, as ``torch.utils.checkpoint``'s ``preserve_rng_state`` does). ``segments`` and
+``best_k`` are judged without ranks, ``best_k`` against the formula's minimum.
 """
 from __future__ import annotations
 
@@ -24,6 +27,35 @@ N = 2
 BLOCKS, ROWS, WIDTH = 9, 4, 16
 KS = (1, 3)
 X = ROWS * WIDTH * 4  # one block's input (fp32), the boundary a segment keeps; a block's activations A = X
+#: the dropout chain's drop probability: half the elements zeroed, so that a different mask shows in every gradient
+DROPOUT = 0.5
+#: the seed both runs of the dropout chain start from (with and without checkpointing)
+DROPOUT_SEED = 12
+
+
+class DropoutBlock(torch.nn.Module):
+    """``tanh(dropout(x·w))``: a block whose forward draws random numbers, as a transformer block's does."""
+
+    def __init__(self, width: int, scale: float):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((width,), scale))
+
+    def forward(self, x):
+        return torch.tanh(torch.nn.functional.dropout(x * self.w, p=DROPOUT, training=self.training))
+
+
+def _dropout_chain():
+    return torch.nn.Sequential(*[DropoutBlock(WIDTH, 1 + 0.05 * i) for i in range(BLOCKS)])
+
+
+def _dropout_run(ns, rank, k):
+    """The dropout chain's gradients: without checkpointing (``k`` None) or with ``checkpointed_forward``."""
+    chain = _dropout_chain()
+    x = _input(rank).requires_grad_()
+    torch.manual_seed(DROPOUT_SEED + rank)
+    y = chain(x) if k is None else ns["checkpointed_forward"](chain, x, k)
+    y.sum().backward()
+    return {"grads": _grads(chain, x), "out": y.detach()}
 
 
 def _chain():
@@ -75,6 +107,7 @@ def _run(ctx, ns, probe):
     out = {"plain": {"grads": _grads(chain, x), "out": y.detach()}}
     for k in KS:
         out[k] = _run_policy(ns, ctx.rank, k)
+    out["dropout"] = {k: _dropout_run(ns, ctx.rank, k) for k in (None, *KS)}
     return out
 
 
@@ -130,6 +163,28 @@ def _judge_gradients(results, ns):
                                f"checkpointing (max |Δ| = {diff:.3g})", 0.0, f"{diff:.3g}", rank)
     return f"k = {' and '.join(map(str, KS))}: the input's and every parameter's gradient equal the chain's without " \
            f"checkpointing"
+
+
+def _judge_rng(results, ns):
+    for rank, r in enumerate(results):
+        plain = r["dropout"][None]
+        for k in KS:
+            got = r["dropout"][k]
+            if not torch.allclose(got["out"], plain["out"], atol=1e-6):
+                raise Fail(f"rank {rank}, k = {k}: with dropout in the blocks, checkpointed_forward's output differs "
+                           f"from the chain's under the same seed", "the chain's output", "different", rank)
+            for name, want in plain["grads"].items():
+                g = got["grads"][name]
+                if g is None or not torch.allclose(g, want, atol=1e-5):
+                    diff = "no gradient" if g is None else f"max |Δ| = {float((g - want).abs().max()):.3g}"
+                    raise Fail(f"rank {rank}, k = {k}: with dropout in the blocks, the gradient of {name} differs from "
+                               f"the chain's without checkpointing ({diff}) — the recompute drew other dropout masks "
+                               f"than forward did: save the RNG state in Recompute.forward (torch.get_rng_state()) "
+                               f"and run backward's recompute from it (torch.random.fork_rng(), then "
+                               f"torch.set_rng_state), as torch.utils.checkpoint's preserve_rng_state does",
+                               "the same masks, the same gradients", diff, rank)
+    return (f"with dropout (p = {DROPOUT}) in the blocks, k = {' and '.join(map(str, KS))} give the chain's gradients: "
+            f"the recompute drew forward's masks")
 
 
 def _judge_stored(results, ns):
@@ -220,6 +275,9 @@ EXERCISE = Exercise(
               "segments of k consecutive blocks cover the chain; each keeps only its input"),
         Check("same-gradients", 3, "chain", _judge_gradients,
               "recomputing a segment's forward in backward gives the same gradients as keeping its activations"),
+        Check("rng-state", 2, "chain", _judge_rng,
+              "a recompute must draw the random numbers forward drew (dropout's masks): the RNG state saved in "
+              "forward, restored for the recompute"),
         Check("stored-bytes", 2, "chain", _judge_stored,
               "after forward only the segments' inputs are saved: ⌈n/k⌉·X (Chen et al.)"),
         Check("peak-bytes", 2, "chain", _judge_peak,
@@ -233,9 +291,12 @@ EXERCISE = Exercise(
         "segments: [(s, min(s + k, n)) for s in range(0, n, k)].",
         "Recompute.forward: ctx.run = run; ctx.save_for_backward(x, *params); return run(x). A Function's forward "
         "runs with autograd off, so run(x) saves nothing.",
+        "Recompute.forward, for dropout: ctx.rng = torch.get_rng_state() before run(x), so that backward can draw "
+        "the same masks.",
         "Recompute.backward: x, *params = ctx.saved_tensors; x = x.detach().requires_grad_(); with "
-        "torch.enable_grad(): y = ctx.run(x); grads = torch.autograd.grad(y, (x, *params), grad); return (None, "
-        "*grads) — one gradient per forward input, None for run.",
+        "torch.random.fork_rng(), torch.enable_grad(): torch.set_rng_state(ctx.rng); y = ctx.run(x); grads = "
+        "torch.autograd.grad(y, (x, *params), grad); return (None, *grads) — one gradient per forward input, None "
+        "for run.",
         "checkpointed_forward: for each (start, stop) of segments(len(blocks), k): run = blocks[start:stop]; x = "
         "Recompute.apply(run, x, *run.parameters()).",
         "best_k: min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k)).",
