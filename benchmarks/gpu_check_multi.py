@@ -45,6 +45,8 @@ def multi(strategy: str, world=2, name: str = "gpt", reference: bool = False, si
         if why:
             raise c.Skip(f"skipped: {why}")
         n, args = world_of(world, kw), dict(kw)
+        if n < 2:  # every rank of a one-GPU node, or a torchrun of one: nothing crosses a link
+            raise c.Skip(f"this run has one rank: a row of two or more ({'NCCL' if not c.DRY else 'gloo'})")
         if set(args.get("parallel", {"pp": 0})) <= {"dp"}:  # dp alone: as wide as the row's world
             args["parallel"] = {"dp": n}
         c.needs(n)
