@@ -62,7 +62,7 @@ from zerokit.expert_parallel.alltoall import counts_exchange as _counts, exchang
 
 
 def exchange_counts(send_counts, group=None):
-    return _counts(send_counts, group, torch.device("cpu"))
+    return _counts(torch.tensor(send_counts, dtype=torch.int64), group).tolist()
 
 
 class AllToAll:

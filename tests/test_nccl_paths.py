@@ -12,6 +12,9 @@ calls are recorded where their count or order is what matters):
 - a loop of the user's own under a bare torchrun gets one context per process group (one
   mesh, one set of groups), timed with CUDA events, and ``zerokit.measure`` reads the
   caching allocator of its device;
+- an MoE forward reads the device back on the host only where it must (the split sizes of
+  the uneven all-to-all, once; each local expert's slice), and its expert ids travel as
+  int32, exact past 256 experts where a 16-bit float is not;
 """
 from types import SimpleNamespace
 
@@ -129,3 +132,65 @@ def test_a_bare_torchrun_loop_keeps_one_context_times_on_the_device_and_reads_th
     assert same, "current() built a new context (mesh, process groups) per call"
     assert on_device, "the adopted context did not install the device's clock (CUDA events)"
     assert device == "cuda:0" and allocated == 12345
+
+
+# -- MoE: host syncs per forward, and the expert ids' dtype --------------------------------------------
+_SYNCS = ("tolist", "item", "cpu", "__int__", "__bool__", "__float__", "nonzero")
+
+
+def _count_syncs(counts: dict):
+    """Count the calls that read a device tensor back on the host (on CUDA each waits for the stream): the
+    conversions, nonzero and boolean-mask indexing (both size their output from the data), bincount (its
+    maximum)."""
+    def counted(name, real):
+        def call(self, *args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return real(self, *args, **kwargs)
+        return call
+
+    for name in _SYNCS:
+        setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    real_getitem, real_bincount = torch.Tensor.__getitem__, torch.bincount
+
+    def getitem(self, index):
+        if torch.is_tensor(index) and index.dtype == torch.bool:
+            counts["mask"] = counts.get("mask", 0) + 1
+        return real_getitem(self, index)
+
+    def bincount(*args, **kwargs):
+        counts["bincount"] = counts.get("bincount", 0) + 1
+        return real_bincount(*args, **kwargs)
+
+    torch.Tensor.__getitem__, torch.bincount = getitem, bincount
+
+
+def _moe_forward(ctx, experts, hot, dtype):
+    from zerokit.expert_parallel import MoEMLP
+
+    torch.manual_seed(0)
+    whole = MoEMLP(8, experts, top_k=1).to(dtype)
+    layer = MoEMLP(8, experts, top_k=1).to(dtype)
+    layer.load_state_dict(whole.state_dict())
+    for m in (whole, layer):
+        with torch.no_grad():  # every token to expert ``hot``
+            m.router.weight.zero_()
+            m.router.weight[hot].fill_(1.0)
+    layer.shard(None)
+    x = torch.rand(2, 5, 8, generator=torch.Generator().manual_seed(ctx.rank)).to(dtype) + 1
+    counts: dict = {}
+    _count_syncs(counts)
+    with torch.no_grad():
+        ours = layer(x)
+    syncs = dict(counts)
+    theirs = whole(x)
+    return syncs, float((ours.float() - theirs.float()).abs().max())
+
+
+def test_an_moe_forward_reads_the_split_sizes_once_and_each_local_slice():
+    for syncs, _ in zerokit.launch(_moe_forward, 2, 4, 2, torch.float32):
+        assert syncs == {"tolist": 2}, syncs  # the all-to-all's split sizes (send and receive), the local slices
+
+
+def test_expert_ids_past_256_travel_exactly():
+    for _, diff in zerokit.launch(_moe_forward, 2, 512, 301, torch.bfloat16):  # 301 is no bf16 number
+        assert diff == 0.0

@@ -1,8 +1,8 @@
 """The uneven all-to-all that moves tokens to their experts and back, differentiable.
 
 A router sends a different number of tokens to each expert, so each rank sends each peer
-a different number of rows. :func:`exchange` first all-to-alls the counts (one integer per
-peer), then the rows; its gradient is the same exchange run backwards — the receive
+a different number of rows. :func:`counts_exchange` all-to-alls the counts (one integer per
+peer, kept on the device), then :func:`exchange` the rows, given both split sizes on the host; its gradient is the same exchange run backwards — the receive
 counts become the send counts — so autograd carries each token's gradient back to the rank
 it came from. The ledger records each exchange's payload (its input) and the bytes that
 leave the rank (the rows sent to other ranks).
@@ -17,13 +17,14 @@ import torch.distributed as dist
 from ..runtime import comm
 
 
-def counts_exchange(send_counts: List[int], group, device) -> List[int]:
-    """How many rows each peer will send this rank, given how many this rank sends each peer."""
+def counts_exchange(send_counts: torch.Tensor, group) -> torch.Tensor:
+    """How many rows each peer will send this rank (int64, on the device), given how many this rank sends each
+    peer (``send_counts``, int64 on the device): the counts stay on the device, so the caller reads them on the
+    host once, with its own (:meth:`~.moe.MoEMLP._experts`: one sync for both split sizes)."""
     n = dist.get_world_size(group)
-    mine = torch.tensor(send_counts, dtype=torch.int64, device=device)
-    theirs = torch.empty(n, dtype=torch.int64, device=device)
-    comm.all_to_all_single(theirs, mine, group=group, tag="moe counts")
-    return [int(c) for c in theirs.tolist()]
+    theirs = torch.empty(n, dtype=torch.int64, device=send_counts.device)
+    comm.all_to_all_single(theirs, send_counts.contiguous(), group=group, tag="moe counts")
+    return theirs
 
 
 def _rows(x: torch.Tensor, send: List[int], recv: List[int], group, tag: str) -> torch.Tensor:

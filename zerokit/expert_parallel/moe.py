@@ -14,8 +14,10 @@ one forward, per MoE layer:
    of a sequence of T tokens, first come first served; the rest are dropped (that expert
    contributes nothing to them) and counted in :attr:`dropped`. None (the default): dropless.
 3. **dispatch** (with an ``ep`` group of n ranks, each holding E/n experts): the routed slots
-   are sorted by expert, counts are exchanged, the token rows travel to their experts' ranks
-   in one uneven all-to-all (:mod:`.alltoall`), each rank runs its experts on what arrived,
+   are sorted by expert, counts are exchanged and read on the host once (the one sync the
+   uneven split sizes need), the token rows travel to their experts' ranks in one uneven
+   all-to-all (:mod:`.alltoall`) with their expert ids (int32), each rank runs its experts on
+   what arrived (one more sync: the size of each local expert's slice),
    and a second all-to-all brings the outputs back (**combine**), where they are weighted by
    the gates and summed per token. Without a group every expert is local.
 
@@ -48,6 +50,9 @@ from .alltoall import counts_exchange, exchange
 #: how tensor parallelism splits each expert (:meth:`MoEMLP.split_experts`; the plan's ``experts`` style reads it
 #: too): parameter → the dimension cut over tp (``fc`` by output columns, ``proj`` by input rows); the rest stay whole
 EXPERT_TP_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
+
+#: the dtype the expert ids travel in (its size is :data:`zerokit.theory.experts.EXPERT_ID_BYTES`)
+EXPERT_ID_DTYPE = torch.int32
 
 #: one expert: the tiny GPT's MLP (d → 4d → d, GELU), the same module, so an expert's names and arithmetic are
 #: the dense MLP's
@@ -109,6 +114,12 @@ def _sequence_sums(counts: torch.Tensor, mass: torch.Tensor, group):
     return counts, _SumOverGroup.apply(mass, group, "moe aux probabilities")
 
 
+def _count(values: torch.Tensor, n: int) -> torch.Tensor:
+    """How many of ``values`` equal each of 0 … n − 1, on their device, with no host sync (``torch.bincount`` on
+    CUDA reads the maximum back to size its output)."""
+    return torch.zeros(n, dtype=torch.int64, device=values.device).scatter_add_(0, values, torch.ones_like(values))
+
+
 class MoEMLP(nn.Module):
     """E experts, top-k routing, optional capacity, load-balancing loss; see the module docstring."""
 
@@ -124,9 +135,10 @@ class MoEMLP(nn.Module):
         #: experts by their global index (as strings): all of them, or this ep rank's share after :meth:`shard`
         self.experts = nn.ModuleDict({str(e): Expert(d_model) for e in range(n_experts)})
         self.group = None
-        #: measured in the last forward: routed slots per expert (global index), dropped slots, the aux loss
-        self.tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)  # host: a count the run reports
-        self.dropped = 0
+        #: measured in the last forward, kept on the device (read on the host by :attr:`tokens_per_expert` and
+        #: :attr:`dropped`, after the step, not inside it): routed slots per expert (global index), dropped slots
+        self._tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)
+        self._dropped = torch.zeros((), dtype=torch.int64)
         self.aux = None
         #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
         self.exchanged = [0, 0, 0]
@@ -137,6 +149,24 @@ class MoEMLP(nn.Module):
         #: sequence (set by :func:`zerokit.context_parallel.apply_context_parallel`); the load-balancing loss's f_e
         #: and P_e are per whole sequence, so they are summed over it
         self.cp, self.cp_group = 1, None
+
+    @property
+    def tokens_per_expert(self) -> torch.Tensor:
+        """Routed slots per expert (global index) in the last forward, on the host (measured)."""
+        return self._tokens_per_expert.cpu()
+
+    @tokens_per_expert.setter
+    def tokens_per_expert(self, value) -> None:  # a peer's layer in this one's place (zerokit.peers.deepspeed_moe)
+        self._tokens_per_expert = torch.as_tensor(value)
+
+    @property
+    def dropped(self) -> int:
+        """Slots the capacity dropped in the last forward (measured)."""
+        return int(self._dropped)
+
+    @dropped.setter
+    def dropped(self, value) -> None:
+        self._dropped = torch.as_tensor(value)
 
     # -- expert parallelism ------------------------------------------------------------
     def shard(self, group) -> None:
@@ -195,16 +225,17 @@ class MoEMLP(nn.Module):
         f = counts / (whole * self.top_k)
         aux = (self.n_experts * (f * mass / whole).sum(-1)).mean()
         self.aux = aux.detach()
-        self.tokens_per_expert = (onehot * keep[..., None]).sum(dim=(0, 1, 2)).long().cpu()
-        self.dropped = int((~keep).sum())
+        self._tokens_per_expert = (onehot * keep[..., None]).sum(dim=(0, 1, 2)).long().detach()
+        self._dropped = (~keep).sum().detach()
         rows = x.reshape(b * t, d)
         if self.tp_group is not None:  # f on the experts' tokens and gates (see split_experts)
             rows = copy_to_tensor_parallel_region(rows, self.tp_group, "moe experts:f")
             gates = copy_to_tensor_parallel_region(gates, self.tp_group, "moe gates:f")
         slot_token = torch.arange(b * t, device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_gate = chosen.reshape(-1), gates.reshape(-1)
-        kept = keep.reshape(-1)
-        slot_token, slot_expert, slot_gate = slot_token[kept], slot_expert[kept], slot_gate[kept]
+        if self.capacity_factor is not None:  # one nonzero (a host sync) for the three; dropless keeps every slot
+            kept = keep.reshape(-1).nonzero()[:, 0]
+            slot_token, slot_expert, slot_gate = slot_token[kept], slot_expert[kept], slot_gate[kept]
         out = self._experts(rows[slot_token], slot_expert) * slot_gate[:, None].to(x.dtype)
         y = torch.zeros_like(rows).index_add(0, slot_token, out)
         if self.tp_group is not None:  # g: the experts' partial sums, summed over tp once per layer
@@ -230,16 +261,17 @@ class MoEMLP(nn.Module):
             out = self._local(rows, expert)
         else:
             n = dist.get_world_size(self.group)
-            dest = self.owner(expert)
-            send = torch.bincount(dest, minlength=n).tolist()
-            recv = counts_exchange(send, self.group, rows.device)
+            sent = _count(self.owner(expert), n)
+            split = torch.cat([sent, counts_exchange(sent, self.group)]).tolist()  # the host sync the sizes need
+            send, recv = split[:n], split[n:]
             me = dist.get_rank(self.group)
             if torch.is_grad_enabled():
                 self.exchanged[0] += sum(send) - send[me]
                 self.exchanged[1] += sum(recv) - recv[me]
                 self.exchanged[2] += 1
             arrived = exchange(rows, send, recv, self.group, "moe dispatch")
-            ids = exchange(expert.to(rows.dtype)[:, None], send, recv, self.group, "moe expert ids")[:, 0].long()
+            # int32: exact for any expert count (bf16 holds integers exactly only up to 256)
+            ids = exchange(expert.to(EXPERT_ID_DTYPE)[:, None], send, recv, self.group, "moe expert ids")[:, 0].long()
             local = torch.argsort(ids, stable=True)
             computed = torch.empty_like(arrived)
             computed = computed.index_copy(0, local, self._local(arrived[local], ids[local]))
@@ -249,7 +281,7 @@ class MoEMLP(nn.Module):
     def _local(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert, each through its (local) expert."""
         pieces = []
-        counts = torch.bincount(expert, minlength=self.n_experts).tolist()
+        counts = _count(expert, self.n_experts).tolist()  # the slices' sizes: one host sync
         start = 0
         for e, c in enumerate(counts):
             if str(e) in self.experts:  # every local expert runs, on no rows too: its gradients exist (zeros)

@@ -38,7 +38,7 @@ Traffic: DeepSpeed's ``all_to_all_single`` calls are recorded on ``ep`` by
 layer's ``exchanged`` counters are filled with the rows DeepSpeed moves, (E − E/ep) · C per call
 each way, so the loop's ep formula (:func:`zerokit.theory.moe_alltoall_bytes`, written for
 zerokit's uneven exchange) is read on DeepSpeed's padded rows; it also counts zerokit's expert-id
-exchange (one element per row) and count exchange, which DeepSpeed does not make (the slot of a
+exchange (an int32 per row) and count exchange, which DeepSpeed does not make (the slot of a
 row names its expert; the all-reduce MAX is its count exchange).
 """
 from __future__ import annotations

@@ -286,7 +286,7 @@ def ep_transfers(layout, cluster, model) -> list:
     return [Transfer("ep", "all_to_all (dispatch, combine)", nbytes, n_calls, link.name,
                      theory.link_seconds(nbytes, n_calls * (ep - 1), link.bandwidth, link.latency),
                      f"uniform routing (assumed): S = T·k·(ep−1)/ep rows leave per layer, T = {tokens:,} tokens, "
-                     f"k = {model.top_k}; forward 8(ep−1) + (2h+1)·b·S, backward 2h·b·S; {layers} MoE layers × "
+                     f"k = {model.top_k}; forward 8(ep−1) + (2h·b + 4)·S, backward 2h·b·S; {layers} MoE layers × "
                      f"{m} micro-batches{', forward twice (recomputed)' if forwards == 2 else ''}, ep = {ep}",
                      leaving)]
 

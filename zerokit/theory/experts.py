@@ -5,12 +5,16 @@ dispatch payload, T·k·d·b bytes per layer per direction (:func:`moe_dispatch_
 peer each row goes to is the router's choice, so the bytes that actually leave the rank are
 a formula on the measured split (:func:`moe_alltoall_bytes`): with s rows sent to other ranks
 and q received from them, per layer and call (forward and backward):
-8(n − 1) for the counts, (2d + 1)·b·s for the rows there and back with their expert ids,
-2d·b·q for the rows it computed and their gradients. (Derivation: :mod:`zerokit.expert_parallel.moe`.)
+8(n − 1) for the counts, (2d·b + 4)·s for the rows there and back with their expert ids (int32,
+:data:`EXPERT_ID_BYTES` each, whatever the rows' dtype), 2d·b·q for the rows it computed and
+their gradients. (Derivation: :mod:`zerokit.expert_parallel.moe`.)
 """
 from __future__ import annotations
 
 from fractions import Fraction
+
+#: bytes of one routed row's expert id on the wire: int32 (a 16-bit float holds integers exactly only up to 256)
+EXPERT_ID_BYTES = 4
 
 
 def moe_dispatch_payload(tokens: int, top_k: int, d_model: int, element_bytes: int) -> int:
@@ -24,7 +28,7 @@ def moe_alltoall_bytes(sent_away: int, received_away: int, d_model: int, element
     other ranks (``sent_away``) and received from them (``received_away``) over those calls."""
     if ep <= 1:
         return 0
-    return (8 * (ep - 1) * calls + (2 * d_model + 1) * element_bytes * sent_away
+    return (8 * (ep - 1) * calls + (2 * d_model * element_bytes + EXPERT_ID_BYTES) * sent_away
             + 2 * d_model * element_bytes * received_away)
 
 
@@ -45,12 +49,12 @@ def moe_alltoall_bytes_uniform(tokens: int, top_k: int, d_model: int, element_by
     """:func:`moe_alltoall_bytes` under **uniform routing** (an assumption: every expert equally likely, so
     (ep − 1)/ep of a rank's T·k routed rows go to other ranks, and as many arrive), per layer for ``calls``
     micro-batches: ``{"forward": …, "backward": …}``. Forward: the counts, 8(ep − 1); the rows and their expert
-    ids, (d + 1)·b·S; the combine, d·b·S. Backward: the two gradients, 2·d·b·S; S = calls·T·k·(ep − 1)/ep. Their sum
+    ids, (d·b + 4)·S; the combine, d·b·S. Backward: the two gradients, 2·d·b·S; S = calls·T·k·(ep − 1)/ep. Their sum
     is ``moe_alltoall_bytes(S, S, …)``."""
     if ep <= 1:
         return {"forward": 0, "backward": 0}
     rows = Fraction(calls * tokens * top_k * (ep - 1), ep)
-    forward = 8 * (ep - 1) * calls + (2 * d_model + 1) * element_bytes * rows
+    forward = 8 * (ep - 1) * calls + (2 * d_model * element_bytes + EXPERT_ID_BYTES) * rows
     backward = 2 * d_model * element_bytes * rows
     return {"forward": forward, "backward": backward}
 
@@ -101,13 +105,13 @@ def moe_extra_activation_bytes(s: int, b: int, h: int, ffn: int, experts: int, t
     router's fp32 probabilities (4·E); per routed slot (k per token) the expert's input row (e·h), its MLP
     (2e·ffn / 4e·ffn, once more than dense for each slot beyond the first), three rows of output on the way back
     (the experts' outputs, put back in token order, gated: 3e·h) and the bookkeeping (the chosen expert, the slot's
-    token and order as int64, its fp32 gate and kept flag: 29 bytes). Per token:
-    4k·e·h + (k − 1)·mlp + 4E + 29k. With ``ep`` > 1 each slot's row is also held as it arrived from the
+    token and order as int64, its fp32 gate: 28 bytes; dropless, no slot is selected, so no kept flag). Per token:
+    4k·e·h + (k − 1)·mlp + 4E + 28k. With ``ep`` > 1 each slot's row is also held as it arrived from the
     all-to-all, put in expert order, with that order (int64): + k·(e·h + 8). Under uniform routing a rank computes
     as many rows as it routes (T·k); a router that favours its experts makes it more."""
     e = element_bytes
     mlp_bytes = (4 if mlp == "swiglu" else 2) * e * ffn
-    per_token = 4 * top_k * e * h + (top_k - 1) * mlp_bytes / t + 4 * experts + 29 * top_k
+    per_token = 4 * top_k * e * h + (top_k - 1) * mlp_bytes / t + 4 * experts + 28 * top_k
     if ep > 1:
         per_token += top_k * (e * h + 8)
     return s * b * per_token
