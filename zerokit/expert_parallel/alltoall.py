@@ -2,9 +2,9 @@
 
 A router sends a different number of tokens to each expert, so each rank sends each peer
 a different number of rows. :func:`counts_exchange` all-to-alls the counts (one integer per
-peer, kept on the device), then :func:`exchange` the rows, given both split sizes on the host; its gradient is the same exchange run backwards — the receive
-counts become the send counts — so autograd carries each token's gradient back to the rank
-it came from. The ledger records each exchange's payload (its input) and the bytes that
+peer, kept on the device), then :func:`exchange` the rows, given both split sizes on the
+host; its gradient is the same exchange run backwards — the receive counts become the send
+counts — so autograd carries each token's gradient back to the rank it came from. The ledger records each exchange's payload (its input) and the bytes that
 leave the rank (the rows sent to other ranks).
 """
 from __future__ import annotations
