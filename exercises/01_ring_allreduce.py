@@ -6,8 +6,10 @@
 # bandwidth-optimal way: each rank sends 2(N−1)/N of the tensor, however many ranks there are.
 #
 # **Interface.** `ring_all_reduce(tensor, group=None) -> None` sums `tensor` over the ranks of
-# `group` (None: all ranks) **in place**, using only `dist.isend` / `dist.irecv` (or
-# `dist.send` / `dist.recv`). Any shape, any number of elements.
+# `group` (None: all ranks) **in place**, using only `dist.send` / `dist.recv` (or
+# `dist.isend` / `dist.irecv`). Any shape, any number of elements, on the tensor's device.
+# Order each round so that it cannot deadlock on NCCL, where a send waits for its receive:
+# if every rank first posts its receive from the left and waits, the ring is a cycle of waits.
 #
 # **What the grader checks** (`zerokit.grade.checks("01")` lists them with their points):
 # - `sum-2-ranks` — on 2 ranks, every rank ends with the sum of the inputs;
@@ -49,7 +51,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> None:
         return dist.get_global_rank(group, group_rank) if group is not None else group_rank
 
     right, left = global_rank((rank + 1) % n), global_rank((rank - 1) % n)
-    raise NotImplementedError('sum `tensor` over the ranks in place: N−1 reduce-scatter rounds, then N−1 all-gather rounds, each one dist.irecv from `left` and one dist.isend to `right`')
+    raise NotImplementedError('sum `tensor` over the ranks in place: N−1 reduce-scatter rounds, then N−1 all-gather rounds, each one send to `right` and one receive from `left` (even ranks send first, odd ranks receive first)')
 
 # %% [markdown]
 # Try it: rank r contributes r + 1 everywhere, so every element of the sum on 3 ranks is 6.

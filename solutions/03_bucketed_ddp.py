@@ -72,7 +72,7 @@ class BucketedDDP:
         # BEGIN SOLUTION: the parameters (a shared tensor once), self.buckets, one flat buffer per bucket, each parameter's slot, a ready-counter per bucket, and a post-accumulate-grad hook on every parameter
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, bucket_numel)
-        self.buffers = [torch.zeros(sum(p.numel() for p in bucket)) for bucket in self.buckets]
+        self.buffers = [torch.zeros(sum(p.numel() for p in bucket), device=bucket[0].device) for bucket in self.buckets]
         self.slot = {}
         for b, bucket in enumerate(self.buckets):
             offset = 0

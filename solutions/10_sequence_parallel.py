@@ -64,7 +64,7 @@ def all_gather_sequence(x, group=None):
     """Every rank's x (batch, s/t, hidden) concatenated along the sequence: (batch, s, hidden)."""
     # BEGIN SOLUTION: gather into a (t, *x.shape) buffer with zerokit.comm.all_gather (flat views), then move the rank axis next to the sequence and merge them
     n = dist.get_world_size(group)
-    out = torch.empty((n, *x.shape), dtype=x.dtype)
+    out = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
     zerokit.comm.all_gather(out.view(-1), x.contiguous().view(-1), group=group)
     return out.movedim(0, 1).flatten(1, 2)
     # END SOLUTION
@@ -75,7 +75,7 @@ def reduce_scatter_sequence(x, group=None):
     # BEGIN SOLUTION: split the sequence into t chunks, put the chunk axis first (contiguous), reduce-scatter the flat buffer with zerokit.comm.reduce_scatter
     n = dist.get_world_size(group)
     chunks = x.unflatten(1, (n, x.shape[1] // n)).movedim(1, 0).contiguous()
-    out = torch.empty(chunks.shape[1:], dtype=x.dtype)
+    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
     zerokit.comm.reduce_scatter(out.view(-1), chunks.view(-1), group=group)
     return out
     # END SOLUTION

@@ -79,8 +79,8 @@ def ring_forward(q, k, v, positions, all_positions, group=None):
     # BEGIN SOLUTION: out = 0, lse = −∞; for step in range(cp): the block you hold came from rank (me − step) mod cp; post ring_shift of the stacked (k, v) unless it is the last step; scores q·kᵀ/√d masked where all_positions[src] > positions; the block's logsumexp and softmax·v (a fully masked row: subtract 0, not −∞); merge; wait for the transfer and take the block that arrived
     me, n = dist.get_rank(group), dist.get_world_size(group)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    out = torch.zeros(q.shape, dtype=torch.float32)
-    lse = torch.full(q.shape[:-1], float("-inf"))
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), device=q.device)
     kv = torch.stack([k, v]).contiguous()
     for step in range(n):
         src = (me - step) % n

@@ -100,9 +100,7 @@ WRONG = [
     # (exercise, what, edits, check, words the message must contain)
     ("01_ring_allreduce", "the all-gather half is missing",
      [("    for k in range(n - 1):  # all-gather: pass the finished chunks around\n"
-       "        receiving = dist.irecv(chunks[(rank - k - 1) % n], src=left, group=group)\n"
-       "        dist.isend(chunks[(rank - k) % n], dst=right, group=group).wait()\n"
-       "        receiving.wait()\n", "")],
+       "        round_trip(chunks[(rank - k) % n], chunks[(rank - k - 1) % n])\n", "")],
      "sum-2-ranks", "the all-gather half"),
     ("01_ring_allreduce", "the whole tensor sent to every rank", [("ring_block", RING_NAIVE)],
      "bytes-per-rank", "(N−1)·S"),

@@ -15,7 +15,12 @@ calls are recorded where their count or order is what matters):
 - an MoE forward reads the device back on the host only where it must (the split sizes of
   the uneven all-to-all, once; each local expert's slice), and its expert ids travel as
   int32, exact past 256 experts where a 16-bit float is not;
+- a checkpoint saved by a job with another GPU count restores the GPUs both have, saying
+  so; exercise 01's ring cannot deadlock under NCCL's ordering (its traffic replayed by
+  :mod:`zerokit.runtime.p2p_replay`), and exercise 03's buckets live on the parameters' device.
 """
+import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -194,3 +199,64 @@ def test_an_moe_forward_reads_the_split_sizes_once_and_each_local_slice():
 def test_expert_ids_past_256_travel_exactly():
     for _, diff in zerokit.launch(_moe_forward, 2, 512, 301, torch.bfloat16):  # 301 is no bf16 number
         assert diff == 0.0
+
+
+# -- a checkpoint's CUDA RNG states on a machine with another GPU count --------------------------------
+@pytest.mark.parametrize("saved, here", [(3, 1), (1, 2)])
+def test_cuda_rng_states_restore_per_visible_gpu_when_the_count_differs(monkeypatch, saved, here):
+    from zerokit.checkpoint.load import _restore_rng
+
+    restored = []
+
+    def set_rng_state(state, device="cuda"):
+        index = device if isinstance(device, int) else torch.device(device).index or 0
+        if index >= here:
+            raise RuntimeError(f"invalid device ordinal {index}")
+        restored.append(index)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: here)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)
+    state = {"cpu": torch.get_rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * saved}
+    with pytest.warns(UserWarning, match=f"RNG states of {saved} GPU"):
+        _restore_rng(state)
+    assert restored == list(range(min(saved, here)))
+
+
+# -- the exercises' solutions on NCCL: the ring's order, the buckets' device --------------------------------
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+def _solution(name: str):
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ring_traffic(ctx):
+    from zerokit.runtime.p2p_replay import recording
+
+    tensor = torch.arange(10.0) + ctx.rank
+    with recording() as posted:
+        _solution("01_ring_allreduce").ring_all_reduce(tensor)
+    return posted, tensor
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ring_solution_cannot_deadlock_under_nccls_ordering(world):
+    from zerokit.runtime.p2p_replay import replay
+
+    results = zerokit.launch(_ring_traffic, world)
+    expected = sum(torch.arange(10.0) + r for r in range(world))
+    assert all(torch.equal(tensor, expected) for _, tensor in results)
+    assert replay({rank: posted for rank, (posted, _) in enumerate(results)}) == 4 * world * (world - 1)
+
+
+def test_the_bucketed_solution_allocates_its_buckets_on_the_parameters_device(monkeypatch):
+    solution = _solution("03_bucketed_ddp")
+    monkeypatch.setattr(solution.dist, "get_world_size", lambda group=None: 1)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).to("meta")  # the meta device: a GPU's stand-in
+    ddp = solution.BucketedDDP(model, bucket_numel=10)
+    assert {str(b.device) for b in ddp.buffers} == {"meta"}

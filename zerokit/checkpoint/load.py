@@ -15,13 +15,16 @@ rank calls it, each reads the files on its own; no communication):
    (:func:`~.layout.apply_full`): parameters, fp32 masters, optimizer states; gradients
    are zeroed;
 4. global rank r takes back the RNG states saved by rank r (a rank beyond the saved
-   world size keeps its own), and an engine's step counter is set to the saved step.
+   world size keeps its own; each visible GPU the state saved for its index, with a
+   warning when the saving job saw another GPU count: :func:`restore_cuda_rng`), and an
+   engine's step counter is set to the saved step.
 
 Returns ``{"step", "data_position", "world_size", "mesh", "stage", "strategy"}`` of the checkpoint.
 """
 from __future__ import annotations
 
 import random
+import warnings
 
 import torch
 
@@ -38,7 +41,21 @@ def _restore_rng(state: dict) -> None:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        restore_cuda_rng(state["cuda"])
+
+
+def restore_cuda_rng(saved: list) -> None:
+    """Give each visible GPU back the RNG state saved for the GPU of its index (``torch.cuda.get_rng_state_all``'s
+    order). A job saved with another GPU count restores the devices both have, and says which keep their own:
+    ``torch.cuda.set_rng_state_all`` would fail on a device that is not here (or silently skip the ones it lacks)."""
+    here = torch.cuda.device_count()
+    for index, state in enumerate(saved[:here]):
+        torch.cuda.set_rng_state(state, index)
+    if len(saved) != here:
+        kept = f"; cuda:{len(saved)}…cuda:{here - 1} keep their own" if here > len(saved) else ""
+        warnings.warn(f"zerokit.checkpoint.load: the checkpoint holds the RNG states of {len(saved)} GPU(s), this "
+                      f"process sees {here}: restored cuda:0…cuda:{min(len(saved), here) - 1}{kept}; random "
+                      f"streams on the GPU (dropout) continue as the saving run's only on those", stacklevel=3)
 
 
 def load(directory, engine_or_strategy) -> dict:

@@ -148,8 +148,8 @@ EXERCISE = Exercise(
         "full sum of chunk r.",
         "All-gather: in round k, rank r sends chunk (r − k) % N (finished) and receives chunk (r − k − 1) % N "
         "straight into place.",
-        "Post both halves of a round before waiting: req = dist.irecv(buf, src=left); dist.isend(chunk, "
-        "dst=right).wait(); req.wait(). If every rank first waits in a blocking send or recv, they can wait for "
-        "each other forever.",
+        "Order each round by parity: even ranks dist.send(chunk, dst=right) then dist.recv(buf, src=left), odd "
+        "ranks the other way round, so no cycle of waits forms. If every rank first waits in its receive (or posts "
+        "irecv then isend, which gloo forgives), NCCL — where a receive waits on its peer's stream — hangs.",
     ],
 )
