@@ -76,17 +76,19 @@ def _adopt(world) -> RankContext:
     group after ``destroy_process_group`` gets a new one). Building it installs the device's clock (:mod:`.clock`:
     CUDA events on a GPU), as a launch does for its ranks."""
     global _adopted
+    import torch.distributed as dist
+
     from . import clock
 
-    if _adopted is not None and _adopted[0]() is world:
+    if world is not None and _adopted is not None and _adopted[0]() is world:
         ctx = _adopted[1]
         if ctx.device.type == "cuda" and not clock.on_device():  # a launch under torchrun ended: set_current(None)
             clock.use(ctx.device)
         return ctx
-    import torch.distributed as dist
-
     backend = str(dist.get_backend())
     ctx = RankContext(dist.get_rank(), dist.get_world_size(), backend_device(backend), backend)
+    if world is None:  # no group object to key on (a stand-in for torch.distributed): a context of its own each time
+        return ctx
     _adopted = (weakref.ref(world), ctx)  # weakly, as the mesh holds its groups (destroy_process_group frees them)
     clock.use(ctx.device)
     return ctx
