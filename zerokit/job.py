@@ -1,18 +1,23 @@
 """The job: every argument of ``zerokit.train`` checked and packed, before any process starts.
 
-``make_job`` validates the workload, the strategy and its options, the precision, steps,
-micro-batches and batch divisibility, the mesh (``parallel``) against the axes the
-strategy runs on, the tensor-parallel plan, the pipeline's options and the
-checkpointing policy against the model — each with an error naming the argument — and
-returns the :class:`Job` that is pickled to every rank (:func:`zerokit.train.run_rank`).
+``make_job`` takes a :class:`~zerokit.config.JobConfig` (or the keywords it is made of), whose
+parts checked their own fields when built (precision, steps, micro-batches, the mesh's
+degrees, the checkpointing policy, the link). Here the parts meet each other, the strategy and
+the model: the strategy's options, the mesh against the axes the strategy runs on, the
+tensor-parallel plan, the pipeline's options, the checkpointing policy against the model's
+blocks, the saved checkpoint to resume, the batch's divisibility — each with an error naming
+the argument. It returns the :class:`Job` that is pickled to every rank
+(:func:`zerokit.train.run_rank`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from . import theory
-from .optim import OptimizerSpec
+from .checkpoint.training import check_options as check_saving
+from .checkpointing import check_for_model
+from .config import JOB_OPTIONS, JobConfig  # noqa: F401 - JOB_OPTIONS: part of zerokit.job's API
+from .expert_parallel.apply import check_model as check_experts
 from .pipeline_parallel.options import check_pipeline
 from .runtime.mesh import check_built, parse_parallel
 from .strategies import TrainConfig, get as get_strategy
@@ -50,32 +55,45 @@ class Job:
     cp_attention: str = "ring"
 
 
-def make_job(workload: Workload, strategy: str, world_size: int, steps: int, precision: str,
-             optimizer: str, lr: float, micro_batches: int, options: dict, track_peak: bool = True,
+def make_job(workload, strategy: Optional[str] = None, world_size: Optional[int] = None, steps: Optional[int] = None,
+             precision: Optional[str] = None, optimizer: Optional[str] = None, lr: Optional[float] = None,
+             micro_batches: Optional[int] = None, options: Optional[dict] = None, track_peak: bool = True,
              keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
              sequence_parallel: bool = False, checkpointing: str = "none",
              checkpoint_every: Optional[int] = None, link=None, save_dir=None, save_every=None,
              resume_from=None) -> Job:
-    """Check every argument and build the job, before any process starts."""
-    if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a zerokit.Workload, got {type(workload).__name__}")
+    """Check every argument and build the job, before any process starts: ``make_job(config)`` with a
+    :class:`~zerokit.config.JobConfig`, or the keywords it is made of (:meth:`JobConfig.from_keywords`)."""
+    if isinstance(workload, JobConfig):
+        given = [name for name, value in (("strategy", strategy), ("world_size", world_size), ("steps", steps),
+                                          ("precision", precision), ("optimizer", optimizer), ("lr", lr),
+                                          ("micro_batches", micro_batches), ("options", options))
+                 if value is not None]
+        if given:
+            raise TypeError(f"make_job(config, …): the JobConfig holds every setting; {', '.join(given)} given too")
+        return _checked(workload)
+    missing = [name for name, value in (("strategy", strategy), ("world_size", world_size), ("steps", steps),
+                                        ("precision", precision), ("optimizer", optimizer), ("lr", lr),
+                                        ("micro_batches", micro_batches), ("options", options)) if value is None]
+    if missing:
+        raise TypeError(f"make_job() needs a JobConfig, or the keywords {', '.join(missing)}")
+    return _checked(JobConfig.from_keywords(
+        workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches, options, track_peak,
+        keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every, link, save_dir=save_dir,
+        save_every=save_every, resume_from=resume_from))
+
+
+def _checked(config: JobConfig) -> Job:
+    """The parts of ``config`` against each other, the strategy and the model; the :class:`Job` they make."""
+    workload, strategy, dims, schedule = config.workload, config.strategy, config.parallel, config.schedule
+    world_size, micro_batches, steps = dims.world_size, schedule.micro_batches, schedule.steps
+    sequence_parallel, parallel = dims.sequence_parallel, dims.parallel
     cls = get_strategy(strategy)
-    options, checkpointing, checkpoint_every = _checkpointing_options(workload, options, checkpointing,
-                                                                      checkpoint_every)
-    from .runtime.link import resolve as resolve_link
-
-    link = resolve_link(options.pop("link", link))  # --option link=… puts it in the options
-    cp_attention = options.pop("cp_attention", None)
-    theory.check_precision(precision)
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be a positive integer")
-    from .checkpoint.training import check_options as check_saving
-
-    options, saving = check_saving(workload, options, steps, save_dir, save_every, resume_from, optimizer)
-    if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be a positive integer")
+    checkpointing, checkpoint_every = config.memory.checkpointing, config.memory.checkpoint_every
+    if checkpointing != "none":
+        check_for_model(workload.build_model(), checkpointing, checkpoint_every)
+    options, saving = check_saving(workload, config.options, steps, config.save_dir, config.save_every,
+                                   config.resume_from, schedule.optimizer)
     if cls.name == "single" and world_size != 1:
         raise ValueError(f"strategy 'single' runs in one process; world_size must be 1, got {world_size}")
     if sequence_parallel is True and cls.own_tensor_parallel and "sequence_parallel" in cls.options:
@@ -93,27 +111,25 @@ def make_job(workload: Workload, strategy: str, world_size: int, steps: int, pre
         check_pipeline(options, micro_batches, shape["pp"], cls.name, workload.build_model() if pipeline else None,
                        pipeline_only)
     _check_tensor_parallel(workload, cls, shape["tp"], sequence_parallel)
+    cp_attention = dims.cp_attention
     if cls.name == "single":  # the one-process reference a comparison runs the same options against: no cp
         cp_attention = None
     cp_attention = _check_context_parallel(workload, shape, cp_attention, sequence_parallel)
     if shape.get("ep", 1) > 1:
-        from .expert_parallel.apply import check_model as check_experts
-
         if shape.get("cp", 1) > 1 or shape["pp"] > 1:
             raise ValueError(f"parallel ep={shape['ep']} with cp={shape.get('cp', 1)}, pp={shape['pp']}: expert "
                              f"parallelism composes with dp and tp only so far; use cp=1, pp=1")
         check_experts(workload.build_model(), shape["ep"])
-    spec = OptimizerSpec(name=optimizer, lr=lr)
     batch = workload.batch_size
     degree = shape["dp"] if cls.data_parallel else 1
     if batch % (degree * micro_batches):
         raise ValueError(f"the workload's global batch of {batch} is not divisible by the data-parallel degree "
                          f"({degree}) times micro_batches ({micro_batches}); choose a batch size that is a "
                          f"multiple of {degree * micro_batches}")
-    return Job(workload, strategy, steps, TrainConfig(precision, spec, micro_batches), dict(options),
-               track_peak, keep_records, None if parallel is None else shape, sequence_parallel,
-               checkpointing=checkpointing, checkpoint_every=checkpoint_every, link=link, **saving,
-               cp_attention=cp_attention)
+    return Job(workload, strategy, steps, TrainConfig(config.precision.mode, schedule.optimizer_spec, micro_batches),
+               dict(options), config.track_peak, config.keep_records, None if parallel is None else shape,
+               sequence_parallel, checkpointing=checkpointing, checkpoint_every=checkpoint_every, link=config.link,
+               **saving, cp_attention=cp_attention)
 
 
 def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention, sequence_parallel: bool) -> str:
@@ -138,24 +154,6 @@ def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention
     seq_len = workload.batch(0)[0].shape[1]
     check_model(model, seq_len, cp, attention, tp=shape["tp"])
     return attention
-
-
-#: keywords of ``train`` that ``--option`` / ``options_for`` may also carry, for every strategy
-JOB_OPTIONS = ("checkpointing", "checkpoint_every", "link", "save_dir", "save_every", "resume_from", "cp_attention")
-
-
-def _checkpointing_options(workload: Workload, options: dict, checkpointing, checkpoint_every):
-    """Take ``checkpointing``/``checkpoint_every`` out of ``options`` (where the CLI puts them) and check them
-    against the workload's model before any process starts; returns (options, policy, every)."""
-    options = dict(options)
-    checkpointing = options.pop("checkpointing", checkpointing)
-    checkpoint_every = options.pop("checkpoint_every", checkpoint_every)
-    from .checkpointing import check_for_model, check_policy
-
-    check_policy(checkpointing, checkpoint_every)
-    if checkpointing != "none":
-        check_for_model(workload.build_model(), checkpointing, checkpoint_every)
-    return options, checkpointing, checkpoint_every
 
 
 def _check_tensor_parallel(workload: Workload, cls, tp: int, sequence_parallel) -> None:

@@ -9,10 +9,11 @@ reference runs the same loop on the whole global batch, in this process.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 import warnings
 from contextlib import nullcontext
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -26,9 +27,11 @@ from .strategies import TrainConfig, get as get_strategy
 from .workloads import Workload
 from .api.engine import Engine
 from .checkpoint.training import Resumable
+from .config import JobConfig
 from .job import JOB_OPTIONS, Job, make_job  # noqa: F401 - part of zerokit.train's API
 from .pipeline_parallel.options import pipelined
 from .pipeline_parallel.strategy import Pipeline
+from .parallelize import parallelize
 
 
 def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
@@ -50,21 +53,6 @@ def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
         inputs, targets = (layout.split(t, ctx.mesh.coord("cp"), ctx.mesh.size("cp")) for t in (inputs, targets))
     a = job.config.micro_batches
     return list(zip(inputs.chunk(a), targets.chunk(a)))
-
-
-def _tensor_parallel(job: Job, ctx: RankContext, model):
-    """Split ``model`` over the mesh's ``tp`` axis by the workload's plan (before any data-parallel strategy
-    sees it); returns the loss to use (vocabulary-parallel when the plan leaves the logits sharded)."""
-    from .tensor_parallel import apply_plan, plan_loss, register_sequence_parallel_gradient_hooks
-
-    group = ctx.mesh.group("tp")
-    plan = job.workload.tensor_parallel_plan(job.sequence_parallel)
-    apply_plan(model, plan, group)
-    # hooks on the parameters, registered before the strategy's own: a LayerNorm that saw a sequence shard
-    # sums its gradient over tp before any data-parallel reduction sees it
-    register_sequence_parallel_gradient_hooks(model, group)
-    loss = plan_loss(plan, group)
-    return plan, (loss if loss is not None else job.workload.loss)
 
 
 def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
@@ -90,33 +78,23 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     transfers = transfer_ledger()  # device↔host copies (zerokit.offload), counted apart from the collectives
     transfers.reset()
     tensor_parallel = ctx.mesh.size("tp") > 1 and not cls.own_tensor_parallel
-    loss_fn, plan = job.workload.loss, None
-    if tensor_parallel:
-        with comm.phase("setup"):
-            plan, loss_fn = _tensor_parallel(job, ctx, model)
-    if ctx.mesh.size("ep") > 1:  # before any strategy: this rank keeps its experts
-        from .expert_parallel import apply_expert_parallel
+    resumable = None
 
-        apply_expert_parallel(model, ctx.mesh)
-    if ctx.mesh.size("cp") > 1:  # before any strategy: the attention cores and positions of this rank's tokens
-        from .context_parallel import apply_context_parallel
+    def name_whole_model(whole):  # sharded checkpoints name the whole model's tensors before a pipeline splits it
+        nonlocal resumable
+        resumable = Resumable.for_job(job, ctx, whole)
 
-        apply_context_parallel(model, ctx.mesh, job.workload.batch(0)[0].shape[1], job.cp_attention)
-    checkpointing = None
-    if job.checkpointing != "none":  # on the (tensor-parallel) blocks, before any strategy wraps them
-        from .checkpointing import apply_checkpointing
-
-        checkpointing = apply_checkpointing(model, job.checkpointing, job.checkpoint_every)
-    # sharded checkpoints (save_dir / resume_from) name the whole model's tensors before a pipeline splits it
-    resumable = Resumable.for_job(job, ctx, model)
-    pipeline = None
-    if pipelined(cls, ctx):  # this rank keeps its stages; the strategy wraps them
-        driver = getattr(cls, "pipeline_driver", Pipeline)
-        pipeline = driver(job.options, job.config.micro_batches, ctx, model, loss_fn)
-        model = pipeline.module
-    #: what this rank holds: the tensor-parallel shard of the model (Ψ itself without tp)
-    psi_rank = sum(p.numel() for p in model.parameters())
-    strategy = cls(model, ctx, job.config, **job.options)
+    done = parallelize(
+        model, ctx, loss_fn=job.workload.loss,
+        plan=job.workload.tensor_parallel_plan(job.sequence_parallel) if tensor_parallel else None,
+        expert_parallel=ctx.mesh.size("ep") > 1,
+        seq_len=job.workload.batch(0)[0].shape[1] if ctx.mesh.size("cp") > 1 else None, cp_attention=job.cp_attention,
+        checkpointing=job.checkpointing, checkpoint_every=job.checkpoint_every,
+        pipeline=job.options if pipelined(cls, ctx) else None, micro_batches=job.config.micro_batches,
+        pipeline_driver=getattr(cls, "pipeline_driver", Pipeline),
+        strategy=cls, config=job.config, options=job.options, before_pipeline=name_whole_model)
+    model, loss_fn, plan, pipeline, strategy = done.model, done.loss_fn, done.plan, done.pipeline, done.strategy
+    checkpointing, psi_rank = done.checkpointing, done.parameters_held  # psi_rank: the tp/pp/ep shard this rank holds
     # the public engine a user's own loop drives (zerokit.initialize): one code path for both
     engine = Engine(strategy, job.config.micro_batches, zero_grad_after_step=False)
     memory = MemoryLedger(ctx.device)
@@ -287,7 +265,7 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
     return StrategyResult.from_ranks(job, ranks, reference)
 
 
-def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps: int = 10,
+def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_size: int = 2, steps: int = 10,
           precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, micro_batches: int = 1,
           reference: bool = True, backend: Optional[str] = None, timeout_s: float = 300.0,
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
@@ -315,12 +293,29 @@ def train(workload: Workload, strategy: str = "ddp", world_size: int = 2, steps:
     soon as no rank has entered, waited in or left a collective for that long, instead of waiting out
     ``timeout_s`` on a deadlock.
 
+    ``train(config)`` takes the same settings as one :class:`zerokit.config.JobConfig` (parallel dims,
+    precision, schedule, memory savers); only ``reference``, ``backend``, ``timeout_s`` and
+    ``heartbeat_s`` go beside it.
+
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
     """
-    job = make_job(workload, strategy, world_size, steps, precision, optimizer, lr, micro_batches,
-                   options, track_peak, keep_records, parallel, sequence_parallel, checkpointing, checkpoint_every,
-                   link, save_dir=save_dir, save_every=save_every, resume_from=resume_from)
+    keywords = dict(strategy=strategy, world_size=world_size, steps=steps, precision=precision, optimizer=optimizer,
+                    lr=lr, micro_batches=micro_batches, track_peak=track_peak, keep_records=keep_records,
+                    parallel=parallel, sequence_parallel=sequence_parallel, checkpointing=checkpointing,
+                    checkpoint_every=checkpoint_every, link=link, save_dir=save_dir, save_every=save_every,
+                    resume_from=resume_from)
+    if isinstance(workload, JobConfig):
+        defaults = inspect.signature(train).parameters
+        given = [k for k, v in keywords.items() if v != defaults[k].default] + list(options)
+        if given:
+            raise TypeError(f"train(config, …): the JobConfig holds the job's settings; {', '.join(given)} given "
+                            f"too (only reference, backend, timeout_s and heartbeat_s go beside it)")
+        config = workload
+    else:
+        config = JobConfig.from_keywords(workload, options=options, **keywords)
+    job = make_job(config)
+    world_size = config.parallel.world_size
     ref = run_reference(job, reference_device(backend, world_size)) if reference else None
     result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
     return Report([result], reference=ref)
