@@ -146,7 +146,7 @@ def _from_first(face, state_dict) -> Dict[str, torch.Tensor]:
     out = {}
     for name, shape in header[0].items():
         if name not in own:
-            out[name] = torch.empty(0)
+            out[name] = torch.empty(0)  # host: a placeholder for a name this model lacks (strict load reports it)
             continue
         if shape != tuple(own[name].shape):
             raise RuntimeError(f"model.load_full_state_dict: rank 0's {name!r} has shape {shape}, the model "

@@ -137,8 +137,8 @@ class MoEMLP(nn.Module):
         self.group = None
         #: measured in the last forward, kept on the device (read on the host by :attr:`tokens_per_expert` and
         #: :attr:`dropped`, after the step, not inside it): routed slots per expert (global index), dropped slots
-        self._tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)
-        self._dropped = torch.zeros((), dtype=torch.int64)
+        self._tokens_per_expert = torch.zeros(n_experts, dtype=torch.int64)  # host: until the first forward
+        self._dropped = torch.zeros((), dtype=torch.int64)  # host: until the first forward
         self.aux = None
         #: measured over every training forward: rows sent to other ep ranks, rows received from them, forwards
         self.exchanged = [0, 0, 0]
@@ -157,7 +157,7 @@ class MoEMLP(nn.Module):
 
     @tokens_per_expert.setter
     def tokens_per_expert(self, value) -> None:  # a peer's layer in this one's place (zerokit.peers.deepspeed_moe)
-        self._tokens_per_expert = torch.as_tensor(value)
+        self._tokens_per_expert = torch.as_tensor(value)  # host: a peer's counts, read on the host
 
     @property
     def dropped(self) -> int:
@@ -166,7 +166,7 @@ class MoEMLP(nn.Module):
 
     @dropped.setter
     def dropped(self, value) -> None:
-        self._dropped = torch.as_tensor(value)
+        self._dropped = torch.as_tensor(value)  # host: a peer's count, read on the host
 
     # -- expert parallelism ------------------------------------------------------------
     def shard(self, group) -> None:
