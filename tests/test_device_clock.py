@@ -80,7 +80,7 @@ def test_collectives_and_spans_are_timed_on_the_gpus_timeline():
 
 #: files whose times are on the device's timeline: none of them may read perf_counter for a time inside a step
 TIMED = ["runtime/ring.py", "runtime/timeline.py", "pipeline_parallel/executor.py", "peers/torch_ddp.py",
-         "peers/recording.py"]
+         "runtime/torch_recording.py"]
 
 
 @pytest.mark.parametrize("path", TIMED)

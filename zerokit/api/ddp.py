@@ -24,20 +24,9 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..parallelize import parallelize
 from ..runtime import comm
-from .engine import mark_wrapped, rank_context
-
-
-def broadcast_from_first(module: nn.Module, ctx, group_and_src: Optional[tuple] = None,
-                         skip: frozenset = frozenset()) -> None:
-    """The first rank's parameters and buffers of ``module``, on every rank of the group: the mesh's data-parallel
-    group by default, or ``group_and_src`` = (group, first rank's global rank); ``skip``: ids of tensors to leave
-    alone (shards another ``fully_shard`` call holds, which differ by rank)."""
-    group, src = group_and_src if group_and_src is not None else (ctx.mesh.group("dp"), ctx.mesh.ranks("dp")[0])
-    with torch.no_grad(), comm.phase("setup"):
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            if id(t) not in skip:
-                comm.broadcast(t.data, src, group, tag=f"broadcast {name}")
+from ..runtime.wrapping import broadcast_from_first, mark_wrapped, rank_context  # noqa: F401 - the wrappers' setup
 
 
 def precision_of(module: nn.Module) -> str:
@@ -47,6 +36,8 @@ def precision_of(module: nn.Module) -> str:
 
 class DistributedDataParallel(nn.Module):
     """torch's DDP, zerokit's buckets and hooks; see the module docstring."""
+
+    data_parallel_wrapper = "zerokit.DistributedDataParallel"  # what runtime.wrapping.wrapper_kind calls it
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0, first_bucket_mb: Optional[float] = None,
                  overlap: bool = True, find_unused_parameters: bool = False):
@@ -60,9 +51,9 @@ class DistributedDataParallel(nn.Module):
         from ..strategies.base import TrainConfig
 
         broadcast_from_first(module, ctx)
-        strategy = OverlappedDataParallel(module, ctx, TrainConfig(precision_of(module)), bucket_mb=bucket_mb,
-                                          first_bucket_mb=first_bucket_mb, overlap=overlap,
-                                          find_unused_parameters=find_unused_parameters)
+        strategy = parallelize(module, ctx, strategy=OverlappedDataParallel, config=TrainConfig(precision_of(module)),
+                               options=dict(bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, overlap=overlap,
+                                            find_unused_parameters=find_unused_parameters)).strategy
         object.__setattr__(self, "strategy", strategy)  # not a submodule: parameters() stays the module's
         module.__dict__["_zerokit_dp"] = self  # zerokit.pipeline's step holds the reduction to its last micro-batch
         for p in strategy.params:  # a ShardedOptimizer over them steps what this wrapper reduced (no second reduction)

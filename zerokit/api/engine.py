@@ -17,7 +17,7 @@ optimizer step, with ``gradient_accumulation_steps`` = A:
 ``zerokit.measure(engine)`` reads its ledgers around any block of the loop.
 
 Wrapping needs a process group: inside ``zerokit.launch`` or under ``torchrun``
-(:func:`rank_context` says how to start one when there is none).
+(:func:`zerokit.runtime.wrapping.rank_context` says how to start one when there is none).
 """
 from __future__ import annotations
 
@@ -26,48 +26,7 @@ from contextlib import nullcontext
 import torch
 
 from ..runtime import comm
-from ..runtime.context import RankContext, current
-
-
-def rank_context(who: str) -> RankContext:
-    """This rank's context, or a clear error when no process group exists yet."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{who} needs a process group, and none exists in this process: run your loop inside "
-                           f"zerokit.launch(fn, world_size) (from a notebook cell too), or start the script with "
-                           f"torchrun --nproc-per-node N and call torch.distributed.init_process_group('gloo') first")
-    return current()
-
-
-def wrapper_kind(module) -> str:
-    """What data-parallel wrapper ``module`` is (torch's DDP, zerokit's, FSDP2's ``fully_shard``), or ""."""
-    from torch.nn.parallel import DistributedDataParallel as TorchDDP
-
-    from .ddp import DistributedDataParallel
-
-    if isinstance(module, TorchDDP):
-        return "torch's DistributedDataParallel"
-    if isinstance(module, DistributedDataParallel):
-        return "zerokit.DistributedDataParallel"
-    fsdp = getattr(torch.distributed, "fsdp", None)
-    if fsdp is not None and isinstance(module, getattr(fsdp, "FSDPModule", ())):
-        return "FSDP2's fully_shard"
-    return ""
-
-
-def mark_wrapped(module: torch.nn.Module, who: str) -> None:
-    """Refuse a module some zerokit wrapper (or engine) already owns, or a data-parallel wrapper itself: each reduces
-    the gradients, so two of them would reduce every gradient twice."""
-    kind = wrapper_kind(module)
-    if kind:
-        raise ValueError(f"{who}: the module is already wrapped by {kind}, which reduces its gradients; a second "
-                         f"wrapper would reduce them again. Pass the original model (the wrapper's .module), once")
-    owner = getattr(module, "_zerokit_wrapped_by", None)
-    if owner is not None:
-        raise ValueError(f"{who}: this module is already wrapped by {owner}; wrap the original module once "
-                         f"(use the existing wrapper, or rebuild the model)")
-    module._zerokit_wrapped_by = who
+from ..runtime.wrapping import mark_wrapped, rank_context, wrapper_kind  # noqa: F401 - the wrappers' setup
 
 
 class Engine:

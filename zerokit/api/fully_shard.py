@@ -63,8 +63,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .ddp import broadcast_from_first
-from .engine import rank_context, wrapper_kind
+from ..parallelize import parallelize
+from ..runtime.wrapping import broadcast_from_first, rank_context, wrapper_kind
 from .fully_shard_precision import cast_floats, read_policy
 from .fully_shard_state import first_rank, gathered, get_full, load_full, refuse_shards
 
@@ -154,8 +154,9 @@ class _Face:
         if not any(p.requires_grad for p in own):  # the root over blocks that took them all, or a ReLU: hooks only
             self.strategy = _NoUnits(ctx)
         else:
-            self.strategy = ZeroStage3(root, ctx, TrainConfig("fp32"), exclude=frozenset(managed), param_dtype=dtype,
-                                       reduce_dtype=precision["reduce_dtype"], **options)
+            self.strategy = parallelize(root, ctx, strategy=ZeroStage3, config=TrainConfig("fp32"), options=dict(
+                exclude=frozenset(managed), param_dtype=dtype, reduce_dtype=precision["reduce_dtype"],
+                **options)).strategy
         self.root, self.ctx = root, ctx
         s = self.strategy
         #: per unit: (module, name, whole parameter, shard parameter) of every registration of its parameters

@@ -36,8 +36,9 @@ from typing import Optional
 
 import torch
 
-from .ddp import broadcast_from_first
-from .engine import Engine, mark_wrapped, rank_context
+from ..parallelize import parallelize
+from ..runtime.wrapping import broadcast_from_first, mark_wrapped, rank_context
+from .engine import Engine
 
 STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 #: DeepSpeed's gradient_clipping when the config has none (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT)
@@ -203,7 +204,8 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     cls = get_strategy(STRATEGY_OF_STAGE[stage])
     if stage == 0:
         options = {}
-    strategy = cls(model, ctx, TrainConfig(precision, spec, accumulation), **options)
+    strategy = parallelize(model, ctx, strategy=cls, config=TrainConfig(precision, spec, accumulation),
+                           options=options).strategy
     if clipping > 0:
         strategy.clip_gradients(clipping)
     engine = Engine(strategy, accumulation)

@@ -28,16 +28,15 @@ from typing import Iterator
 
 import torch
 
-from ..peers.recording import ledgered_torch_collectives
+from ..runtime.torch_recording import ledgered_torch_collectives
 from ..runtime import clock, comm
 from ..runtime.memory import CATEGORIES, HOST_CATEGORIES, MemoryLedger
+from ..runtime.wrapping import wrapper_kind
 
 
 def _torch_side(obj) -> bool:
     """A torch wrapper or optimizer whose collectives zerokit.comm does not issue (torch DDP, FSDP2, ZeRO-1's
     ZeroRedundancyOptimizer): measure records torch.distributed's calls while the block runs."""
-    from .engine import wrapper_kind
-
     kind = wrapper_kind(obj) if isinstance(obj, torch.nn.Module) else ""
     if kind and not kind.startswith("zerokit"):
         return True

@@ -42,7 +42,8 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .engine import rank_context
+from ..parallelize import parallelize
+from ..runtime.wrapping import rank_context
 
 
 class _DataParallel:
@@ -135,7 +136,6 @@ def pipeline(model: nn.Module, split_points: Optional[Sequence[str]] = None, sch
              micro_batches: int = 4, loss_fn: Callable = None, chunks: int = 1) -> PipelineSchedule:
     """Split ``model`` into pipeline stages over the ``pp`` ranks and return the schedule that steps them."""
     from ..pipeline_parallel.partition import pieces_of
-    from ..pipeline_parallel.strategy import Pipeline
 
     ctx = rank_context("zerokit.pipeline")
     if not isinstance(model, nn.Module):
@@ -165,6 +165,6 @@ def pipeline(model: nn.Module, split_points: Optional[Sequence[str]] = None, sch
             raise ValueError(f"split_points {unknown} name no block; the blocks are {blocks}")
         starts = [0] + sorted(blocks.index(s) for s in split_points) + [len(blocks)]
         partition = [b - a for a, b in zip(starts, starts[1:])]
-    driver = Pipeline({"schedule": schedule, "chunks": chunks, "partition": partition}, micro_batches, ctx, model,
-                      loss_fn)
+    driver = parallelize(model, ctx, pipeline={"schedule": schedule, "chunks": chunks, "partition": partition},
+                         micro_batches=micro_batches, loss_fn=loss_fn).pipeline
     return PipelineSchedule(driver, micro_batches, loss_fn)

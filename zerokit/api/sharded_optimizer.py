@@ -33,9 +33,10 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint.layout import group_of, place_state
+from ..parallelize import parallelize
 from ..runtime import comm
-from .ddp import broadcast_from_first, precision_of
-from .engine import rank_context
+from ..runtime.wrapping import broadcast_from_first, rank_context
+from .ddp import precision_of
 from .optimizer_face import OptimizerFace
 
 
@@ -122,7 +123,8 @@ class ShardedOptimizer(OptimizerFace):
             broadcast_from_first(holder, self.ctx)
             spec = OptimizerSpec.of_class(self.optimizer_class, **{**self._given_defaults, **{
                 k: v for k, v in group.items() if k != "params"}})
-            strategy = ZeroStage1(holder, self.ctx, TrainConfig(precision_of(holder), spec))
+            strategy = parallelize(holder, self.ctx, strategy=ZeroStage1,
+                                   config=TrainConfig(precision_of(holder), spec)).strategy
             if reduced != {""}:  # the wrapper averages the gradients: step them as they are, as ZeroRedundancyOptimizer
                 for hook in strategy._hooks:
                     hook.remove()

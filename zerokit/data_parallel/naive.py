@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from .. import theory
 from ..runtime import comm
+from ..runtime.replicas import parameter_checksums
 from ..runtime.ring import ring_all_reduce
 from ..strategies.base import Option, Replicated, boolean, register
 
@@ -45,27 +46,6 @@ def one_of(*choices):
     def check(value) -> bool:
         return isinstance(value, str) and value in choices
     return check
-
-
-def parameter_checksums(model: torch.nn.Module, experts: bool = False) -> torch.Tensor:
-    """Two float64 numbers per parameter tensor: its sum, and a position-weighted sum.
-
-    The weighted sum catches permuted values that a plain sum misses. Ranks holding the
-    same bits compute the same checksums exactly. ``experts``: the expert-parallel experts'
-    parameters (marked ``_zerokit_expert``) instead of the rest — ranks of one ep group hold
-    different experts, so those are checked over the ranks that hold the same ones.
-    """
-    sums = []
-    with torch.no_grad():
-        for p in model.parameters():
-            if getattr(p, "_zerokit_expert", False) != experts:
-                continue
-            x = p.detach().reshape(-1).to(torch.float64)
-            weights = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
-            sums.append(torch.stack([x.sum(), (x * weights).sum()]))
-    if not sums:
-        return torch.zeros(0, dtype=torch.float64)  # host: no parameters; check_replicas_match moves them to the device
-    return torch.cat(sums).cpu()
 
 
 def check_replicas_match(model: torch.nn.Module, group=None, device=None, experts: bool = False) -> None:

@@ -141,10 +141,17 @@ def collectives_checked() -> bool:
     return os.environ.get("ZEROKIT_DEBUG_COLLECTIVES", "") not in ("", "0")
 
 
+#: between the fields of a rank's status line (read back by :mod:`.hang`)
+STATUS_SEPARATOR = "\x1f"
+
+
+def encode(state: str, call: int, op: str, phase: str, detail: str) -> str:
+    """A rank's status as one line: what it is in (state), which call, op and phase, and a free-form detail."""
+    return STATUS_SEPARATOR.join((state, str(call), op, phase, detail.replace(STATUS_SEPARATOR, " ")))
+
+
 def _write(state: str, call: int, op: str = "", phase: str = "", detail: str = "") -> None:
     if _status_writer is not None:
-        from .hang import encode
-
         _status_writer(encode(state, call, op, phase, detail))
 
 

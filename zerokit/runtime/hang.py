@@ -25,9 +25,8 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from .context import backend_device
+from .context import STATUS_SEPARATOR as _SEP, backend_device, encode
 
-_SEP = "\x1f"
 #: states a slot can hold: "" nothing yet, "init" joining the group, "idle" joined, "in" inside a
 #: blocking collective, "launched" an async one issued, "wait" waiting for one, "out" left one
 WAITING = ("in", "wait", "init")
@@ -36,10 +35,6 @@ SYMMETRIC_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 _PHASES = ("setup", "forward", "backward", "step")
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
-
-
-def encode(state: str, call: int, op: str, phase: str, detail: str) -> str:
-    return _SEP.join((state, str(call), op, phase, detail.replace(_SEP, " ")))
 
 
 @dataclass(frozen=True)

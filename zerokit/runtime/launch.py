@@ -24,11 +24,10 @@ import torch.distributed as dist
 
 from .errors import RankFailed, RankTimeout
 from .supervise import Supervisor
-from .torchrun import launch_under_torchrun, under_torchrun
+from .torchrun import BACKENDS, check_backend, launch_under_torchrun, under_torchrun
 
 __all__ = ["launch", "RankFailed", "RankTimeout", "max_world_size"]
 
-BACKENDS = ("gloo", "nccl")
 START_METHODS = ("fork", "spawn")
 
 
@@ -105,11 +104,6 @@ def _import_before_fork() -> None:
     """
     if "torch._dynamo" not in sys.modules:
         import torch._dynamo  # noqa: F401
-
-
-def check_backend(backend: Optional[str]) -> None:
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; allowed: None (choose), {', '.join(map(repr, BACKENDS))}")
 
 
 def choose_backend(backend: Optional[str], world_size: int) -> str:

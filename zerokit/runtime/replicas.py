@@ -8,7 +8,7 @@ and no collective notices, because every all-reduce still has the right size.
 Lifecycle of :func:`check_replicas` (a collective: every rank of the group calls it,
 at the same point, e.g. every k steps or once after the first step): each rank
 checksums its parameters (two float64 numbers per tensor, its sum and a
-position-weighted sum, :func:`zerokit.data_parallel.naive.parameter_checksums`), the
+position-weighted sum, :func:`parameter_checksums`), the
 ranks all-gather them (phase ``setup``, tagged ``replica check``) and, if any rank's
 differ from the group's first rank, every rank raises :class:`ReplicasDiverged`
 naming that rank, the first parameter that differs, the two checksums and the step.
@@ -24,6 +24,27 @@ from . import comm
 from .context import backend_device
 
 __all__ = ["check_replicas", "ReplicasDiverged"]
+
+
+def parameter_checksums(model: torch.nn.Module, experts: bool = False) -> torch.Tensor:
+    """Two float64 numbers per parameter tensor: its sum, and a position-weighted sum.
+
+    The weighted sum catches permuted values that a plain sum misses. Ranks holding the
+    same bits compute the same checksums exactly. ``experts``: the expert-parallel experts'
+    parameters (marked ``_zerokit_expert``) instead of the rest — ranks of one ep group hold
+    different experts, so those are checked over the ranks that hold the same ones.
+    """
+    sums = []
+    with torch.no_grad():
+        for p in model.parameters():
+            if getattr(p, "_zerokit_expert", False) != experts:
+                continue
+            x = p.detach().reshape(-1).to(torch.float64)
+            weights = torch.linspace(1.0, 2.0, x.numel(), dtype=torch.float64, device=x.device)
+            sums.append(torch.stack([x.sum(), (x * weights).sum()]))
+    if not sums:
+        return torch.zeros(0, dtype=torch.float64)  # host: no parameters; check_replicas_match moves them to the device
+    return torch.cat(sums).cpu()
 
 
 class ReplicasDiverged(ValueError):
@@ -49,8 +70,6 @@ def check_replicas(module: torch.nn.Module, group=None, step: Optional[int] = No
         raise TypeError(f"check_replicas(module=…) needs an nn.Module, got {type(module).__name__}")
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return
-    from ..data_parallel.naive import parameter_checksums
-
     n = dist.get_world_size(group)
     mine = parameter_checksums(module)
     device = backend_device(str(dist.get_backend(group)))  # NCCL: this rank's GPU, wherever the model is

@@ -20,6 +20,14 @@ import torch.distributed as dist
 
 from .context import RankContext, set_current
 
+BACKENDS = ("gloo", "nccl")
+
+
+def check_backend(backend) -> None:
+    """Refuse a backend zerokit does not run on (None: the launcher chooses)."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; allowed: None (choose), {', '.join(map(repr, BACKENDS))}")
+
 
 #: what torchrun's agent (torch.distributed.elastic's LocalElasticAgent; so in torch 2.4 to 2.13) sets
 #: in every worker's environment; SLURM, MPI or a user's own script may set RANK, WORLD_SIZE
@@ -56,8 +64,6 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
     The first call joins the process group and keeps it for later calls (joining again
     through torchrun's store after leaving is not reliable); it is left at exit.
     """
-    from .launch import check_backend  # launch imports this module
-
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(f"world_size={world_size!r} but torchrun started WORLD_SIZE={env_world} ranks; "

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from typing import Union
 
+import torch.distributed as dist
 import torch.nn as nn
 
+from ..runtime.wrapping import broadcast_from_first, rank_context
 from .mappings import group_size
 from .plan import Plan, apply_plan, check_plan
 
@@ -34,8 +36,6 @@ TORCH_STYLES = {"ColwiseParallel": "colwise", "RowwiseParallel": "rowwise", "Seq
 def parallelize_module(module: nn.Module, device_mesh=None, parallelize_plan: Union[dict, Plan, None] = None,
                        sequence_parallel: bool = False) -> nn.Module:
     """Tensor-parallelize ``module`` in place by ``parallelize_plan`` (see the module docstring)."""
-    from ..api.engine import rank_context
-
     if not isinstance(module, nn.Module):
         raise TypeError(f"zerokit.parallelize_module(module=…) needs an nn.Module, got {type(module).__name__}")
     ctx = rank_context("zerokit.parallelize_module")
@@ -49,7 +49,6 @@ def parallelize_module(module: nn.Module, device_mesh=None, parallelize_plan: Un
         raise ValueError("zerokit.parallelize_module(parallelize_plan=…) needs a dict {module name: style} (or a "
                          "zerokit.tensor_parallel.Plan)")
     check_plan(module, plan, group_size(group))
-    from ..api.ddp import broadcast_from_first
 
     src = ctx.mesh.ranks("tp")[0] if device_mesh is None and ctx.mesh.size("tp") > 1 else _first_rank(group)
     broadcast_from_first(module, ctx, (group, src))
@@ -69,8 +68,6 @@ def _group(device_mesh, ctx):
 
 
 def _first_rank(group) -> int:
-    import torch.distributed as dist
-
     return 0 if group is None else dist.get_process_group_ranks(group)[0]
 
 
