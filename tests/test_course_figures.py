@@ -15,7 +15,15 @@ renderer). :func:`problems` lists what a reader would trip over:
   of any axes, beyond :data:`LEGEND_OVERLAP_PX`;
 - **clipped**: a text or legend past the figure's edge;
 - **no key**: a colour used by bars, patches or lines that no legend entry (of any legend
-  of the figure) carries, in :data:`KEYED` kinds of artists.
+  of the figure) carries, in :data:`KEYED` kinds of artists;
+- **small text**: a text smaller than :data:`MIN_FONT_PT` points;
+- **bars lost at the axis' scale**: an axes whose bars all span less than
+  :data:`MIN_BAR_SHARE` of its width and of its height (0.1 s bars on a 0–10 s axis);
+- **repeated labels**: two tick labels of one axis that read the same (rows a reader cannot
+  tell apart);
+- **legend between panels**: a legend that sits in the gap between two axes of one row,
+  where a reader cannot tell whose it is;
+- **text on a line**: an annotation whose box a line of its axes crosses.
 
 The checks are tested too: a figure built to have each fault is caught, and a sane one passes.
 """
@@ -38,6 +46,10 @@ TEXT_GAP_PX = 1.0
 LEGEND_OVERLAP_PX = 2.0
 #: how far past the figure's edge (pixels) a text may reach: anti-aliasing
 EDGE_PX = 1.0
+#: the smallest text a figure may use (points): a tick label at 100 dpi is still read from a notebook's column
+MIN_FONT_PT = 8.0
+#: the longest bar of an axes spans at least this share of the axes (along its length): else the scale hides it
+MIN_BAR_SHARE = 0.2
 
 
 # --- reading a drawn figure ------------------------------------------------------------------------
@@ -262,6 +274,11 @@ def problems(fig) -> list:
             corners = [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
             if _convex_overlap(_shrink(corners, LEGEND_OVERLAP_PX), _shrink(c, -TEXT_GAP_PX)):
                 found.append(f"legend over text: {name} {t.get_text()!r}")
+    for name, t, _, _ in texts:
+        if t.get_fontsize() < MIN_FONT_PT - 1e-6:
+            found.append(f"small text: {name} {t.get_text()!r} at {t.get_fontsize():g} pt (< {MIN_FONT_PT:g})")
+    found += _bars_lost(fig, renderer) + _repeated_labels(fig) + _legends_between_panels(fig, renderer)
+    found += _texts_on_lines(fig, renderer)
     keyed = _legend_colors(fig)
     for ax in fig.axes:
         used = _used_colors(ax)
@@ -274,6 +291,82 @@ def problems(fig) -> list:
             if not _labelled_in_place(ax, color, renderer):
                 found.append(f"a colour without a key: {what} in {color} on the axes titled {ax.get_title()!r}")
     return sorted(set(found))
+
+
+def _bars(ax):
+    """The axes' bars: the rectangles of its bar containers (``ax.bar`` / ``ax.barh``)."""
+    from matplotlib.container import BarContainer
+
+    return [(c, p) for c in ax.containers if isinstance(c, BarContainer) for p in c.patches if p.get_visible()]
+
+
+def _bars_lost(fig, renderer) -> list:
+    """Axes whose every bar is a sliver of the axes along its length: the scale was set by something else."""
+    found = []
+    for ax in fig.axes:
+        bars = _bars(ax)
+        if not bars:
+            continue
+        box = ax.get_window_extent(renderer)
+        longest = 0.0
+        for container, patch in bars:
+            b = patch.get_window_extent(renderer)
+            horizontal = getattr(container, "orientation", "vertical") == "horizontal"
+            longest = max(longest, b.width / box.width if horizontal else b.height / box.height)
+        if longest < MIN_BAR_SHARE:
+            found.append(f"bars lost at the axis' scale: the longest bar spans {longest:.0%} of the axes titled "
+                         f"{ax.get_title()!r}")
+    return found
+
+
+def _repeated_labels(fig) -> list:
+    """Tick labels of one axis that read the same, a group's name written under them counted in (``r0`` under
+    ``ddp`` and ``r0`` under ``zero1`` are two bars a reader tells apart)."""
+    renderer = _renderer(fig)
+    found = []
+    for ax in fig.axes:
+        names = [(t.get_window_extent(renderer), t.get_text().strip()) for t in ax.texts if _visible_text(t)]
+        for axis in (ax.xaxis, ax.yaxis):
+            words = []
+            for t in _drawn_tick_labels(axis):
+                box = t.get_window_extent(renderer)
+                centre = (box.x0 + box.x1) / 2
+                under = sorted((abs((b.x0 + b.x1) / 2 - centre), name) for b, name in names if b.y1 <= box.y0 + 1)
+                words.append(" / ".join([t.get_text().strip(), *[name for _, name in under[:1]]]))
+            twice = sorted({w for w in words if words.count(w) > 1})
+            if twice:
+                found.append(f"repeated labels on one axis of the axes titled {ax.get_title()!r}: {twice}")
+    return found
+
+
+def _legends_between_panels(fig, renderer) -> list:
+    found = []
+    boxes = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+    for legend in _legends(fig):
+        g = legend.get_window_extent(renderer)
+        for a in boxes:
+            for b in boxes:
+                same_row = min(a.y1, b.y1) - max(a.y0, b.y0) > 0
+                if same_row and a.x1 <= g.x0 and g.x1 <= b.x0 + 1:
+                    found.append(f"legend between panels: {[t.get_text() for t in legend.get_texts()][:3]}…")
+    return sorted(set(found))
+
+
+def _texts_on_lines(fig, renderer) -> list:
+    """Annotations (ax.text) whose box a line of the same axes runs through."""
+    from matplotlib.lines import Line2D
+
+    found = []
+    for ax in fig.axes:
+        texts = [t for t in ax.texts if _visible_text(t)]
+        if not texts:
+            continue
+        lines = [b for what, b in _data_boxes(ax, renderer) if what == "line"]
+        for t in texts:
+            box = t.get_window_extent(renderer).padded(-1.0)
+            if any(_overlap_px(box, b) > 0 for b in lines):
+                found.append(f"text on a line: {t.get_text()!r} on the axes titled {ax.get_title()!r}")
+    return found
 
 
 def _a_shade_of(color, keyed, tolerance: float = 0.02) -> bool:
@@ -356,6 +449,34 @@ def test_the_checks_catch_each_fault():
     fig, ax = _sane()
     ax.bar([3], [2], color="#C44E52")
     assert any("without a key" in p for p in problems(fig))
+
+    fig, ax = _sane()
+    ax.set_title("a title", fontsize=6)
+    assert any("small text" in p for p in problems(fig))
+
+    fig, ax = course.new_figure(6, 3)  # bars of 0.1 s on a 0–10 s axis (a timeout line set the scale)
+    ax.barh([0, 1], [0.1, 0.12], color="C0")
+    ax.axvline(10, color="C3", label="timeout")
+    ax.set_yticks([0, 1], ["a", "b"])
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    assert any("bars lost" in p for p in problems(fig))
+
+    fig, ax = _sane()
+    ax.set_xticks([0, 1, 2], ["kv 0", "kv 0", "kv 1"])
+    assert any("repeated labels" in p for p in problems(fig))
+
+    fig, (left, right) = course.new_figure(10, 3, ncols=2)
+    for a in (left, right):
+        a.bar([0, 1], [1, 2], color="C0", label="x")
+        a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    assert any("legend between panels" in p for p in problems(fig))
+
+    fig, ax = _sane()
+    ax.axhline(4.5, color="k", linestyle="--")
+    ax.text(1, 4.5, "fits", ha="center", va="center")
+    assert any("text on a line" in p for p in problems(fig))
 
     fig, ax = _sane()  # rotated labels: close but apart passes, on top of each other fails
     ax.set_xticks([0, 1, 2], ["label one", "label two", "label three"], rotation=30, ha="right")
@@ -455,7 +576,7 @@ def test_memory_bars_and_peak_bars(runs):
     _assert_readable(course.peak_bars(report).figure, "course.peak_bars")
     fig, axes = course.new_figure(8, 3.2, ncols=2)  # lesson 02's two precisions side by side
     for ax, run in zip(axes, (runs["fp32"], runs["bf16-mixed"])):
-        plot.memory_bars(run, ax=ax)
+        plot.memory_bars(run, ax=ax, legend=ax is axes[-1])  # one key, right of the second panel
     fig.tight_layout()
     _assert_readable(fig, "two plot.memory_bars side by side")
 
@@ -467,10 +588,21 @@ def test_memory_panel(monkeypatch, work, runs, view, bars):
 
     figures = _captured(monkeypatch, memory_panel)
     panel = course.MemoryPanel(work, strategies=("ddp",), run=False, view=view)
-    results = [r.result for r in runs.values()] * 2  # 16 bars: four strategies on four ranks, as lessons 06 and 12 run
+    # 16 bars: eight jobs on two ranks, as lessons 06 and 12 run; each bar's label its own
+    names = ("ddp", "zero1", "zero2", "zero3", "zero2-naive", "fsdp", "zero3-hpz", "zero1-tp")
+    results = [_renamed(r, names[i]) for i, r in enumerate([r.result for r in runs.values()] * 2)]
     panel.last_report = zerokit.Report(results[:bars // 2])
     panel.draw()
     _assert_readable(figures[-1], f"MemoryPanel ({view}, {bars} bars)")
+
+
+def _renamed(result, strategy):
+    """A copy of a run's result under another strategy's name (a stand-in for a run the test does not make)."""
+    import copy
+
+    out = copy.copy(result)
+    out.strategy = strategy
+    return out
 
 
 def test_offload_panel_and_bars(monkeypatch, work, runs):
@@ -543,9 +675,24 @@ def test_pipeline_panel(monkeypatch, name, p, m, v):
     figures = _captured(monkeypatch, pipeline_panel)
     course.PipelinePanel(p=p, m=m, name=name, chunks=max(v, 2))
     _assert_readable(figures[-1], f"PipelinePanel {name} p={p} m={m}")
+    if (p, m) == (4, 8):  # the lesson's schedules: every compute box keeps its label, forward boxes included
+        sched = zerokit.schedule(name, p, m, chunks=v)
+        boxes = sum(len(sched.compute(r)) for r in range(p))
+        labels = [t for t in figures[-1].axes[0].texts if t.get_text().strip()]
+        assert len(labels) == boxes, f"{name}: {boxes - len(labels)} of {boxes} boxes without their label"
     if v > 1:  # the boxes read "m.c": the key says so
         keys = " ".join(g.get_title().get_text() for g in _legends(figures[-1]))
         assert "micro-batch" in keys and "chunk" in keys, keys
+
+
+def test_pipeline_side_by_side_figure():
+    """Lesson 08's simulated schedule next to a measured one: one key at the foot, no legend between the panels."""
+    from zerokit.course.pipeline_panel import side_by_side_figure
+
+    sched = zerokit.schedule("1f1b", 2, 4)
+    spans = [[(str(a), 0.004 * i, 0.004 * i + (0.003 if a.kind == "F" else 0.006))
+              for i, a in enumerate(sched.actions[r])] for r in range(2)]
+    _assert_readable(side_by_side_figure(sched, spans), "side_by_side_figure")
 
 
 def test_failure_diagnosis_figure():

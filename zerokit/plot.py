@@ -12,13 +12,14 @@ def memory_bars(report, ax=None, categories=("params", "grads", "optimizer"), le
     of the same colours beside this one)."""
     import matplotlib.pyplot as plt
 
-    from .course.figures import legend_outside
+    from .course.figures import grouped_ticks, legend_outside
 
     own = ax is None
     if own:  # a pyplot figure: a cell that draws it shows it
         _, ax = plt.subplots(figsize=(max(3.0, 1.0 * sum(len(r.ranks) for r in report.results)) + 2.6, 3.6))
-    labels, x = [], 0
+    groups, x = [], 0
     for result in report.results:
+        groups.append((result.strategy, [], []))
         for rank in result.ranks:
             bottom = 0.0
             for c in categories:
@@ -28,9 +29,10 @@ def memory_bars(report, ax=None, categories=("params", "grads", "optimizer"), le
             theory_total = rank.theory_model_states["total"] / 2**20
             ax.plot([x - 0.4, x + 0.4], [theory_total] * 2, color="black", lw=2,
                     label="theory" if x == 0 else None)
-            labels.append(f"{result.strategy}\nr{rank.rank}")
+            groups[-1][1].append(x)
+            groups[-1][2].append(f"r{rank.rank}")
             x += 1
-    ax.set_xticks(range(len(labels)), labels, fontsize=9)
+    grouped_ticks(ax, groups, fontsize=9)  # each rank under its bar, the strategy once under its ranks
     ax.set_ylabel("MiB per rank")
     ax.set_title("model states per rank:\nmeasured (bars), theory (line)", fontsize=10)
     if legend:

@@ -48,10 +48,10 @@ print(f"{work.description}\nΨ = {psi:,} parameters")
 
 
 def peak_figure(results, labels, title, width):
-    """Each rank of ``results`` at its peak by category (course.peak_bars), labelled ``labels``, the key outside."""
-    fig, ax = course.new_figure(width, 3.6)
-    course.peak_bars(zerokit.Report(list(results)), ax=ax)
-    ax.set_xticks(range(len(labels)), labels)
+    """Each rank of ``results`` at its peak by category (course.peak_bars), labelled ``labels`` (None: each rank
+    under its bar, the strategy once under its ranks), the key outside."""
+    fig, ax = course.new_figure(width, 3.8)
+    course.peak_bars(zerokit.Report(list(results)), ax=ax, labels=labels)
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
@@ -133,10 +133,7 @@ assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.
 # Each rank at its peak, by category:
 
 # %%
-fig, _ = peak_figure((zero1, naive, zero2), [f"{result.strategy}\nr{rank.rank}" if rank.rank == 0 else
-                                            f"r{rank.rank}" for result in (zero1, naive, zero2)
-                                            for rank in result.ranks],
-                     "each rank at its peak, by category (measured), N = 4", width=11)
+fig, _ = peak_figure((zero1, naive, zero2), None, "each rank at its peak, by category (measured), N = 4", width=11)
 fig
 
 # %% [markdown]

@@ -10,7 +10,7 @@
 #
 # **What you will see.** GPipe, 1F1B, interleaved 1F1B and ZB-H1 as tables of actions and as
 # pictures, built from the same data the executor runs; the bubble simulated next to the
-# formula, and measured on a real 2-rank run next to its simulation (`draw_side_by_side`);
+# formula, and measured on a real 2-rank run next to its simulation;
 # the activations each rank stashes, measured, against the schedule's peak in flight; the
 # point-to-point bytes next to `theory.pipeline_p2p_bytes`; and a panel where stages,
 # micro-batches and the schedule change the picture.
@@ -28,9 +28,9 @@ from IPython.display import display
 
 import zerokit
 from zerokit import course, theory
-from zerokit.course.pipeline_panel import schedule_key
+from zerokit.course.pipeline_panel import schedule_key, side_by_side_figure
 from zerokit.course.timeline_figure import step_time
-from zerokit.pipeline_parallel import draw_schedule, draw_side_by_side, measured
+from zerokit.pipeline_parallel import draw_schedule, measured
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
 NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -69,7 +69,7 @@ for name in ("gpipe", "1f1b", "zb-h1"):
 # %%
 simulated = {name: zerokit.simulate(s) for name, s in schedules.items()}
 for name, result in simulated.items():
-    fig, ax = course.new_figure(13, 2.3)
+    fig, ax = course.new_figure(13, 3.3)
     draw_schedule(result, ax=ax, title=f"{name}, p = {p}, m = {m}: bubble {result.bubble_fraction:.1%}, "
                                        f"peak micro-batches in flight per rank {result.peak_in_flight}")
     schedule_key(ax, result.schedule)  # the colour of each micro-batch, the shade of each pass, the m.c labels
@@ -188,10 +188,7 @@ for name, report in runs.items():
 
 # %%
 sched_1f1b = zerokit.schedule("1f1b", P2, M2)
-fig = draw_side_by_side(sched_1f1b, spans(runs["1f1b"]))
-for ax in fig.axes:
-    schedule_key(ax, sched_1f1b)
-fig
+side_by_side_figure(sched_1f1b, spans(runs["1f1b"]))
 
 # %% [markdown]
 # The order of the actions is exact — the same list, run — and so is what each rank holds

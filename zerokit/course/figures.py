@@ -55,6 +55,31 @@ def legend_outside(ax, where: str = "right", **kwargs):
     return ax.legend(**kwargs)
 
 
+def grouped_ticks(ax, groups, fontsize: float = LABEL_SIZE) -> None:
+    """Bars in groups (a job's ranks): each bar's own tick label (``r0``, ``r1`` …) and the group's name once,
+    centred under its bars — not repeated under every bar, where long names run into each other.
+
+    ``groups`` is ``[(name, [x of each bar], [tick label of each bar]), …]``."""
+    ticks, labels = [], []
+    for _, xs, names in groups:
+        ticks += list(xs)
+        labels += list(names)
+    ax.set_xticks(ticks, labels, fontsize=fontsize)
+    fig = ax.figure
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    bottom = ax.get_window_extent(renderer).y0  # how far under the axes the tick labels reach, in points
+    below = max((bottom - t.get_window_extent(renderer).y0 for t in ax.get_xticklabels() if t.get_text()),
+                default=0.0) * 72 / fig.dpi
+    for name, xs, _ in groups:
+        ax.annotate(name, xy=(sum(xs) / len(xs), 0), xycoords=("data", "axes fraction"), xytext=(0, -(below + 3)),
+                    textcoords="offset points", ha="center", va="top", fontsize=fontsize, annotation_clip=False)
+    ax.xaxis.labelpad = fontsize * 1.3 + 8  # an axis label goes under the groups' names
+
+
 def plain_log_ticks(axis) -> None:
     """Tick labels of a log axis as plain numbers (``60``, ``0.5``), never ``6×10¹``; minor ticks unlabelled."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -87,7 +112,7 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
     other world sizes than the points. ``reference = (value, label)`` adds a dashed
     horizontal line (an asymptote).
     """
-    fig, ax = new_figure(8.0, 3.2)  # the points' width and, to its right, the key
+    fig, ax = new_figure(8.0, 4.2)  # the points, and under them the key
     for i, (name, s) in enumerate(series.items()):
         color = f"C{i}"
         kinds = [k for k in POINT_KINDS if k in s]
@@ -106,8 +131,11 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
 
         ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
-    ax.set_title(textwrap.fill(title, 70), fontsize=TITLE_SIZE, loc="left")  # over the key too, never past the edge
-    legend_outside(ax)
-    fig.tight_layout()
+    top = max([v for s in series.values() for k in ("theory", *POINT_KINDS) for v in s.get(k, [])]
+              + ([reference[0]] if reference is not None else []), default=1.0)
+    ax.set_ylim(0, top * 1.12)  # a dashed asymptote stays clear of the title
+    ax.set_title(textwrap.fill(title, 80), fontsize=TITLE_SIZE)
+    entries = len(series) * 2 + (reference is not None)
+    legend_outside(ax, "below", ncol=2 if entries > 3 else entries, bbox_to_anchor=(0.5, -0.25))  # the axes keep
+    fig.tight_layout()  # the figure's width
     return fig

@@ -201,11 +201,12 @@ class GridPanel(Panel):
                       label="theory" if x == 0 else None)
             states.append(sum(rank.model_state_bytes.values()))
         labels = [_label(r, in_use) for r in ranks]
-        left.set_xticks(range(len(ranks)), labels, fontsize=7)
+        left.set_xticks(range(len(ranks)), labels, fontsize=8)
         left.set_ylabel("KiB per rank (ledger)")
         left.set_title("model states per rank:\nledger, theory as a tick", fontsize=9)
         handles, names = left.get_legend_handles_labels()
-        legend_outside(left, handles=handles[::-1], labels=names[::-1], fontsize=8)
+        legend_outside(left, "below", handles=handles, labels=names, fontsize=8, ncol=4,  # not between the panels
+                       bbox_to_anchor=(0.5, -0.3))
         width, traffic, theory = 0.8 / len(axes), {}, {}
         for i, axis in enumerate(axes):
             rows, formula = [_ledger(r, axis) for r in ranks], [_theory(r, axis) for r in ranks]
@@ -215,7 +216,7 @@ class GridPanel(Panel):
             right.bar([x + width * 0.5 for x in xs], [v / 2**10 for v in formula], width * 0.5, color="white",
                       edgecolor=color, hatch="///", label=f"{axis}: theory")
             traffic[axis], theory[axis] = rows, formula
-        right.set_xticks(range(len(ranks)), labels, fontsize=7)
+        right.set_xticks(range(len(ranks)), labels, fontsize=8)
         right.set_ylabel("KiB per rank per step")
         right.set_title("traffic per axis: ring cost of\nthe ledger's calls vs theory", fontsize=9)
         legend_outside(right, fontsize=8, ncol=2 if len(axes) > 4 else 1)

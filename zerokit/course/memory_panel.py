@@ -12,23 +12,25 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, legend_outside, new_figure, png
+from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, grouped_ticks, legend_outside, new_figure, png
 from .panel import Panel, ipywidgets
 from .tables import RING_COST, THEORY, summary_rows, table
 
 
-def peak_bars(report, ax=None, legend: bool = True):
+def peak_bars(report, ax=None, legend: bool = True, labels=None):
     """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a
-    tick; the key to the right of the bars (``legend=False``: none)."""
+    tick; the key to the right of the bars (``legend=False``: none). Each bar is labelled by its rank (and its
+    precision when they differ), each job's strategy once under its ranks; ``labels`` (one per bar) replace both."""
     from ..plot import CATEGORY_COLORS
 
     own = ax is None
     bars = sum(len(r.ranks) for r in report.results)
     if own:
         _, ax = new_figure(max(3.0, 1.1 * bars) + 3.0, 3.8)
-    labels, x = [], 0
+    given, labels, groups, x = labels, [], [], 0
     mixed = len({r.precision for r in report.results}) > 1
     for result in report.results:
+        groups.append((result.strategy, [], []))
         for rank in result.ranks:
             bottom = 0.0
             for category, color in CATEGORY_COLORS.items():
@@ -39,9 +41,13 @@ def peak_bars(report, ax=None, legend: bool = True):
                     label="theory: model states" if x == 0 else None)
             # more than 8 bars leave no room for "-mixed" (zerokit has no pure bf16/fp16 to confuse it with)
             precision = result.precision.replace("-mixed", "") if bars > 8 else result.precision
-            labels.append(f"{result.strategy}\n{precision + chr(10) if mixed else ''}r{rank.rank}")
+            groups[-1][1].append(x)
+            groups[-1][2].append(f"{precision + chr(10) if mixed else ''}r{rank.rank}")
             x += 1
-    ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE - (2 if mixed else 0))
+    if given is not None:
+        ax.set_xticks(range(len(given)), list(given), fontsize=LABEL_SIZE - (2 if mixed else 0))
+    else:
+        grouped_ticks(ax, groups, fontsize=LABEL_SIZE - (1 if mixed else 0))
     ax.set_ylabel("MiB per rank at its peak")
     ax.set_title("peak memory per rank,\nby category (measured)", fontsize=TITLE_SIZE - 1)
     if legend:

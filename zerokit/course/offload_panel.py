@@ -81,10 +81,10 @@ def offload_bars(report, ax_states, ax_transfers, rank: int = 0) -> None:
             positions.append(x)
             x += 1
         x += 0.5
-    ax_states.set_xticks(positions, labels, fontsize=7)
+    ax_states.set_xticks(positions, labels, fontsize=8)
     ax_states.set_ylabel(f"KiB on rank {rank} (model states)")
     ax_states.set_title("device vs host (hatched), measured; — theory", fontsize=9)
-    ax_states.legend(fontsize=7)
+    ax_states.legend(fontsize=8)
 
     names, width = [], 0.38
     for i, result in enumerate(report.results):
@@ -97,10 +97,10 @@ def offload_bars(report, ax_states, ax_transfers, rank: int = 0) -> None:
             ax_transfers.plot([pos - width / 2, pos + width / 2], [formula[direction] / 1024] * 2, color="black",
                               lw=2, label="theory" if i == 0 and j == 0 else None)
         names.append(f"{result.strategy}\noffload={result.options.get('offload', 'none')}")
-    ax_transfers.set_xticks(range(len(names)), names, fontsize=7)
+    ax_transfers.set_xticks(range(len(names)), names, fontsize=8)
     ax_transfers.set_ylabel(f"KiB per step, rank {rank}")
     ax_transfers.set_title("device↔host copies per step (transfer ledger)", fontsize=9)
-    ax_transfers.legend(fontsize=7)
+    ax_transfers.legend(fontsize=8)
 
 
 class OffloadPanel(Panel):

@@ -29,16 +29,15 @@ MICRO_BATCH_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#9
 PASS_NAMES = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
 
 
-def schedule_key(ax, sched, fontsize: float = 7) -> None:
+def schedule_key(ax, sched, fontsize: float = 9, label_size: float = 8) -> None:
     """Give ``ax``, where :func:`draw_schedule` drew ``sched``, its whole key and lay the figure out.
 
-    The legend :func:`draw_schedule` made is replaced by one outside the axes on the right: the passes in
-    micro-batch 0's shades and idle in the first column, one swatch per micro-batch colour after it (they repeat
-    after ten), and for interleaved schedules what a box's ``m.c`` label means. Then the figure is laid out
-    (``tight_layout``) and every box label wider than its box is dropped, so no label covers its neighbours
-    (the colour still names the micro-batch)."""
-    import math
-
+    The legend :func:`draw_schedule` made is replaced by one at the figure's foot, across its width (the
+    axes keep the width, so a one-t_f box still holds its ``m`` or ``m.c`` label): the passes in micro-batch 0's
+    shades and idle first, then one swatch per micro-batch colour (they repeat after ten), and for interleaved
+    schedules what a box's ``m.c`` label means. The box labels are set in ``label_size`` points; then the
+    figure is laid out (``tight_layout``) and a label wider than its box is dropped, so no label covers its
+    neighbours (the colour still names the micro-batch)."""
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
@@ -49,20 +48,63 @@ def schedule_key(ax, sched, fontsize: float = 7) -> None:
     first = to_rgb(MICRO_BATCH_COLORS[0])
     passes = [Patch(facecolor=_shade(first, KIND_STYLE[k][0]), hatch=KIND_STYLE[k][1], edgecolor="white",
                     label=PASS_NAMES[k]) for k in kinds] + [Patch(facecolor=IDLE_COLOR, label="idle")]
-    rows = max(len(passes), 4)
-    blank = Patch(facecolor="none", edgecolor="none", label=" ")
     micro = [Patch(facecolor=c, label=f"micro-batch {i}") for i, c in enumerate(colours)]
-    columns = 1 + math.ceil(len(micro) / rows)
-    micro += [blank] * ((columns - 1) * rows - len(micro))
+    handles = passes + micro
     title = "colour: micro-batch" + (" (repeats after 10)" if sched.micro_batches > len(colours) else "")
     title += ", shade: pass" + (";  box m.c: micro-batch m, chunk c" if sched.chunks > 1 else "")
     if ax.get_legend() is not None:
         ax.get_legend().remove()
-    ax.legend(handles=passes + [blank] * (rows - len(passes)) + micro, loc="upper left", bbox_to_anchor=(1.005, 1.0),
-              fontsize=fontsize, frameon=False, ncol=columns, title=title, title_fontsize=fontsize, alignment="left",
-              handlelength=1.2, columnspacing=0.8, borderaxespad=0.2)
-    ax.figure.tight_layout()
+    for text in ax.texts:
+        text.set_fontsize(label_size)
+    key_at_bottom(ax.figure, handles, title, fontsize)
     _drop_crowded_labels(ax)
+
+
+def side_by_side_figure(sched, rank_spans, forward: float = 1.0, backward: float = 2.0):
+    """The schedule simulated (left, units of one forward) next to a real run of it (right, seconds from each
+    rank's start of the step; ``rank_spans`` the ranks' ``pipeline_spans`` in pipeline-rank order), as
+    :func:`zerokit.pipeline_parallel.draw_side_by_side` draws them, with one key for both at the figure's foot
+    and each panel tall enough to read its boxes."""
+    from ..pipeline_parallel import measured
+
+    simulated, real = simulate(sched, forward, backward), measured(sched, rank_spans)
+    fig, (left, right) = new_figure(15.0, 2.0 + 0.6 * sched.ranks, ncols=2)
+    draw_schedule(simulated, ax=left, title=f"simulated (t_b = {backward / forward:g}·t_f): "
+                                            f"bubble {simulated.bubble_fraction:.1%}")
+    draw_schedule(real, ax=right, title=f"measured: bubble {real.bubble_fraction:.1%}")
+    left.set_xlabel("time (units of one forward)")
+    right.set_xlabel("seconds from each rank's start of the step")
+    for ax in (left, right):
+        ax.title.set_fontsize(11)
+    right.get_legend().remove()
+    schedule_key(left, sched)
+    _drop_crowded_labels(right)
+    for text in right.texts:
+        text.set_fontsize(8)
+    return fig
+
+
+def key_at_bottom(fig, handles, title: str, fontsize: float) -> None:
+    """One legend for the whole figure at its foot, in as few rows as its width allows, and the axes laid out
+    above it (``tight_layout`` within the rest): never between two panels, never over a label."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for old in list(fig.legends):
+        old.remove()
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    rows = 1
+    while True:
+        legend = fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.01), fontsize=fontsize,
+                            frameon=False, ncol=-(-len(handles) // rows), title=title, title_fontsize=fontsize,
+                            handlelength=1.2, columnspacing=1.0, borderaxespad=0.0)
+        if legend.get_window_extent(renderer).width <= fig.bbox.width - 8 or rows >= len(handles):
+            break
+        legend.remove()
+        rows += 1
+    height = (legend.get_window_extent(renderer).height + 6) / fig.bbox.height
+    fig.tight_layout(rect=(0, 0.01 + height, 1, 1))
 
 
 def _drop_crowded_labels(ax) -> None:
@@ -133,7 +175,7 @@ class PipelinePanel:
         sched = result.schedule
         p, m, v = sched.ranks, sched.micro_batches, sched.chunks
         formula = theory.bubble_fraction(p, m, v)
-        fig, ax = new_figure(min(14.0, 3.0 + 0.35 * len(sched.compute(0))), 0.9 + 0.45 * p)
+        fig, ax = new_figure(min(14.0, 3.0 + 0.35 * len(sched.compute(0))), 1.9 + 0.45 * p)
         draw_schedule(result, ax=ax, title=f"{sched.name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
                       + f": simulated bubble {result.bubble_fraction:.1%}")
         schedule_key(ax, sched)

@@ -22,13 +22,19 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def plan_bars(plans: dict, chosen: Optional[str] = None, ax=None):
-    """Stacked per-GPU bytes by category for ``{strategy: Plan}``, the GPU's memory as a dashed line."""
+    """Stacked per-GPU bytes by category for ``{strategy: Plan}``, the GPU's memory as a dashed line.
+
+    Each bar's verdict (fits / does not fit) and the chosen strategy are written under the bar, in its
+    tick label — never over the title or on the memory line — and no outline covers a thin segment
+    (activations, buffers); the key sits outside the axes, on the right."""
     from ..plot import CATEGORY_COLORS
+    from .figures import legend_outside
 
     if ax is None:
-        _, ax = new_figure(5.5, 3.4)
+        _, ax = new_figure(7.5, 3.6)
     first = next(iter(plans.values()))
     unit = first.convention
+    top = unit.value(first.cluster.gpu_memory)
     for x, (name, p) in enumerate(plans.items()):
         s, bottom = p.memory.model_states, 0.0
         parts = {"params": s.params, "grads": s.grads, "optimizer": s.optimizer,
@@ -36,16 +42,22 @@ def plan_bars(plans: dict, chosen: Optional[str] = None, ax=None):
         for category, value in parts.items():
             height = unit.value(value)
             ax.bar(x, height, bottom=bottom, color=CATEGORY_COLORS[category], label=category if x == 0 else None,
-                   edgecolor="black" if name == chosen else None, linewidth=1.5 if name == chosen else 0)
+                   linewidth=0)
             bottom += height
-        ax.text(x, bottom, "fits" if p.fits else "no", ha="center", va="bottom", fontsize=LABEL_SIZE)
+        top = max(top, bottom)
     ax.axhline(unit.value(first.cluster.gpu_memory), color="#333333", ls="--", lw=1,
                label=f"GPU memory {unit.text(first.cluster.gpu_memory)}")
-    ax.set_xticks(range(len(plans)), list(plans), fontsize=LABEL_SIZE)
+    ax.set_ylim(0, top * 1.05)
+    labels = [f"{name}{' (chosen)' if name == chosen else ''}\n{'fits' if p.fits else 'does not fit'}"
+              for name, p in plans.items()]
+    ax.set_xticks(range(len(plans)), labels, fontsize=LABEL_SIZE)
+    for label, name in zip(ax.get_xticklabels(), plans):
+        if name == chosen:
+            label.set_fontweight("bold")
     ax.set_ylabel(f"{unit.unit_name} per GPU (planned)")
-    ax.set_title(f"{first.model.name} on {first.cluster.gpus} GPUs: per-GPU memory by strategy (formulas)",
+    ax.set_title(f"{first.model.name} on {first.cluster.gpus} GPUs: per-GPU memory\nby strategy (formulas)",
                  fontsize=TITLE_SIZE)
-    ax.legend(fontsize=LEGEND_SIZE)
+    legend_outside(ax, fontsize=LEGEND_SIZE)
     return ax
 
 
@@ -99,7 +111,7 @@ class PlanPanel:
         self.draw()
 
     def draw(self) -> None:
-        fig, ax = new_figure(6.0, 3.4)
+        fig, ax = new_figure(7.5, 3.6)
         plan_bars(self.plans, self.strategy.value, ax=ax)
         fig.tight_layout()
         self.image.value = png(fig)

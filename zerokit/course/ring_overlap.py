@@ -31,6 +31,22 @@ def ring_overlap_rows(result) -> list:
     return rows
 
 
+def _layers(sends) -> list:
+    """The layer each send belongs to: every layer's attention sends each ring step's tag once per pass, layers
+    in order in forward and in reverse in backward, so the k-th send of a tag in a pass is layer k (forward) or
+    layer L − 1 − k (backward, L the tag's count in the pass)."""
+    from collections import Counter
+
+    total = Counter((c["phase"], c["tag"]) for c in sends)
+    seen, out = Counter(), []
+    for c in sends:
+        key = (c["phase"], c["tag"])
+        k = seen[key]
+        seen[key] += 1
+        out.append(k if c["phase"] == "forward" else total[key] - 1 - k)
+    return out
+
+
 def ring_overlap_figure(result, rank: int = 0, step: int = 0):
     """One rank's ring transfers (sends only, one row each, in order) under its block spans, for one step."""
     from ..runtime.timeline import rank_timeline
@@ -47,7 +63,7 @@ def ring_overlap_figure(result, rank: int = 0, step: int = 0):
                          f"ring attention (cp above 1) with keep_records=True")
     t0 = min(b["start"] for b in blocks + sends)
     ms = lambda t: 1e3 * (t - t0)  # noqa: E731
-    fig, ax = new_figure(11.0, 1.6 + 0.22 * len(sends))
+    fig, ax = new_figure(11.0, 1.6 + 0.28 * len(sends))
     top = len(sends)
     ax.broken_barh([(ms(b["start"]), max(ms(b["end"]) - ms(b["start"]), 0.01)) for b in blocks], (top, 0.8),
                    color=COLORS["block compute"])
@@ -58,8 +74,9 @@ def ring_overlap_figure(result, rank: int = 0, step: int = 0):
         if c["blocked_s"] > 0:
             ax.broken_barh([(ms(c["blocked_start"]), max(ms(c["end"]) - ms(c["blocked_start"]), 0.01))],
                            (y + 0.3, 0.4), color=COLORS["waited (exposed)"])
-    names = [f"{'fwd' if c['phase'] == 'forward' else 'bwd'} {c['tag'][len(TAG) + 1:]}" for c in sends]
-    ax.set_yticks([top + 0.4, *[top - 1 - i + 0.5 for i in range(len(sends))]], ["blocks", *names], fontsize=7)
+    names = [f"layer {layer} {'fwd' if c['phase'] == 'forward' else 'bwd'} {c['tag'][len(TAG) + 1:]}"
+             for c, layer in zip(sends, _layers(sends))]
+    ax.set_yticks([top + 0.4, *[top - 1 - i + 0.5 for i in range(len(sends))]], ["blocks", *names], fontsize=9)
     ax.set_xlabel(f"ms from rank {rank}'s first ring event of step {step} (measured)")
     ax.set_title(f"rank {rank}: each send of the ring, launch to the end of its wait, under the blocks computed",
                  fontsize=10)
