@@ -14,6 +14,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .expert_parallel.moe import MoEMLP
+from .tensor_parallel import tiny_gpt_plan
+
 
 @dataclass
 class Workload:
@@ -102,8 +105,6 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_head)
         self.ln2 = nn.LayerNorm(d_model)
         if moe:  # a mixture of experts in place of the MLP (zerokit.expert_parallel)
-            from .expert_parallel.moe import MoEMLP
-
             self.mlp = MoEMLP(d_model, **moe)
         else:
             self.mlp = MLPBlock(d_model)
@@ -182,7 +183,6 @@ class TinyGPT(nn.Module):
 
 
 def _tiny_gpt_tensor_parallel_plan(sequence_parallel: bool, experts: bool = False):
-    from .tensor_parallel import tiny_gpt_plan
 
     return tiny_gpt_plan(sequence_parallel, experts=experts)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..strategies.base import Option, Strategy, boolean, register
+from ..strategies.blocks import repeated_blocks
 from .fully_shard import fully_shard
 
 
@@ -24,8 +25,6 @@ class FullyShard(Strategy):
 
     def __init__(self, model, ctx, config, **options):
         from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        from ..zero.units import repeated_blocks
 
         super().__init__(model, ctx, config, **options)
         # bf16-mixed: FSDP2's policy, fp32 shards stepped by the optimizer, bf16 gathers and gradient reductions

@@ -1,7 +1,7 @@
 """Checkpointing policies: which calls of a model are recomputed, installed on its repeated blocks in place.
 
 Lifecycle: :func:`apply_checkpointing` finds the model's repeated blocks (the children of a
-``ModuleList``/``Sequential`` of one class, :func:`zerokit.zero.units.repeated_blocks`), cuts
+``ModuleList``/``Sequential`` of one class, :func:`zerokit.strategies.blocks.repeated_blocks`), cuts
 them into segments by the policy and gives every block an instance ``forward`` that runs the
 class's own forward inside a :class:`~zerokit.checkpointing.function.Frame`; the model's
 modules, parameter names and state dict do not change, and hooks other code puts on a block
@@ -44,7 +44,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from .. import theory
-from ..zero.units import repeated_blocks
+from ..strategies.blocks import repeated_blocks
 from .function import Counter, Frame, checkpoint
 from .torch_peers import torch_forward
 

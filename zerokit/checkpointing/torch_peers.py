@@ -30,7 +30,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
-from ..zero.units import in_backward
+from ..strategies.blocks import in_backward
 
 aten = torch.ops.aten
 #: the operators whose outputs torch-selective keeps

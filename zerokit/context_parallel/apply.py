@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from .. import theory
+from ..strategies.blocks import moe_layers
 from . import layout
 from .ring_attention import ring_attention
 from .ulysses import ulysses_attention
@@ -52,8 +53,6 @@ def check_model(model: nn.Module, seq_len: int, cp: int, attention: str, tp: int
         raise ValueError(f"context parallelism needs a model whose attention cores take it (zerokit's "
                          f"CausalSelfAttention: a `context` attribute) and whose position embedding reads "
                          f"`model.positions`; {type(model).__name__} has {len(cores)} such cores")
-    from ..expert_parallel import moe_layers
-
     if any(layer.capacity_factor is not None for layer in moe_layers(model)):
         raise ValueError(f"context parallelism with capacity_factor set: an expert's capacity is filled in the "
                          f"order of a whole sequence's tokens, which cp = {cp} ranks hold in chunks; zerokit runs "
@@ -76,8 +75,6 @@ def apply_context_parallel(model: nn.Module, mesh, seq_len: int, attention: str 
     core = partial(ATTENTION[attention], positions=positions, all_positions=every, group=mesh.group("cp"))
     for module in attention_modules(model):
         module.context = core
-    from ..expert_parallel import moe_layers
-
     for layer in moe_layers(model):  # the load-balancing loss's statistics are per whole sequence
         layer.cp, layer.cp_group = cp, mesh.group("cp")
 
@@ -87,8 +84,6 @@ def theory_bytes(model: nn.Module, cp: int, attention: str, rows: int, local_tok
     """The cp axis's bytes one rank sends per step: every attention call, forward and backward, and every MoE layer's
     load-balancing statistics, per micro-batch of ``rows`` sequences holding ``local_tokens`` tokens each on this
     rank."""
-    from ..expert_parallel import moe_layers
-
     formula = theory.ring_attention_bytes if attention == "ring" else theory.ulysses_bytes
     total = sum(theory.moe_aux_cp_bytes(rows, layer.n_experts, cp) for layer in moe_layers(model))
     for m in attention_modules(model):  # this rank's heads: all, or its tensor-parallel share of the q/k/v columns

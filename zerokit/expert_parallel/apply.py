@@ -16,11 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .moe import MoEMLP
-
-
-def moe_layers(model: nn.Module) -> list:
-    return [m for m in model.modules() if isinstance(m, MoEMLP)]
+from ..strategies.blocks import moe_layers  # noqa: F401 - zerokit.expert_parallel.moe_layers
 
 
 def check_model(model: nn.Module, ep: int) -> None:

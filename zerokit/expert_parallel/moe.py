@@ -42,21 +42,27 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime import comm
-from ..workloads import MLPBlock
-from ..tensor_parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
+from ..tensor_parallel.mappings import (copy_to_tensor_parallel_region, group_rank, group_size,
+                                        reduce_from_tensor_parallel_region)
+from ..tensor_parallel.plan import EXPERT_TP_LAYOUT
+from ..tensor_parallel.sharding import Shard, mark_sequence_parallel, shard_parameter
 from .alltoall import counts_exchange, exchange
 
-
-#: how tensor parallelism splits each expert (:meth:`MoEMLP.split_experts`; the plan's ``experts`` style reads it
-#: too): parameter → the dimension cut over tp (``fc`` by output columns, ``proj`` by input rows); the rest stay whole
-EXPERT_TP_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
 
 #: the dtype the expert ids travel in (its size is :data:`zerokit.theory.experts.EXPERT_ID_BYTES`)
 EXPERT_ID_DTYPE = torch.int32
 
-#: one expert: the tiny GPT's MLP (d → 4d → d, GELU), the same module, so an expert's names and arithmetic are
-#: the dense MLP's
-Expert = MLPBlock
+class Expert(nn.Module):
+    """One expert: the tiny GPT's MLP (d → 4d → d, GELU), built as :class:`zerokit.workloads.MLPBlock` is, so an
+    expert's names and arithmetic are the dense MLP's."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
 
 
 class AuxLoss(torch.autograd.Function):
@@ -122,6 +128,8 @@ def _count(values: torch.Tensor, n: int) -> torch.Tensor:
 
 class MoEMLP(nn.Module):
     """E experts, top-k routing, optional capacity, load-balancing loss; see the module docstring."""
+
+    mixture_of_experts = True  # what zerokit.strategies.blocks.moe_layers looks for
 
     def __init__(self, d_model: int, n_experts: int, top_k: int = 1, capacity_factor: Optional[float] = None,
                  aux_weight: float = 0.01):
@@ -192,9 +200,6 @@ class MoEMLP(nn.Module):
         (their gradient is partial too, k fp32 values per token) — instead of an f and a g per expert call. The
         ``proj`` biases are added once, on tp rank 0 (×0 elsewhere, so every rank has the gradient the hooks
         sum over tp). The router stays whole: every tp rank routes the same tokens the same way."""
-        from ..tensor_parallel.mappings import group_rank, group_size
-        from ..tensor_parallel.sharding import Shard, mark_sequence_parallel, shard_parameter
-
         if group_size(group) == 1:
             return
         for e, expert in self.experts.items():

@@ -18,10 +18,9 @@ from .mappings import (copy_to_tensor_parallel_region, gather_from_sequence_para
 from .plan import STYLES, Plan, apply_plan, check_plan, plan_layout, plan_loss, tiny_gpt_plan
 from .parallelize import parallelize_module
 from .attention import TensorParallelMultiheadAttention
-from .sharding import (Shard, allreduce_sequence_parallel_gradients, communicated_widths, full_gradients,
-                       full_parameters,
-                       parameter_counts, parameter_layout, register_sequence_parallel_gradient_hooks,
-                       sequence_parallel_parameters)
+from .accounting import communicated_widths, parameter_counts
+from .sharding import (Shard, allreduce_sequence_parallel_gradients, full_gradients, full_parameters,
+                       parameter_layout, register_sequence_parallel_gradient_hooks, sequence_parallel_parameters)
 
 # the paper's names for the conjugate operators
 f = copy_to_tensor_parallel_region

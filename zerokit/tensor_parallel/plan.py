@@ -60,6 +60,12 @@ class Plan:
     keep_input_sharded: bool = False
 
 
+#: how tensor parallelism splits each expert of a mixture of experts (style ``experts``;
+#: :meth:`zerokit.expert_parallel.MoEMLP.split_experts` applies it): parameter → the dimension cut over tp (``fc`` by
+#: output columns, ``proj`` by input rows); the rest stay whole
+EXPERT_TP_LAYOUT = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
+
+
 def tiny_gpt_plan(sequence_parallel: bool = False, keep_input_sharded: bool = False, experts: bool = False) -> Plan:
     """The plan of :class:`zerokit.workloads.TinyGPT`: attention by heads, the MLP column then row,
     embedding and head by vocabulary (tied or not), LayerNorms and positions sequence-parallel.
@@ -116,8 +122,6 @@ def _placements(module: nn.Module, style: Optional[str], expert_layer: Optional[
     """How a style lays out the module's own parameters: a :class:`Shard`, or None (replicated);
     ``expert_layer``: the module is an expert's ``fc`` or ``proj`` inside an ``experts`` module."""
     if expert_layer is not None:
-        from ..expert_parallel.moe import EXPERT_TP_LAYOUT
-
         dims = {name: EXPERT_TP_LAYOUT.get(f"{expert_layer}.{name}")
                 for name, _ in module.named_parameters(recurse=False)}
         return {name: None if dim is None else Shard(dim) for name, dim in dims.items()}
@@ -170,16 +174,16 @@ def check_plan(model: nn.Module, plan: Plan, tp: int, seq_len: Optional[int] = N
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive integer")
     matched = match(model, plan)
-    from ..expert_parallel.moe import MoEMLP
-
-    want = {"vocab_embedding": nn.Embedding, "attention": nn.MultiheadAttention, "experts": MoEMLP,
-            **{s: nn.Linear for s in _LINEAR}}
+    want = {"vocab_embedding": nn.Embedding, "attention": nn.MultiheadAttention, **{s: nn.Linear for s in _LINEAR}}
     for name, (pattern, style) in matched.items():
         module = model.get_submodule(name)
         if style == "experts" and plan.sequence_parallel:  # zerokit's choice; Megatron all-gathers the tokens first
             raise ValueError(f"plan: {name} (experts): sequence_parallel=True with a mixture of experts is not "
                              f"implemented: each tp rank's router needs every token of its micro-batch; use "
                              f"sequence_parallel=False")
+        if style == "experts" and not getattr(type(module), "mixture_of_experts", False):
+            raise ValueError(f"plan: {name} (matched by {pattern!r}) is a {type(module).__name__}; style {style!r} "
+                             f"needs an nn.MoEMLP")
         if style in want and not isinstance(module, want[style]):
             raise ValueError(f"plan: {name} (matched by {pattern!r}) is a {type(module).__name__}; style {style!r} "
                              f"needs an nn.{want[style].__name__}")

@@ -26,13 +26,14 @@ nothing else reads or writes the state.
 from __future__ import annotations
 
 import enum
-from typing import Dict, List, NamedTuple, Optional, Set
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 
 from ..runtime import comm
 from ..strategies.base import Option
+from ..strategies.blocks import in_backward, repeated_blocks  # noqa: F401 - also read from here
 from .flat_buffer import FlatUnit
 from .stage1 import ELEMENTS, positive_elements
 
@@ -55,11 +56,6 @@ UNIT_SIZE_OPTION = Option(BLOCK, unit_size_allowed,
                           f"'block' (each repeated block — a transformer layer — is a unit, the root takes the rest), "
                           f"0 (every module with parameters of its own is a unit) or {ELEMENTS}: modules are grouped "
                           f"with their parent until their parameters reach this many")
-
-
-def in_backward() -> bool:
-    """True while the autograd engine runs a backward on this thread (a checkpointed block's recompute)."""
-    return torch._C._current_graph_task_id() != -1
 
 
 class UnitSpec(NamedTuple):
@@ -86,17 +82,6 @@ def _common_ancestor(names: List[str]) -> str:
             break
         prefix.append(level[0])
     return ".".join(prefix)
-
-
-def repeated_blocks(model: nn.Module) -> Set[str]:
-    """Qualified names of the children of every ModuleList/Sequential whose children share one class."""
-    blocks = set()
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 1:
-            kinds = {type(child) for child in module}
-            if len(kinds) == 1 and any(True for _ in module[0].parameters()):
-                blocks.update(f"{name}.{i}" if name else str(i) for i in range(len(module)))
-    return blocks
 
 
 #: modules that read their submodules' parameters without calling the submodules (``nn.MultiheadAttention`` passes
