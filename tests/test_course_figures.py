@@ -486,6 +486,22 @@ def test_the_checks_catch_each_fault():
     assert any("text on text" in p for p in problems(fig))
 
 
+def test_no_lesson_or_course_figure_asks_for_small_text():
+    """The lessons' own figure code (notebooks/src) and the course's never ask for text under MIN_FONT_PT: the
+    figures drawn only inside a lesson are not rendered here, so their sizes are read from the source."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*sorted((root / "notebooks" / "src").glob("*.py")), *sorted((root / "zerokit" / "course").glob("*.py")),
+             root / "zerokit" / "plot.py"]
+    small = [f"{f.relative_to(root)}:{n}: {line.strip()}" for f in files
+             for n, line in enumerate(f.read_text().splitlines(), 1)
+             for m in re.finditer(r"\b(?:fontsize|labelsize|title_fontsize)\s*=\s*(\d+(?:\.\d+)?)\b", line)
+             if float(m.group(1)) < MIN_FONT_PT]
+    assert not small, "text under the minimum size:\n" + "\n".join(small)
+
+
 # --- the course's pictures ------------------------------------------------------------------------
 
 SIZE = dict(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)

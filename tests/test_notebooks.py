@@ -204,7 +204,7 @@ def test_every_lesson_is_a_step_on_a_path_with_its_checks_behind(name):
     markdown = [_source(c) for c in cells if c["cell_type"] == "markdown"]
     opening = " ".join(" ".join(markdown[:2]).split())
     assert all(k in opening for k in ("**Time:**", "**Needs:**", "**After it you can answer:**")), name
-    assert "**Exercise:**" in _source(cells[-1]) and "**Next:**" in _source(cells[-1]), name
+    assert re.search(r"\*\*Exercises?:\*\*", _source(cells[-1])) and "**Next:**" in _source(cells[-1]), name
     assert any("predict" in m.lower() and "<details>" in m for m in markdown), f"{name}: no predict-then-run cell"
     hidden = [c for c in cells
               if c["cell_type"] == "code" and c.get("metadata", {}).get("jupyter", {}).get("source_hidden")]
@@ -215,3 +215,68 @@ def test_every_lesson_is_a_step_on_a_path_with_its_checks_behind(name):
             html = "".join(html) if isinstance(html, list) else html
             for head in re.findall(r"<thead>(.*?)</thead>", html, flags=re.S):
                 assert head.count("<th") <= 6, f"{name}: a table of {head.count('<th')} columns"
+
+
+# --- the path: the map, the closing cells, the checks a learner runs ------------------------------------
+
+EXERCISE_LINK = re.compile(r"\.\./exercises/(\d\d_\w+)\.ipynb")
+
+
+def _map_rows() -> dict:
+    """{lesson: (row text, {exercises it links})} from the README's path table."""
+    rows = {}
+    for line in (NOTEBOOKS / "README.md").read_text().splitlines():
+        m = re.match(r"\| \[[^\]]+\]\((\d\d_\w+)\.ipynb\) \|", line)
+        if m and m.group(1) in LESSONS:
+            rows[m.group(1)] = (line, set(EXERCISE_LINK.findall(line)))
+    return rows
+
+
+def test_the_map_counts_every_lesson_with_its_needs_and_run_time():
+    readme = (NOTEBOOKS / "README.md").read_text()
+    words = {17: "Seventeen"}
+    assert f"{words[len(LESSONS)]} lessons" in readme
+    rows = _map_rows()
+    assert sorted(rows) == LESSONS, "a lesson without its row in the path table"
+    for name, (line, _) in rows.items():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 5, f"{name}: lesson, needs, read and run, question, exercises: {cells}"
+        assert re.fullmatch(r"\d+ min \(run \d+ s\)", cells[2]), f"{name}: no run time: {cells[2]!r}"
+        assert cells[1], f"{name}: no prerequisites"
+
+
+def test_every_exercise_follows_one_lesson_and_that_lesson_names_it():
+    """Exercise numbers are not lesson numbers: the README's exercise table says which lesson each follows, that
+    lesson's row lists it, and the lesson's closing cell links every exercise its row lists."""
+    readme = (NOTEBOOKS / "README.md").read_text()
+    table = readme[readme.index("## Exercises"):readme.index("## Glossary")]
+    follows = {}
+    for line in table.splitlines():
+        m = re.match(r"\| \[[^\]]+\]\(\.\./exercises/(\d\d_\w+)\.ipynb\) \| \[\d\d\]\((\d\d_\w+)\.ipynb\) \|$", line)
+        if m:
+            assert m.group(1) not in follows, f"{m.group(1)} listed twice"
+            follows[m.group(1)] = m.group(2)
+    exercises = sorted(p.stem for p in (ROOT / "exercises").glob("*.ipynb"))
+    assert sorted(follows) == exercises, "every exercise follows exactly one lesson in the README's table"
+    rows = _map_rows()
+    for exercise, lesson in follows.items():
+        assert exercise in rows[lesson][1], f"{exercise} follows {lesson}, whose row does not list it"
+    for name in LESSONS:
+        closing = [c for c in _load(name)["cells"] if c["cell_type"] == "markdown" and "**Next:**" in _source(c)]
+        assert closing, f"{name}: no closing cell (**Next:**)"
+        named = set(EXERCISE_LINK.findall(_source(closing[-1])))
+        assert named == rows[name][1], f"{name}: the closing cell links {sorted(named)}, the map {sorted(rows[name][1])}"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_each_lesson_has_one_visible_check_yourself_cell(name):
+    """Besides the collapsed checks, one cell a learner sees and runs: a short printed verdict and its assert."""
+    cells = _load(name)["cells"]
+    marks = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "**Check yourself.**" in _source(c)]
+    assert len(marks) == 1, f"{name}: {len(marks)} 'Check yourself' cells"
+    cell = cells[marks[0] + 1]
+    assert cell["cell_type"] == "code" and not cell.get("metadata", {}).get("jupyter", {}).get("source_hidden")
+    code = _source(cell)
+    assert "assert " in code and "print(" in code and len(code.splitlines()) <= 10, code
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"] if o.get("output_type") == "stream")
+    assert printed.strip(), f"{name}: the check yourself cell printed no verdict"

@@ -79,6 +79,15 @@ results
 assert results == [rank ** 2 for rank in range(4)]
 
 # %% [markdown]
+# **Check yourself.** Each rank squared its own rank: what list comes back? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+expected = [rank ** 2 for rank in range(4)]
+print(f"the ranks returned {results}: each its own rank squared — {'yes' if results == expected else 'no'}")
+assert results == expected
+
+# %% [markdown]
 # The ranks printed in whatever order they reached `print`: they run at the same time,
 # each in its own process, with nothing shared. That is the point — and it is why they
 # need collectives to agree on anything.

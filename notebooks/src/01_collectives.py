@@ -54,6 +54,16 @@ for rank in range(4):
     assert len(ring.ring_schedule("reduce_scatter", 4, rank)) == theory.ring_steps("reduce_scatter", 4)
 
 # %% [markdown]
+# **Check yourself.** How many rounds does a ring all-reduce take on 4 ranks? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+rounds = len(ring.ring_schedule("all_reduce", 4, 0))
+print(f"a ring all-reduce on N = 4 ranks: {rounds} rounds; 2(N − 1) = {2 * (4 - 1)} — "
+      f"{'as predicted' if rounds == 2 * (4 - 1) else 'not as predicted'}")
+assert rounds == 2 * (4 - 1)
+
+# %% [markdown]
 # ## The two halves on real ranks
 #
 # `ring.ring_reduce_scatter` and `ring.ring_all_gather` run that schedule on

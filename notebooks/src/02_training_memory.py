@@ -86,6 +86,18 @@ assert (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values()) - 4 *
         == theory.paper_model_state_bytes(0, psi, 2))  # the paper's (2 + 2 + K)Ψ with K = 12
 
 # %% [markdown]
+# **Check yourself.** How many bytes of model states does a parameter cost under Adam, in fp32 and in bf16-mixed? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+for precision, report in runs.items():
+    scalars = theory.model_state_bytes(0, psi, 2, precision, "adamw", optimizer_tensors=tensors).step_scalars
+    per_param = (sum(report.result.ranks[0].model_state_bytes.values()) - scalars) / psi
+    print(f"{precision}: {per_param:g} bytes per parameter (Adam's step counters aside) — "
+          f"{'16, as predicted' if per_param == 16 else 'not 16'}")
+    assert per_param == 16
+
+# %% [markdown]
 # Mixed precision does **not** halve model-state memory: it moves 4 bytes per parameter
 # from the 16-bit copies into the fp32 master. What it halves is the parameters and
 # gradients the model computes with — and, below, the activations.

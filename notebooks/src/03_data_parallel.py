@@ -84,6 +84,16 @@ assert report["ddp-bucketed"].ranks[0].comm_calls_per_step < tensors
 assert report["ddp"].ranks[0].comm_calls_per_step == report["ddp-bucketed"].ranks[0].comm_calls_per_step
 
 # %% [markdown]
+# **Check yourself.** Does the overlapped DDP send more per step than 2(N − 1)/N · Ψ · b? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+sent = report[strategies[-1]].ranks[0].comm_ring_cost_bytes_per_step
+print(f"{strategies[-1]}: ring cost {sent:,} B per rank per step; 2(N − 1)/N · Ψ · b = {expected_bytes:,} B — "
+      f"{'equal' if sent == expected_bytes else 'different'}")
+assert sent == expected_bytes
+
+# %% [markdown]
 # Every variant all-reduces every gradient once: the ledger measured `Ψ·4` bytes of payload
 # per step, whose ring cost — the ring formula applied to that payload — is `2(N−1)/N·Ψ·4`
 # per rank, the theory's number (a formula, not a count of gloo's wire: [lesson 01, why
@@ -425,5 +435,6 @@ course.TimelinePanel(work, ["ddp-naive", "ddp-bucketed", "ddp"],
 #    </details>
 
 # %% [markdown]
-# **Exercise:** [exercises/03_bucketed_ddp.ipynb](../exercises/03_bucketed_ddp.ipynb) — graded by
-# `zerokit grade 03` · **Next:** [lesson 04 — ZeRO-1: sharding the optimizer states](04_zero1.ipynb)
+# **Exercises:** [exercises/02_naive_ddp.ipynb](../exercises/02_naive_ddp.ipynb) — one all-reduce per
+# gradient, graded by `zerokit grade 02`; then [exercises/03_bucketed_ddp.ipynb](../exercises/03_bucketed_ddp.ipynb)
+# — buckets, graded by `zerokit grade 03` · **Next:** [lesson 04 — ZeRO-1: sharding the optimizer states](04_zero1.ipynb)

@@ -83,6 +83,18 @@ for n, report in runs.items():
     assert abs((1 - zero1 / ddp) - theory.zero1_saving_fraction(n, "bf16-mixed")) < 0.005
 
 # %% [markdown]
+# **Check yourself.** What share of DDP's model states does ZeRO-1 save on the most ranks this lesson ran? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+n_most = max(runs)
+ddp_bytes, zero1_bytes = (sum(runs[n_most][s].ranks[0].model_state_bytes.values()) for s in ("ddp", "zero1"))
+saving, formula = 1 - zero1_bytes / ddp_bytes, theory.zero1_saving_fraction(n_most, "bf16-mixed")
+print(f"N = {n_most}: ZeRO-1 saves {saving:.1%} of DDP's model states; 0.75·(1 − 1/N) = {formula:.1%} — "
+      f"{'within half a point' if abs(saving - formula) < 0.005 else 'further apart'}")
+assert abs(saving - formula) < 0.005
+
+# %% [markdown]
 # The saving is `0.75·(1 − 1/N)`: it grows with N towards the whole optimizer share, 12 of
 # 16 bytes. The seed's fixed "33 %" is none of these values. (The measured bytes also equal
 # the paper's `4Ψ + 12Ψ/N` to within 1 %: the exact figure pads the shards and counts Adam's

@@ -120,6 +120,17 @@ for rank in zero2.ranks:
 assert max(r.peak_bytes for r in zero2.ranks) < min(r.peak_bytes for r in naive.ranks)
 
 # %% [markdown]
+# **Check yourself.** Does ZeRO-2 send more than DDP's 2(N − 1)/N · Ψ · b per step? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+rank = zero2.ranks[0]
+print(f"ZeRO-2 on N = {n}: ring cost {rank.comm_ring_cost_bytes_per_step:,} B per rank per step; "
+      f"theory {rank.theory_comm_bytes_per_step:,} B — "
+      f"{'equal' if rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step else 'different'}")
+assert rank.comm_ring_cost_bytes_per_step == rank.theory_comm_bytes_per_step
+
+# %% [markdown]
 # After the step both are ZeRO-2 — `2Ψ + 14Ψ/N` (ZeRO-1: `4Ψ + 12Ψ/N`), the table's first
 # columns, measured to the byte against the formula (the folded cell). On the way there they
 # are not:

@@ -102,6 +102,17 @@ for n, report in runs.items():
     assert abs(ratio - theory.comm_bytes_per_step(3, psi, n, b) / theory.comm_bytes_per_step(0, psi, n, b)) < 0.01
     assert abs(ratio - 1.5) < 0.01
 
+# %% [markdown]
+# **Check yourself.** How many times DDP's bytes does ZeRO-3 send per step? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+n_most = max(runs)
+zero3_sent, ddp_sent = (runs[n_most][s].ranks[0].comm_ring_cost_bytes_per_step for s in ("zero3", "ddp"))
+print(f"N = {n_most}: ZeRO-3 sends {zero3_sent / ddp_sent:.3f} × DDP's bytes per step — "
+      f"{'1.5 ×, as predicted' if abs(zero3_sent / ddp_sent - 1.5) < 0.01 else 'not 1.5 ×'}")
+assert abs(zero3_sent / ddp_sent - 1.5) < 0.01
+
 # %%
 ns = list(runs)
 course.volume_figure(
@@ -596,5 +607,6 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 
 # %% [markdown]
 # **Exercise:** [exercises/06_zero3.ipynb](../exercises/06_zero3.ipynb) — ZeRO-3's gather and free,
-# unit by unit, graded by `zerokit grade 06` · **Next:** [lesson 07 — tensor parallelism: f and g,
+# unit by unit, graded by `zerokit grade 06`; then [exercises/13_zero3_prefetch.ipynb](../exercises/13_zero3_prefetch.ipynb)
+# — prefetch under a dynamic graph, graded by `zerokit grade 13` · **Next:** [lesson 07 — tensor parallelism: f and g,
 # column → row](07_tensor_parallel.ipynb)

@@ -102,6 +102,18 @@ for got in pair:
                                   ("backward", "all_reduce", "column:f", B * S * H)]
 
 # %% [markdown]
+# **Check yourself.** Does the column → row MLP on 2 ranks give the unsharded layer's output, with one all-reduce each way? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+for got in pair:
+    same = got["max |Z − Z_ref|"] <= 1e-5
+    calls = [(phase, op) for phase, op, _, _ in got["collectives"]]
+    print(f"max |Z − Z_ref| = {got['max |Z − Z_ref|']:.1e} — {'the unsharded layer' if same else 'not the unsharded layer'}; "
+          f"collectives: {calls}")
+    assert same and calls == [("forward", "all_reduce"), ("backward", "all_reduce")]
+
+# %% [markdown]
 # Each rank holds half of A's columns and half of B's rows, and the output is the
 # unsharded layer's, to float rounding. One all-reduce of `b·s·h` each way. Attention is
 # cut the same way — the QKV projection by heads (column), the output projection by rows —
@@ -343,6 +355,8 @@ course.CollectivePanel(ops=("all_reduce", "reduce_scatter", "all_gather"), world
 
 # %% [markdown]
 # **Exercise:** [exercises/07_megatron_mlp.ipynb](../exercises/07_megatron_mlp.ipynb) — the
-# column-then-row MLP with its f and g, written by you, graded by `zerokit grade 07` ·
+# column-then-row MLP with its f and g, written by you, graded by `zerokit grade 07`; then
+# [exercises/10_sequence_parallel.ipynb](../exercises/10_sequence_parallel.ipynb) — sequence parallelism
+# around it, graded by `zerokit grade 10` ·
 # **Next:** [lesson 08 — pipeline parallelism: schedules as data, the bubble, and 1F1B's
 # memory](08_pipeline_parallel.ipynb)

@@ -123,6 +123,16 @@ for m_ in (4, 8, 16):  # 1F1B idles exactly as long as GPipe, and holds min(p �
     assert ofob.peak_in_flight == [theory.peak_stashed_microbatches("1f1b", p, m_, i) for i in range(p)]
 
 # %% [markdown]
+# **Check yourself.** Does the simulated bubble equal (p − 1)/(m + p − 1) for every schedule in the table? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+worst = max(abs(row["bubble (simulated)"] - row["bubble (formula)"]) for row in rows)
+print(f"{len(rows)} schedules: the largest gap between simulated bubble and formula is {worst:.1e} — "
+      f"{'the formula holds' if worst < 1e-4 else 'the formula does not hold'}")
+assert worst < 1e-4
+
+# %% [markdown]
 # The only lever on the bubble of GPipe and 1F1B is m: more, smaller micro-batches. 1F1B
 # leaves the idle time as it is — it buys **memory** (the next section). In the simulation
 # (equal stage times, messages free) interleaving and ZB-H1 also shrink the idle time:
@@ -353,5 +363,6 @@ course.PipelinePanel(stages=(2, 3, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32), p=
 
 # %% [markdown]
 # **Exercise:** [exercises/08_one_f_one_b.ipynb](../exercises/08_one_f_one_b.ipynb) — 1F1B written
-# as data, graded by `zerokit grade 08` · **Next:** [lesson 09 — CPU offload: the optimizer on the
+# as data, graded by `zerokit grade 08`; then [exercises/14_interleaved_1f1b.ipynb](../exercises/14_interleaved_1f1b.ipynb)
+# — interleaved 1F1B, graded by `zerokit grade 14` · **Next:** [lesson 09 — CPU offload: the optimizer on the
 # host](09_offload.ipynb)

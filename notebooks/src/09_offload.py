@@ -104,6 +104,16 @@ for stage in ("zero1", "zero2", "zero3"):
 assert runs[("zero3", "params")].ranks[0].model_state_bytes == {"params": 0, "grads": 0, "optimizer": 0}
 
 # %% [markdown]
+# **Check yourself.** Do the device, host and PCIe bytes of every offload run equal their formulas? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+kinds = ("device B", "host B", "d2h B/step", "h2d B/step")
+same = all(row[f"{w} (measured)"] == row[f"{w} (theory)"] for row in rows for w in kinds)
+print(f"{len(rows)} runs, four figures each, measured against theory — {'all equal' if same else 'some differ'}")
+assert same
+
+# %% [markdown]
 # Each measured figure equals the formula's to the byte (the collapsed checks cell). The device keeps only the 16-bit parameters (`2Ψ`; `2Ψ/N` at stage 3, nothing at rest with
 # `offload="params"`), and stage 1 its whole 16-bit gradients until they are reduced. The host
 # takes `2Ψ/N` of gradients and `12Ψ/N` of fp32 master, m and v (plus 4 bytes per Adam step
@@ -116,7 +126,7 @@ fig, (left, right) = course.new_figure(11, 3.8, ncols=2, width_ratios=[3, 2])
 course.offload_bars(zerokit.Report([runs[c] for c in (("zero2", "none"), ("zero2", "optimizer"), ("zero3", "params"))]),
                     left, right)
 left.set_ylim(0, 1.3 * left.get_ylim()[1])  # headroom: the key in one row above the bars, off the data
-left.legend(fontsize=7, loc="upper center", ncol=4, frameon=False)
+left.legend(fontsize=8, loc="upper center", ncol=4, frameon=False)
 fig.suptitle(f"{work.description}: Ψ = {psi:,}, N = {N}, {PRECISION}", fontsize=9)
 fig.tight_layout()
 fig

@@ -148,6 +148,16 @@ assert measured[("every", None)]["live_stored"] == measured[("torch-every", None
 assert min(rows[:5], key=lambda r: r["peak B (ledger)"])["policy"] == "every"  # A ≈ 18·X: the best k is 1 here
 
 # %% [markdown]
+# **Check yourself.** How many block forwards does each policy re-run in backward? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+again = {policy: got["recomputed_forwards"] for (policy, _), got in measured.items()}
+print(f"blocks recomputed in backward (n = {n}): {again} — "
+      f"{'each policy pays one extra forward' if set(again.values()) == {n} else 'not one extra forward'}")
+assert set(again.values()) == {n}
+
+# %% [markdown]
 # On this stack of blocks, `every` stores the least and also peaks the least — not `sqrt`
 # (a whole model adds its embedding and head, and its peak can fall elsewhere: the training
 # run below). Chen's `k + n/k`
@@ -177,7 +187,7 @@ left.axvline(math.sqrt(CHAIN_N), color="#999999", ls="--", lw=1, label="k = √n
 left.set_xlabel("blocks per segment k")
 left.set_ylabel("peak, in blocks' activations")
 left.set_title(f"chain of {CHAIN_N} blocks saving their input's size", fontsize=9)
-left.legend(fontsize=7)
+left.legend(fontsize=8)
 right.plot(range(1, n + 1), [theory.checkpointed_activation_bytes(n, A_measured, X, "every-k", segment_layers=k) / 1024
                              for k in range(1, n + 1)], color="#333333", lw=1.5, label="⌈n/k⌉·X + k·A (theory)")
 right.plot(list(gpt_peaks), [v / 1024 for v in gpt_peaks.values()], "o", color="#C44E52", ms=7,
@@ -186,7 +196,7 @@ right.axhline(none["peak"] / 1024, color="#999999", ls=":", lw=1, label="none")
 right.set_xlabel("blocks per segment k")
 right.set_ylabel("KiB at the peak")
 right.set_title(f"tiny GPT, {n} blocks, A ≈ {A_measured / X:.0f}·X", fontsize=9)
-right.legend(fontsize=7)
+right.legend(fontsize=8)
 fig.tight_layout()
 fig
 

@@ -16,7 +16,8 @@
 # (TP 2 × PP 4) and the 3-D grid: memory per rank, traffic per axis, bubble, each measured
 # next to its formula. Then a decision guide with the planner (`zerokit.plan`) on real sizes
 # at realistic micro-batch counts — flat ZeRO-3 next to hierarchical sharding (HSDP, ZeRO++'s
-# hpZ) and model parallelism. On the way, the two axes lessons 15 and 16 teach — cp, which cuts
+# hpZ) and model parallelism. On the way, the two axes [lesson 15](15_context_parallel.ipynb) and [lesson 16](16_mixture_of_experts.ipynb)
+# teach in full — cp, which cuts
 # the sequence, and ep, which cuts the experts — join the grid on a tiny GPT with experts (dp 2 ×
 # ep 2 × tp 2) and without (cp 2 × tp 2), each next to one process, with the combinations
 # zerokit refuses.
@@ -91,6 +92,16 @@ for rank in result.ranks:
         assert rank.comm_bytes_by_axis[axis]["ring_cost_bytes"] == rank.theory_comm_bytes_by_axis[axis], (rank.rank, axis)
 print(f"largest |Δparam| vs one process: {result.max_abs_param_diff:.1e}; "
       f"every rank's states and every axis's bytes = theory")
+
+# %% [markdown]
+# **Check yourself.** Do 8 ranks on three axes train what one process trains? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+gap = max(abs(a - b) for a, b in zip(result.losses, grid.reference.losses))
+print(f"dp 2 × tp 2 × pp 2 against one process: largest loss difference {gap:.1e} — "
+      f"{'the same training' if gap <= 1e-5 else 'a different training'}")
+assert gap <= 1e-5
 
 # %% [markdown]
 # ## Five axes: the sequence and the experts join the grid
@@ -379,7 +390,7 @@ ax_bubble.set_ylabel("idle share of the step")
 ax_bubble.set_title(f"pipeline bubble, m = {M}", fontsize=9)
 for ax in (ax_mem, ax_comm, ax_bubble):
     ax.set_xticks(list(xs), names, fontsize=8)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # below: off the bars
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # below: off the bars
 fig.suptitle(f"the seed's table on one model ({work.name}, Ψ = {psi:,}), 8 ranks, fp32 AdamW", fontsize=10)
 fig.tight_layout()
 fig

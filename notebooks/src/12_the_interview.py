@@ -20,7 +20,7 @@
 #
 # **Time:** about 40 min to read and run (the run itself: about 7 s on a 2-core laptop) ·
 # **Needs:** lessons 01–11 (this lesson gathers them; each verdict links the lesson that runs
-# its demo), nothing else · **After it you can answer:** *What is the difference between data
+# its demo); its answers on long contexts and experts link ahead to lessons 15 and 16 · **After it you can answer:** *What is the difference between data
 # and model parallelism, and how does ZeRO combine them?* · *Does ZeRO need gradient
 # synchronisation, and what does it lower?* · *Why does DDP's step time grow from 8 to 64 GPUs
 # when its bytes per GPU barely do?* · *Which of the seed's numbers survive, and why?*
@@ -102,6 +102,16 @@ assert ddp_rank.comm_sent_bytes_per_step == theory.comm_bytes_per_step(0, psi, 2
 assert all(r["÷ one process"] >= 1 for r in rows if r["layout"].startswith("data"))  # the whole model per rank
 assert all(r["÷ one process"] < 0.75 for r in rows if not r["layout"].startswith("data"))
 assert {r["sends (ops)"] for r in rows if r["layout"] == "pipeline parallel"} == {"recv, send"}
+
+# %% [markdown]
+# **Check yourself.** Which layouts keep the whole model on every rank? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+whole = sorted(r["layout"] for r in rows if r["÷ one process"] >= 1)
+print(f"the whole model's states on every rank: {whole} — "
+      f"{'data parallelism only' if all(w.startswith('data') for w in whole) else 'more than data parallelism'}")
+assert whole and all(w.startswith("data") for w in whole)
 
 # %% [markdown]
 # **The answer, from the table.** Data parallelism copies the model and splits the *data*:
@@ -728,11 +738,11 @@ for row in claims + follow_ups:
 # (activations ÷ cp), attention reaching the other ranks' keys by a ring of key/value blocks
 # (`2(cp−1)·|K|` forward per layer, overlapped with the blocks' compute) or by Ulysses'
 # all-to-alls to heads and back (four each way; cp ≤ heads); the causal mask needs zig-zag
-# chunks to keep the ranks' work equal (lesson 15). A mixture of experts multiplies the
+# chunks to keep the ranks' work equal ([lesson 15](15_context_parallel.ipynb)). A mixture of experts multiplies the
 # parameters without the compute: each token visits k of E experts, and expert parallelism
 # spreads the experts over ep ranks carved from dp (expert states ÷ ep), moving tokens by two
 # all-to-alls per layer (`T·k·d·b` each way) instead of activations' all-reduces; the dense
-# weights still reduce over dp, the experts' over the ranks holding the same ones (lesson 16).
+# weights still reduce over dp, the experts' over the ranks holding the same ones ([lesson 16](16_mixture_of_experts.ipynb)).
 # Five axes, one mesh: tp inside a node, cp and ep next, dp (with ZeRO) and pp across nodes.
 #
 # **In practice.** Memory first: DDP or ZeRO-1/2 while the model fits, ZeRO-3 or offload when

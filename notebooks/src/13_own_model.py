@@ -316,6 +316,17 @@ for setup in SETUPS:
 assert reference["sgd"][-1] < reference["sgd"][0] and reference["adamw"][-1] < reference["adamw"][0]  # it learns
 
 # %% [markdown]
+# **Check yourself.** Does every setup train your model as one process does? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+gaps = {setup: max(abs(a - b) for a, b in zip(mean_losses(runs[setup, "adamw"]), reference["adamw"]))
+        for setup in SETUPS}
+print(f"{len(gaps)} setups with AdamW against one process: largest loss difference {max(gaps.values()):.1e} — "
+      f"{'one training' if max(gaps.values()) < 1e-5 else 'different trainings'}")
+assert max(gaps.values()) < 1e-5
+
+# %% [markdown]
 # Six setups, one training: with SGD and with AdamW the losses agree with the single
 # process to fp32 rounding — the ranks add their halves' gradients in another order than
 # one process does, and that is all. Sharding changes where the states live, not the
@@ -409,7 +420,7 @@ for setup in SETUPS:
 # 1.5× of lesson 06, on your model, and the frozen table never moves.
 
 # %%
-fig, ax = course.new_figure(7.0, 3.2)
+fig, ax = course.new_figure(9.0, 3.6)
 four = SETUPS[:4]
 bottom = [0.0] * len(four)
 for category in ("params", "grads", "optimizer"):
@@ -420,10 +431,10 @@ ax.scatter(range(len(four)), [formula(s).total / 1024 for s in four], marker="_"
            label="theory.model_state_bytes")
 ax.set_xticks(range(len(four)), [f"{s}\n{w}" for s, w in zip(four, ("DistributedDataParallel", "ShardedOptimizer",
                                                                      "initialize, stage 2", "initialize, stage 3"))],
-              fontsize=8)
+              fontsize=9)
 ax.set_ylabel("KiB per rank (measured)")
-ax.set_title(f"your GPT (Ψ = {psi:,}, fp32 AdamW) on 2 ranks: model states per rank, rank 0", fontsize=9)
-ax.legend(fontsize=7, frameon=False)
+ax.set_title(f"your GPT (Ψ = {psi:,}, fp32 AdamW) on 2 ranks:\nmodel states of rank 0", fontsize=11)
+course.figures.legend_outside(ax, "right")  # off the bars
 fig.tight_layout()
 fig
 

@@ -344,6 +344,15 @@ assert max(d.seconds for d in LABS) < 10, [round(d.seconds, 1) for d in LABS]
 assert with_no_sync == formula and forgotten_everywhere == 2 * formula, (with_no_sync, forgotten_everywhere, formula)
 
 # %% [markdown]
+# **Check yourself.** Which collective does zerokit blame when the ranks' reduce-scatter sizes disagree? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+print(f"mismatched reduce-scatter: {shapes.cause} at {shapes.op} #{shapes.call} of {shapes.phase} — "
+      f"{'the right collective' if (shapes.cause, shapes.op) == ('CollectiveMismatch', 'reduce_scatter') else 'another'}")
+assert (shapes.cause, shapes.op) == ("CollectiveMismatch", "reduce_scatter")
+
+# %% [markdown]
 # ## On NCCL, the same bugs hang
 #
 # gloo on one machine fails fast because its peers talk over sockets that close when a
@@ -432,5 +441,5 @@ course.FailurePanel({
 
 # %% [markdown]
 # **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — predict what
-# each run will measure before it runs, graded by `zerokit grade 09` · **Next:** the [course map](README.md); [lesson 12 — the
-# interview](12_the_interview.ipynb) gathers every answer of the course on one page
+# each run will measure before it runs, graded by `zerokit grade 09` · **Next:** [lesson 15 — context parallelism](15_context_parallel.ipynb); the [course map](README.md) has
+# the whole path

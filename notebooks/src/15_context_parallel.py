@@ -134,6 +134,16 @@ assert scale_rows[2]["activations, all layers (formula)"] == "645 GB"  # the num
 assert act_rows[1]["activations B (ledger)"] < 0.55 * base and act_rows[2]["activations B (ledger)"] < 0.8 * base
 
 # %% [markdown]
+# **Check yourself.** Does ring attention on 2 ranks keep about half of one process's activations per rank? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+share = act_rows[1]["activations B (ledger)"] / base
+print(f"ring attention, cp = 2: {share:.0%} of one process's activations per rank — "
+      f"{'about half' if share < 0.55 else 'more than half'}")
+assert share < 0.55
+
+# %% [markdown]
 # ## Ring attention and Ulysses: what goes over the `cp` axis
 #
 # **Ring attention** (Liu et al., arXiv 2310.01889). Each rank keeps its queries and passes its

@@ -81,6 +81,16 @@ assert float((y - by_hand).abs().max()) < 1e-5  # the output is the gated sum of
 assert int(layer.tokens_per_expert.sum()) == B * S * K and layer.dropped == 0  # dropless: every slot served
 
 # %% [markdown]
+# **Check yourself.** With no capacity limit, how many expert slots are served and how many tokens dropped? Predict it, then run the cell: it prints its
+# verdict, and stops with an `AssertionError` if the run disagrees.
+
+# %%
+served = int(layer.tokens_per_expert.sum())
+print(f"{B * S} tokens × top-{K} = {B * S * K} slots; the experts served {served} and dropped {layer.dropped} — "
+      f"{'dropless' if served == B * S * K and layer.dropped == 0 else 'not dropless'}")
+assert served == B * S * K and layer.dropped == 0
+
+# %% [markdown]
 # ## Capacity: what happens when too many tokens pick one expert
 #
 # Compiled kernels and buffers want shapes fixed before the router runs (GShard and Switch ran
