@@ -1,6 +1,10 @@
 """``zerokit.train``: run a workload under a strategy on N ranks and measure everything.
 
-Every strategy goes through the same loop on every rank: zero_grad, then for each of
+The settings arrive as a :class:`zerokit.config.JobConfig` or as the keywords it is made of, and
+:func:`zerokit.job.make_job` checks them before any process starts. On each rank
+:func:`zerokit.parallelize.parallelize` lays the model out (tensor, expert, context parallelism,
+activation checkpointing, pipeline, then the strategy); :func:`run_rank` keeps the loop and the
+measurements. Every strategy goes through the same loop on every rank: zero_grad, then for each of
 A micro-batches forward (phase "forward") and backward (phase "backward", under
 ``no_sync`` for all but the last), then the step (phase "step"). The ledgers are read
 after the last optimizer step and before the next zero_grad. The single-process
