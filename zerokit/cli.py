@@ -11,7 +11,7 @@ from pathlib import Path
 from . import strategies as strategy_registry
 from . import theory
 from .report import Report
-from .runtime.errors import RankFailed, RankTimeout
+from .runtime.errors import RankFailed, RankTimeout, UsageError
 from .runtime.mesh import AXES, check_built, parse_parallel
 from .runtime.termination import end_by, stop_resource_tracker
 from .job import JOB_OPTIONS, make_job
@@ -20,10 +20,6 @@ from .workloads import Workload
 
 #: how ``--parallel`` is written, for its help and its error messages
 PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, ep, tp, pp, e.g. dp=2,tp=1,pp=1 (ep is carved from dp)"
-
-
-class UsageError(ValueError):
-    """Bad input on the command line: printed as ``zerokit: error: …``, exit status 2."""
 
 
 def load_workload(spec: str) -> Workload:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..runtime.errors import UsageError
 from . import SUITES
 
 ALL = SUITES
@@ -15,7 +16,6 @@ ALL = SUITES
 
 def cmd_bench(args) -> int:
     from .. import bench
-    from ..cli import UsageError
 
     if args.quick:
         if args.suite or args.rest:

@@ -35,8 +35,8 @@ ledger, but it blocks backward while it runs (the ring has no asynchronous form)
 """
 from __future__ import annotations
 
-from ..pipeline_parallel.options import PIPELINE_OPTIONS
 from ..strategies.base import Option, boolean, positive_number, register
+from ..strategies.pipeline_options import PIPELINE_OPTIONS
 from .buckets import GradBuckets
 from .naive import DataParallel
 from .reducer import Reducer

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..runtime.errors import UsageError
+
 
 def _usage_error(message: str):
-    from ..cli import UsageError
-
     return UsageError(message)
 
 

@@ -230,14 +230,12 @@ def _node_group(dp: int, tp: int, gpus_per_node: int) -> int:
 
 def _try(plan, layouts: list) -> tuple:
     """(options that fit, options that don't) among ``layouts``."""
-    from .plan import build
-
     fits, misses = [], []
     for layout in layouts:
         if layout.pp > 1 and layout.stage >= 2:
             continue  # DeepSpeed refuses it; the plan for such a layout says so when asked directly
         try:
-            option = build(plan.model, plan.cluster, layout, plan.convention)
+            option = plan.with_layout(layout)
         except ValueError as e:
             misses.append(Option(label(layout), layout, None, False, f"{label(layout)}: {e}"))
             continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from .. import theory
-from ..cli import UsageError
+from ..runtime.errors import UsageError
 from .layout import ALL_STRATEGIES
 
 #: a planner error's leading argument name -> the flag that sets it

@@ -30,22 +30,8 @@ from dataclasses import dataclass, field
 from .. import theory
 from ..theory import context as cp_theory
 from ..theory import experts as ep_theory
-from ..zero.flat_buffer import assign_units
-
-
-@dataclass(frozen=True)
-class Term:
-    """One labelled quantity: what it is, its bytes, the formula and the assumption behind it."""
-
-    category: str
-    name: str
-    bytes: float
-    formula: str
-    assumption: str = ""
-
-    def as_dict(self) -> dict:
-        return {"category": self.category, "name": self.name, "bytes": self.bytes, "formula": self.formula,
-                "assumption": self.assumption}
+from . import state_variants  # offload, hierarchical sharding, experts: their own groups and terms
+from .terms import Term, split_experts, theory_term, units_of  # noqa: F401 - read from here too
 
 
 @dataclass
@@ -69,16 +55,6 @@ class StageMemory:
     @property
     def total(self) -> float:
         return self.model_states.total + self.activations + self.buffers
-
-
-class _Sized:
-    """A tensor size for :func:`zerokit.zero.flat_buffer.assign_units` (which reads ``numel()``)."""
-
-    def __init__(self, numel):
-        self._numel = numel
-
-    def numel(self):
-        return self._numel
 
 
 def stage_tensors(model, pp: int, i: int) -> list:
@@ -107,29 +83,10 @@ def rank_sizes(tensors: list, t: int) -> list:
     return [(-(-p.numel // t) if p.tp_sharded else p.numel, p) for p in tensors]
 
 
-def units_of(sizes: list, layout) -> tuple:
-    """zerokit's flat units on this rank: (unit sizes, persistent elements, stepped tensors)."""
-    if layout.stage in (1, 2):
-        groups = assign_units([_Sized(n) for n, _ in sizes], layout.reduce_bucket_size)
-        units = [sum(sizes[j][0] for j in g) for g in groups]
-        return units, 0, len(units)
-    if layout.stage == 3:
-        persistent = sum(n for n, _ in sizes if n < layout.param_persistence_threshold)
-        by_unit: dict = {}
-        for n, p in sizes:  # block units: one per transformer layer, the root takes the rest
-            if n >= layout.param_persistence_threshold:
-                by_unit[p.layer] = by_unit.get(p.layer, 0) + n
-        units = list(by_unit.values())
-        return units, persistent, len(units) + (1 if persistent else 0)
-    return None, 0, len(sizes)
-
-
 def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, largest_module: int) -> tuple:
     """(device ModelStates, host bytes per GPU, terms, units) for Ψ_rank = ``psi`` over ``dp`` ranks."""
     stage, n = layout.stage, dp
     known = bool(sizes)
-    from . import state_variants  # offload, hierarchical sharding, experts: their own groups and terms
-
     if layout.offload != "none":
         return state_variants.offload_terms(psi, layout, n, convention, largest_module)
     if layout.hierarchical:
@@ -164,15 +121,6 @@ def model_state_terms(psi: int, sizes: list, layout, dp: int, convention, larges
                          f"{layout.optimizer}{' with an fp32 master copy' if layout.precision != 'fp32' else ''}; "
                          f"{step_note}")]
     return states, 0.0, terms, units
-
-
-def split_experts(sizes: list) -> tuple:
-    """(dense sizes, expert sizes) of a rank's (elements, tensor) list."""
-    return [x for x in sizes if not ep_theory.is_expert(x[1])], [x for x in sizes if ep_theory.is_expert(x[1])]
-
-
-def theory_term(category, name, nbytes, formula, assumption="") -> Term:
-    return Term(category, name, float(nbytes), formula, assumption)
 
 
 def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:

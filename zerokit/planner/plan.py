@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from . import layout as layouts
 from . import memory as mem
 from . import traffic
+from .advisor import advise
 from .cluster import Cluster
 from .conventions import DIFFERENCE, convention as get_convention
 from .models import check as check_spec, resolve
@@ -98,9 +99,11 @@ class Plan:
         return out
 
     def advise(self, explore: bool | None = None):
-        from .advisor import advise
-
         return advise(self, explore=explore)
+
+    def with_layout(self, layout: layouts.Layout) -> "Plan":
+        """The same model, cluster and convention under another layout (the advisor's candidates)."""
+        return build(self.model, self.cluster, layout, self.convention)
 
     def table(self, advice: bool = True) -> str:
         from .render import render

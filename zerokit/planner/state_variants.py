@@ -7,13 +7,13 @@
 - :func:`expert_terms`: expert parallelism — the dense part over the dp ranks, the experts over
   the dp/ep ranks holding the same ones, each kind counted on its own group.
 
-Each returns what :func:`.memory.model_state_terms` returns: (device ModelStates, host bytes
+Each returns what :func:`zerokit.planner.memory.model_state_terms` returns: (device ModelStates, host bytes
 per GPU, labelled terms, units).
 """
 from __future__ import annotations
 
 from .. import theory
-from .memory import split_experts, theory_term, units_of
+from .terms import split_experts, theory_term, units_of
 
 
 def expert_terms(sizes, layout, n, convention, largest_module):

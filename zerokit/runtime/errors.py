@@ -6,12 +6,19 @@ stopped and reaped every rank, and raises it from ``launch`` in the calling proc
 traceback; :class:`RankTimeout` names the ranks still running at the deadline (or at a
 stall) and the collective each is in, grouped by call. Both pickle (``__reduce__``), so they can cross a
 process boundary again, e.g. from a launch made inside a worker.
+
+:class:`UsageError` is the command line's: bad input, printed as ``zerokit: error: …`` by
+:mod:`zerokit.cli` and by each subcommand's own parser (bench, grade, plan), which sit below it.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["RankFailed", "RankTimeout"]
+__all__ = ["RankFailed", "RankTimeout", "UsageError"]
+
+
+class UsageError(ValueError):
+    """Bad input on the command line: printed as ``zerokit: error: …``, exit status 2."""
 
 
 class RankFailed(Exception):

@@ -1,38 +1,6 @@
 """Training strategies, one mechanism per module; ``get(name)`` finds one by name."""
 from __future__ import annotations
 
-import importlib
+from .base import Option, Strategy, TrainConfig  # noqa: F401 - the package's API
+from .registry import MODULES, REGISTRY, get, load_all, names, register  # noqa: F401
 
-from .base import REGISTRY, Option, Strategy, TrainConfig, get, register  # noqa: F401 - the package's API
-
-#: modules that register strategies, in the order a learner meets them
-MODULES = ["zerokit.strategies.single", "zerokit.peers.torch_ddp",
-           "zerokit.data_parallel.naive", "zerokit.data_parallel.bucketed", "zerokit.data_parallel.overlap",
-           "zerokit.zero.stage1", "zerokit.zero.stage2_naive", "zerokit.zero.stage2", "zerokit.zero.stage3",
-           "zerokit.api.fully_shard_strategy",
-           "zerokit.tensor_parallel.strategy",
-           "zerokit.peers.torch_zero", "zerokit.peers.fsdp2", "zerokit.peers.deepspeed", "zerokit.peers.torch_tp",
-           "zerokit.pipeline_parallel.strategy", "zerokit.peers.torch_pp",
-           "zerokit.peers.torch_cp", "zerokit.peers.deepspeed_ulysses",
-           "zerokit.peers.deepspeed_moe"]
-
-_loaded = False
-
-
-def load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for module in MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:  # a module that exists but fails to import is a real error
-                raise
-    _loaded = True
-
-
-def names() -> list:
-    """Registered strategies in the order their modules are listed."""
-    load_all()
-    return list(REGISTRY)

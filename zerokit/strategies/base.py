@@ -17,6 +17,7 @@ from .. import theory
 from ..runtime.context import RankContext
 from ..runtime.memory import MemoryLedger
 from ..optim import MasterOptimizer, OptimizerSpec
+from .registry import REGISTRY, get, register  # noqa: F401 - strategies register here
 
 
 @dataclass(frozen=True)
@@ -208,20 +209,3 @@ class Replicated(Strategy):
         return theory.model_state_bytes(self.stage, psi, self.world, self.config.precision, self.config.optimizer.name,
                                         units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
                                         frozen_numel=frozen)
-
-
-REGISTRY: Dict[str, type] = {}
-
-
-def register(cls):
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def get(name: str) -> type:
-    from . import load_all
-
-    load_all()
-    if name not in REGISTRY:
-        raise ValueError(f"strategy={name!r} is unknown; allowed: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]

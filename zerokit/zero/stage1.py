@@ -43,7 +43,7 @@ from typing import List, Optional
 import torch
 
 from .. import theory
-from ..pipeline_parallel.options import PIPELINE_OPTIONS, REFUSED
+from ..strategies.pipeline_options import PIPELINE_OPTIONS, REFUSED
 from ..runtime import comm
 from ..offload.zero_hooks import Offload, offload_option
 from ..strategies.base import Option, Strategy, boolean, register
