@@ -9,13 +9,11 @@ from .runtime import comm, ring, timeline
 from .runtime.context import RankContext, current
 from .runtime.launch import RankFailed, RankTimeout, launch
 from .runtime.memory import MemoryLedger
-from .planner import plan
 from .api import DistributedDataParallel, Engine, ShardedOptimizer, fully_shard, initialize, measure, pipeline
 from .pipeline_parallel import schedule, simulate
 from .report import Report
 from .train import train
 from .workloads import Workload, mlp, tiny_gpt
-from . import grade  # callable: zerokit.grade(notebook) grades an exercise
 from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_dict
 from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
 from .runtime.link import Link
@@ -29,3 +27,17 @@ __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankConte
            "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
            "remove_checkpointing", "parallelize_module", "pipeline"]
 __version__ = "0.1.0"
+
+#: names whose packages load on first use, so ``import zerokit`` stays light: the planner, the grader
+#: (``zerokit.grade(notebook)`` grades an exercise); ``zerokit.course`` and ``zerokit.bench`` are imported by name
+_LOADED_WHEN_USED = {"plan": ("zerokit.planner", "plan"), "grade": ("zerokit.grade", None)}
+
+
+def __getattr__(name: str):
+    if name not in _LOADED_WHEN_USED:
+        raise AttributeError(f"module 'zerokit' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LOADED_WHEN_USED[name]
+    value = importlib.import_module(module)
+    return value if attribute is None else getattr(value, attribute)

@@ -1,8 +1,59 @@
-"""matplotlib pictures of what the ledgers measured."""
+"""matplotlib pictures of what the ledgers measured, and the legend and tick helpers every picture shares.
+
+matplotlib is imported inside the functions that draw, so ``import zerokit`` never loads it.
+"""
 from __future__ import annotations
 
+#: font sizes (points) of titles, axis labels and ticks, legends and annotations: readable from the back of a room
+TITLE_SIZE, LABEL_SIZE, LEGEND_SIZE = 12, 11, 10
 CATEGORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
                    "buffers": "#8172B3", "activations": "#C44E52"}
+
+
+def legend_outside(ax, where: str = "right", **kwargs):
+    """The axes' legend off the data: to its right (``where="right"``) or under it (``"below"``, entries in a row).
+
+    A legend inside the axes hides bars or points sooner or later (a taller bar, another
+    world size); outside, :meth:`Figure.tight_layout` makes room for it. ``kwargs`` go to
+    :meth:`Axes.legend` (``handles``, ``ncol``, ``title`` …)."""
+    kwargs.setdefault("fontsize", LEGEND_SIZE)
+    if where == "right":
+        kwargs.setdefault("loc", "upper left")
+        kwargs.setdefault("bbox_to_anchor", (1.02, 1.0))
+    elif where == "below":
+        kwargs.setdefault("loc", "upper center")
+        kwargs.setdefault("bbox_to_anchor", (0.5, -0.22))
+        kwargs.setdefault("ncol", 3)
+    else:
+        raise ValueError(f"where={where!r}; allowed: right, below")
+    kwargs.setdefault("borderaxespad", 0.0)
+    kwargs.setdefault("frameon", False)
+    return ax.legend(**kwargs)
+
+
+def grouped_ticks(ax, groups, fontsize: float = LABEL_SIZE) -> None:
+    """Bars in groups (a job's ranks): each bar's own tick label (``r0``, ``r1`` …) and the group's name once,
+    centred under its bars — not repeated under every bar, where long names run into each other.
+
+    ``groups`` is ``[(name, [x of each bar], [tick label of each bar]), …]``."""
+    ticks, labels = [], []
+    for _, xs, names in groups:
+        ticks += list(xs)
+        labels += list(names)
+    ax.set_xticks(ticks, labels, fontsize=fontsize)
+    fig = ax.figure
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    bottom = ax.get_window_extent(renderer).y0  # how far under the axes the tick labels reach, in points
+    below = max((bottom - t.get_window_extent(renderer).y0 for t in ax.get_xticklabels() if t.get_text()),
+                default=0.0) * 72 / fig.dpi
+    for name, xs, _ in groups:
+        ax.annotate(name, xy=(sum(xs) / len(xs), 0), xycoords=("data", "axes fraction"), xytext=(0, -(below + 3)),
+                    textcoords="offset points", ha="center", va="top", fontsize=fontsize, annotation_clip=False)
+    ax.xaxis.labelpad = fontsize * 1.3 + 8  # an axis label goes under the groups' names
 
 
 def memory_bars(report, ax=None, categories=("params", "grads", "optimizer"), legend: bool = True):
@@ -11,8 +62,6 @@ def memory_bars(report, ax=None, categories=("params", "grads", "optimizer"), le
     The key sits to the right of the bars (``legend=False`` leaves it out: a second panel
     of the same colours beside this one)."""
     import matplotlib.pyplot as plt
-
-    from .course.figures import grouped_ticks, legend_outside
 
     own = ax is None
     if own:  # a pyplot figure: a cell that draws it shows it

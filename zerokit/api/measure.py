@@ -28,7 +28,7 @@ from typing import Iterator
 
 import torch
 
-from ..runtime.torch_recording import ledgered_torch_collectives
+from ..runtime.torch_recording import ledgered_allreduce_hook, ledgered_torch_collectives
 from ..runtime import clock, comm
 from ..runtime.memory import CATEGORIES, HOST_CATEGORIES, MemoryLedger
 from ..runtime.wrapping import wrapper_kind
@@ -52,10 +52,8 @@ def _route_torch_ddp(obj) -> None:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
     if isinstance(obj, TorchDDP) and not getattr(obj, "_zerokit_ledgered", False):
-        from ..peers.torch_ddp import _ledgered_allreduce_hook
-
         try:
-            obj.register_comm_hook(None, _ledgered_allreduce_hook)
+            obj.register_comm_hook(None, ledgered_allreduce_hook)
         except RuntimeError as e:  # a hook of the user's: its collectives stay unseen, and the table says so
             obj._zerokit_ledgered = f"(torch DDP's buckets: your comm hook's collectives are not recorded: {e})"
             return

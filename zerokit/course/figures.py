@@ -13,10 +13,10 @@ import io
 import textwrap
 from typing import Dict, Optional
 
+from ..plot import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, grouped_ticks, legend_outside  # noqa: F401 - the lessons' too
+
 #: pixels per inch of every picture the panels and helpers render: legible projected, files still small
 DPI = 100
-#: font sizes (points) of titles, axis labels and ticks, legends and annotations: readable from the back of a room
-TITLE_SIZE, LABEL_SIZE, LEGEND_SIZE = 12, 11, 10
 #: what :func:`new_figure` sets in matplotlib's rcParams before drawing (text made later inherits it)
 STYLE = {"font.size": LABEL_SIZE, "axes.titlesize": TITLE_SIZE, "axes.labelsize": LABEL_SIZE,
          "xtick.labelsize": LABEL_SIZE, "ytick.labelsize": LABEL_SIZE, "legend.fontsize": LEGEND_SIZE}
@@ -32,52 +32,6 @@ def new_figure(width: float, height: float, ncols: int = 1, width_ratios=None):
     if ncols == 1:
         return fig, fig.add_subplot(1, 1, 1)
     return fig, fig.subplots(1, ncols, gridspec_kw={"width_ratios": width_ratios} if width_ratios else None)
-
-
-def legend_outside(ax, where: str = "right", **kwargs):
-    """The axes' legend off the data: to its right (``where="right"``) or under it (``"below"``, entries in a row).
-
-    A legend inside the axes hides bars or points sooner or later (a taller bar, another
-    world size); outside, :meth:`Figure.tight_layout` makes room for it. ``kwargs`` go to
-    :meth:`Axes.legend` (``handles``, ``ncol``, ``title`` …)."""
-    kwargs.setdefault("fontsize", LEGEND_SIZE)
-    if where == "right":
-        kwargs.setdefault("loc", "upper left")
-        kwargs.setdefault("bbox_to_anchor", (1.02, 1.0))
-    elif where == "below":
-        kwargs.setdefault("loc", "upper center")
-        kwargs.setdefault("bbox_to_anchor", (0.5, -0.22))
-        kwargs.setdefault("ncol", 3)
-    else:
-        raise ValueError(f"where={where!r}; allowed: right, below")
-    kwargs.setdefault("borderaxespad", 0.0)
-    kwargs.setdefault("frameon", False)
-    return ax.legend(**kwargs)
-
-
-def grouped_ticks(ax, groups, fontsize: float = LABEL_SIZE) -> None:
-    """Bars in groups (a job's ranks): each bar's own tick label (``r0``, ``r1`` …) and the group's name once,
-    centred under its bars — not repeated under every bar, where long names run into each other.
-
-    ``groups`` is ``[(name, [x of each bar], [tick label of each bar]), …]``."""
-    ticks, labels = [], []
-    for _, xs, names in groups:
-        ticks += list(xs)
-        labels += list(names)
-    ax.set_xticks(ticks, labels, fontsize=fontsize)
-    fig = ax.figure
-    if not hasattr(fig.canvas, "get_renderer"):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        FigureCanvasAgg(fig)
-    renderer = fig.canvas.get_renderer()
-    bottom = ax.get_window_extent(renderer).y0  # how far under the axes the tick labels reach, in points
-    below = max((bottom - t.get_window_extent(renderer).y0 for t in ax.get_xticklabels() if t.get_text()),
-                default=0.0) * 72 / fig.dpi
-    for name, xs, _ in groups:
-        ax.annotate(name, xy=(sum(xs) / len(xs), 0), xycoords=("data", "axes fraction"), xytext=(0, -(below + 3)),
-                    textcoords="offset points", ha="center", va="top", fontsize=fontsize, annotation_clip=False)
-    ax.xaxis.labelpad = fontsize * 1.3 + 8  # an axis label goes under the groups' names
 
 
 def plain_log_ticks(axis) -> None:

@@ -53,7 +53,7 @@ def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int
     (measured), ``sent_bytes``, the bytes the ring really handed to send (measured, rank 0's
     ledger), and ``seconds``, the slowest rank's fastest call.
     """
-    from .. import launch
+    from ..runtime.launch import launch
 
     points = []
     for n in world_sizes:

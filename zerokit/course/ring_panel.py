@@ -132,7 +132,7 @@ class CollectivePanel(Panel):
         return f"{type(self).__name__}: an interactive panel — run this notebook in Jupyter to use it"
 
     def run(self):
-        from .. import launch
+        from ..runtime.launch import launch
 
         op, n = self.op.value, self.world_size.value
         numel = max(n, (self.payload_kib.value * 1024 // 4) // n * n)

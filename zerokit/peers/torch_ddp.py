@@ -10,10 +10,9 @@ from __future__ import annotations
 import weakref
 from contextlib import contextmanager
 
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..runtime import clock, comm
+from ..runtime.torch_recording import ledgered_allreduce_hook as _ledgered_allreduce_hook
 from ..strategies.base import Option, Replicated, boolean, positive_number, register
 
 
@@ -35,24 +34,6 @@ class BucketBuffers:
 
     def track(self, ledger) -> None:
         ledger.track("grads", lambda: [t for t in (ref() for ref in self.buffers.values()) if t is not None])
-
-
-def _ledgered_allreduce_hook(state, bucket):
-    """DDP's default hook (divide by N, all-reduce), routed through zerokit.comm; ``state`` is a
-    :class:`BucketBuffers` (or None), told about each bucket."""
-    if state is not None:
-        state.file(bucket)
-    group = dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))
-    work = comm.all_reduce(tensor, group=None, async_op=True, tag="torch-ddp bucket")
-    record = work.record
-
-    def done(fut):
-        record.t_end = clock.mark()  # NCCL runs a future's callbacks on a stream that waited for the collective
-        return fut.value()[0]
-
-    return work._work.get_future().then(done)
 
 
 @register

@@ -161,6 +161,24 @@ def ledgered_torch_collectives(tag: str):
             setattr(module, op, original)
 
 
+def ledgered_allreduce_hook(state, bucket):
+    """torch DDP's default comm hook (divide by N, all-reduce), routed through zerokit.comm; ``state``: None, or an
+    object told about each bucket (``state.file(bucket)``: :class:`zerokit.peers.torch_ddp.BucketBuffers`)."""
+    if state is not None:
+        state.file(bucket)
+    group = dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size(group))
+    work = comm.all_reduce(tensor, group=None, async_op=True, tag="torch-ddp bucket")
+    record = work.record
+
+    def done(fut):
+        record.t_end = clock.mark()  # NCCL runs a future's callbacks on a stream that waited for the collective
+        return fut.value()[0]
+
+    return work._work.get_future().then(done)
+
+
 # --- the traffic: functional collectives into zerokit's ledger --------------------------------------
 
 _FUNCOL = torch.ops._c10d_functional
