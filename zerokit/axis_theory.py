@@ -13,14 +13,15 @@ from __future__ import annotations
 import torch
 
 from . import theory
+from .context_parallel.apply import theory_bytes
+from .expert_parallel import moe_layers
+from .tensor_parallel import communicated_widths
 
 
 def tp_bytes(model, mesh, plan, tokens: int, element_bytes: int, micro_batches: int, computes_loss: bool) -> float:
     """The ring formula for the plan's collectives on ``tp``; the vocabulary-parallel loss's reductions only where
     the loss is computed (a pipeline's last stage), and a tensor-parallel MoE layer's gates (fp32, k per token).
     ``tokens``: a micro-batch's b·s."""
-    from .tensor_parallel import communicated_widths
-
     widths = communicated_widths(model)
     loss = 3 if plan.loss == "vocab_parallel" and computes_loss else 0
     return theory.tp_comm_bytes_per_step(
@@ -30,8 +31,6 @@ def tp_bytes(model, mesh, plan, tokens: int, element_bytes: int, micro_batches: 
 
 def ep_bytes(model, mesh, element_bytes: int, steps: int) -> float:
     """The MoE layers' all-to-alls per step on ``ep``, on the rows each layer measured leaving and arriving."""
-    from .expert_parallel import moe_layers
-
     return sum(theory.moe_alltoall_bytes(*m.exchanged[:2], m.router.in_features, element_bytes, mesh.size("ep"),
                                          calls=m.exchanged[2]) for m in moe_layers(model)) / steps
 
@@ -47,8 +46,6 @@ def by_axis(strategy, model, mesh, *, psi: int, dtype, micro_batch, micro_batche
         if mesh.size("edp") > 1:
             out["edp"] = strategy.theory_expert_comm_bytes()
     if mesh.size("cp") > 1:
-        from .context_parallel.apply import theory_bytes
-
         x = micro_batch[0]
         out["cp"] = theory_bytes(model, mesh.size("cp"), cp_attention, x.shape[0], x.shape[1], b, micro_batches)
     if plan is not None:

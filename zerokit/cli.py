@@ -8,15 +8,19 @@ import signal
 import sys
 from pathlib import Path
 
-from . import strategies as strategy_registry
-from . import theory
+from . import strategies as strategy_registry, theory, tour, tour_results
+from .bench.cli import add_bench_command
+from .grade.cli import add_grade_command
+from .job import JOB_OPTIONS, make_job
+from .planner.cli import add_plan_command
 from .report import Report
 from .runtime.errors import RankFailed, RankTimeout, UsageError
+from .runtime.link import PRESETS as link_presets
 from .runtime.mesh import AXES, check_built, parse_parallel
 from .runtime.termination import end_by, stop_resource_tracker
-from .job import JOB_OPTIONS, make_job
 from .train import reference_device, run_job, run_reference
 from .workloads import Workload
+from .zero.config import from_deepspeed
 
 #: how ``--parallel`` is written, for its help and its error messages
 PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, ep, tp, pp, e.g. dp=2,tp=1,pp=1 (ep is carved from dp)"
@@ -157,8 +161,6 @@ def _strategy_options(args, names):
         options[key] = _option_value(value)
     config = {}
     if getattr(args, "deepspeed_config", None):
-        from .zero.config import from_deepspeed
-
         try:
             config = from_deepspeed(args.deepspeed_config)
         except ValueError as e:
@@ -203,8 +205,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_tour(args) -> int:
-    from . import tour, tour_results
-
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     if any(n < 2 for n in args.world_sizes):
@@ -224,8 +224,6 @@ def cmd_tour(args) -> int:
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from .runtime.link import PRESETS as link_presets
-
     parser = argparse.ArgumentParser(prog="zerokit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -264,15 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
 
-    from .planner.cli import add_plan_command
-
     add_plan_command(sub)
 
-    from .grade.cli import add_grade_command
-
     add_grade_command(sub)
-
-    from .bench.cli import add_bench_command
 
     add_bench_command(sub)
     return parser

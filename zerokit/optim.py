@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 import torch
 
 from . import theory
+from .runtime import comm
+from .runtime.context import backend_device
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,6 @@ class GradientClipping:
 
     @torch.no_grad()
     def __call__(self, grads: Sequence[Optional[torch.Tensor]]) -> None:
-        from .runtime import comm
-
         present = [(g, s) for g, s in zip(grads, self.sharded) if g is not None]
         if not present:
             return
@@ -118,8 +118,6 @@ class GradientClipping:
         import torch.distributed as dist
 
         if any(s for _, s in present) and dist.is_initialized() and comm._group_size(self.group) > 1:
-            from .runtime.context import backend_device
-
             carried = shard_sq.to(backend_device(str(dist.get_backend(self.group))))  # NCCL: not a host tensor
             with comm.phase("step"):
                 comm.all_reduce(carried, group=self.group, tag="gradient norm")

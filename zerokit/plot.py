@@ -4,6 +4,8 @@ matplotlib is imported inside the functions that draw, so ``import zerokit`` nev
 """
 from __future__ import annotations
 
+from .runtime.timeline import exposed_comm_s, rank_timeline, ranks_of, straggler_waits
+
 #: font sizes (points) of titles, axis labels and ticks, legends and annotations: readable from the back of a room
 TITLE_SIZE, LABEL_SIZE, LEGEND_SIZE = 12, 11, 10
 CATEGORY_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868",
@@ -112,8 +114,6 @@ def draw_timeline(ax, report_or_result, steps=None, modules: bool = False, legen
     (:func:`zerokit.runtime.timeline.straggler_waits`) in orange, labelled with the peer.
     The x-axis is ms from the first drawn step's start.
     """
-    from .runtime.timeline import rank_timeline, ranks_of, straggler_waits
-
     ranks = ranks_of(report_or_result)
     lines = [rank_timeline(r) for r in ranks]
     if steps is None:
@@ -177,8 +177,6 @@ def timeline(report_or_result, ax=None, steps=None, modules: bool = False):
     the steps drawn. :func:`zerokit.course.timeline_figure` puts several runs on one axis.
     """
     import matplotlib.pyplot as plt
-
-    from .runtime.timeline import exposed_comm_s, ranks_of
 
     ranks = ranks_of(report_or_result)
     if ax is None:

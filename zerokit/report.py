@@ -16,6 +16,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .plot import memory_bars
+
 
 @dataclass
 class RankResult:
@@ -277,6 +279,4 @@ class Report:
 
     def plot(self, ax=None):
         """Per-rank stacked model-state bars, measured, next to the theory's total."""
-        from .plot import memory_bars
-
         return memory_bars(self, ax=ax)

@@ -28,9 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from . import strategies as strategy_registry
-from . import theory
+from . import strategies as strategy_registry, theory
+from .job import make_job
+from .pipeline_parallel import measured, schedule, simulate
 from .report import StrategyResult
+from .runtime.errors import RankFailed, RankTimeout
+from .train import reference_device, run_job, run_reference
+from .workloads import tiny_gpt
 
 #: the tiny GPT the tour runs (tied embedding and head): small enough for every row in a minute on 2 cores
 TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, batch_size=8)
@@ -127,10 +131,6 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
 
 def plan(rows: List[Row], workload, steps: int) -> list:
     """``[(row, job), …]``: every row checked (ValueError naming the row) before any process starts."""
-    from .job import make_job
-
-    from .workloads import tiny_gpt
-
     models = {"gpt": workload, "experts": tiny_gpt(**TOUR_WORKLOAD, **TOUR_EXPERTS)}
     jobs = []
     for row in rows:
@@ -145,9 +145,6 @@ def plan(rows: List[Row], workload, steps: int) -> list:
 
 def run(jobs: list, timeout_s: float, progress=None) -> tuple:
     """The reference, then every job; returns (reference, [(row, StrategyResult), …])."""
-    from .runtime.errors import RankFailed, RankTimeout
-    from .train import reference_device, run_job, run_reference
-
     device = reference_device(None, max(row.world_size for row, _ in jobs))
     references = {}  # one single-process run per model
     for row, job in jobs:
@@ -175,8 +172,6 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
     """What the row is there to show, beyond states and traffic: measured, then the formula."""
     rank0 = result.ranks[0]
     if row.section == "pipeline" and rank0.pipeline_spans is not None:
-        from .pipeline_parallel import measured, schedule, simulate
-
         p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
         ranks = sorted(result.ranks, key=lambda r: r.coords["pp"])
         sched = schedule(PIPELINE["schedule"], p, m)
@@ -273,8 +268,6 @@ NEXT = [
 def prepare(world_sizes, steps: int) -> tuple:
     """The workload and every row's checked job, ``(workload, [(row, job), …])``; a row that cannot run raises
     ValueError naming it, before any process starts."""
-    from .workloads import tiny_gpt
-
     workload = tiny_gpt(**TOUR_WORKLOAD)
     return workload, plan(tour_rows(world_sizes), workload, steps)
 

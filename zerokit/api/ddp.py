@@ -27,6 +27,8 @@ import torch.nn as nn
 from ..parallelize import parallelize
 from ..runtime import comm
 from ..runtime.wrapping import broadcast_from_first, mark_wrapped, rank_context  # noqa: F401 - the wrappers' setup
+from ..data_parallel.overlap import OverlappedDataParallel
+from ..strategies.base import TrainConfig
 
 
 def precision_of(module: nn.Module) -> str:
@@ -47,8 +49,6 @@ class DistributedDataParallel(nn.Module):
         ctx = rank_context("zerokit.DistributedDataParallel")
         mark_wrapped(module, "zerokit.DistributedDataParallel")
         self.module = module
-        from ..data_parallel.overlap import OverlappedDataParallel
-        from ..strategies.base import TrainConfig
 
         broadcast_from_first(module, ctx)
         strategy = parallelize(module, ctx, strategy=OverlappedDataParallel, config=TrainConfig(precision_of(module)),

@@ -27,6 +27,9 @@ import torch
 
 from ..runtime import comm
 from ..runtime.wrapping import mark_wrapped, rank_context, wrapper_kind  # noqa: F401 - the wrappers' setup
+from ..expert_parallel.moe import backward_scale
+from ..zero.state_dict import full_state_dict
+from .optimizer_face import EngineOptimizer
 
 
 class Engine:
@@ -59,8 +62,6 @@ class Engine:
         optimizer stepping this rank's tensors (fp32 masters of its shards under ZeRO), so torch's LR schedulers drive
         it; its ``step()`` is :meth:`step` (:mod:`.optimizer_face`)."""
         if self._optimizer is None:
-            from .optimizer_face import EngineOptimizer
-
             held = getattr(self.strategy, "optimizer", None)
             inner = getattr(held, "optimizer", held)
             self._optimizer = EngineOptimizer(self, inner) if isinstance(inner, torch.optim.Optimizer) else held
@@ -83,8 +84,6 @@ class Engine:
 
     def backward(self, loss: torch.Tensor, scale: bool = True) -> None:
         """Back-propagate ``loss`` / A (``scale=False``: as given); reduce at the accumulation boundary."""
-        from ..expert_parallel.moe import backward_scale
-
         factor = 1.0
         if scale and self.gradient_accumulation_steps > 1:
             factor = 1.0 / self.gradient_accumulation_steps
@@ -134,8 +133,6 @@ class Engine:
     # -- what it holds ---------------------------------------------------------------------
     def full_state_dict(self):
         """Every parameter whole, on rank 0 (a collective: every rank calls it); None elsewhere."""
-        from ..zero.state_dict import full_state_dict
-
         return full_state_dict(self.strategy)
 
     def track_memory(self, ledger) -> None:

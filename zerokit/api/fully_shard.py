@@ -65,6 +65,8 @@ import torch.nn as nn
 
 from ..parallelize import parallelize
 from ..runtime.wrapping import broadcast_from_first, rank_context, wrapper_kind
+from ..strategies.base import TrainConfig
+from ..zero.stage3 import ZeroStage3
 from .fully_shard_precision import cast_floats, read_policy
 from .fully_shard_state import first_rank, gathered, get_full, load_full, refuse_shards
 
@@ -135,9 +137,6 @@ class _Face:
     """The shard parameters of a root built on ``zero3`` and the swaps around each unit's forward."""
 
     def __init__(self, root: nn.Module, ctx, inner: list, precision: dict, options: dict):
-        from ..strategies.base import TrainConfig
-        from ..zero.stage3 import ZeroStage3
-
         #: the faces of the blocks sharded by earlier calls: theirs are not this one's
         self.inner = inner
         managed = {id(face) for other in inner for face, *_ in other.faces} | {

@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..runtime import comm
+from ..zero.flat_buffer import all_gather_flat
 
 #: StateDictOptions fields that change nothing for a model's whole state dict (``strict``: loading only, as torch;
 #: the others: submodules or optimizers, which these calls do not take)
@@ -85,8 +86,6 @@ def first_rank(face) -> Tuple[bool, object, int]:
 def gathered(face):
     """Every unit of ``face`` and of its blocks gathered into a full flat buffer (the shards' dtype), every
     registration the whole parameter; yields [(unit, full buffer)]; the shard parameters back on exit."""
-    from ..zero.flat_buffer import all_gather_flat
-
     fulls: List[tuple] = []
     with contextlib.ExitStack() as stack:
         for each in [*face.inner, face]:

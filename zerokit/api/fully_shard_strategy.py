@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..strategies.base import Option, Strategy, boolean, register
+from .. import theory
+from ..strategies.base import boolean, Option, register, Strategy
 from ..strategies.blocks import repeated_blocks
 from .fully_shard import fully_shard
 
@@ -69,15 +70,11 @@ class FullyShard(Strategy):
         return len(self.params) if isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW) else 0
 
     def theory_model_states(self, psi: int):
-        from .. import theory
-
         return theory.fully_shard_model_state_bytes(psi, self.world, self.config.precision, self.config.optimizer.name,
                                                     units=self.flat_units(), optimizer_tensors=self.optimizer_tensors(),
                                                     frozen_numel=self.frozen_numel())
 
     def theory_comm_bytes(self, psi: int):
-        from .. import theory
-
         b = theory.param_bytes_per_element(self.config.precision)  # gathers and reductions in the compute dtype
         return theory.comm_bytes_per_step(3, psi, self.world, b, self.config.micro_batches, units=self.flat_units(),
                                           reshard_after_forward=self.opts["reshard_after_forward"])

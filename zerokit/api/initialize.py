@@ -36,9 +36,13 @@ from typing import Optional
 
 import torch
 
+from ..optim import OptimizerSpec
 from ..parallelize import parallelize
 from ..runtime.wrapping import broadcast_from_first, mark_wrapped, rank_context
+from ..strategies import get as get_strategy, TrainConfig
+from ..zero.config import from_deepspeed, load_deepspeed_config
 from .engine import Engine
+from .lr_schedules import scheduler_from_config
 
 STRATEGY_OF_STAGE = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 #: DeepSpeed's gradient_clipping when the config has none (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT)
@@ -134,8 +138,6 @@ def _groups(param_groups, base: dict, strict: bool = True) -> tuple:
 def optimizer_spec(config: dict, optimizer, model_parameters=None):
     import dataclasses
 
-    from ..optim import OptimizerSpec
-
     if optimizer is not None and "optimizer" in config:
         raise ValueError("zerokit.initialize: give the optimizer either as optimizer=… or in the config's "
                          "'optimizer' block, not both (DeepSpeed refuses both too)")
@@ -163,9 +165,6 @@ def optimizer_spec(config: dict, optimizer, model_parameters=None):
 
 def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=None, config=None, **unused):
     """DeepSpeed's ``initialize`` (see the module docstring): ``(engine, optimizer, None, None)``."""
-    from ..strategies import TrainConfig, get as get_strategy
-    from ..zero.config import from_deepspeed, load_deepspeed_config
-
     if unused:
         raise ValueError(f"zerokit.initialize: arguments {sorted(unused)} are not supported; allowed: model, "
                          f"model_parameters, optimizer, config")
@@ -209,7 +208,6 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     if clipping > 0:
         strategy.clip_gradients(clipping)
     engine = Engine(strategy, accumulation)
-    from .lr_schedules import scheduler_from_config
 
     engine.lr_scheduler = scheduler_from_config(config.get("scheduler"), engine.optimizer)
     return engine, engine.optimizer, None, engine.lr_scheduler

@@ -28,9 +28,9 @@ from typing import Iterator
 
 import torch
 
-from ..runtime.torch_recording import ledgered_allreduce_hook, ledgered_torch_collectives
-from ..runtime import clock, comm
+from ..runtime import clock, comm, context
 from ..runtime.memory import CATEGORIES, HOST_CATEGORIES, MemoryLedger
+from ..runtime.torch_recording import ledgered_allreduce_hook, ledgered_torch_collectives
 from ..runtime.wrapping import wrapper_kind
 
 
@@ -134,8 +134,6 @@ def _device_of(objects):
     """The device whose memory the block uses: the rank's, in a launch or the user's process group; else the
     device of the first parameter among ``objects`` (a loop on one GPU); None when there is none."""
     import torch.distributed as dist
-
-    from ..runtime import context
 
     if context._current is not None or (dist.is_available() and dist.is_initialized()):
         return context.current().device

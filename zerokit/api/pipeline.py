@@ -43,7 +43,9 @@ import torch
 import torch.nn as nn
 
 from ..parallelize import parallelize
+from ..pipeline_parallel.partition import pieces_of
 from ..runtime.wrapping import rank_context
+from .sharded_optimizer import _in_torch_ddp
 
 
 class _DataParallel:
@@ -87,7 +89,6 @@ class PipelineSchedule:
                              "gathers and reduces around every micro-batch; DeepSpeed pipelines allow ZeRO stage 0 or "
                              "1); wrap pipe.module in zerokit.DistributedDataParallel, or give pipe.parameters() to "
                              "zerokit.ShardedOptimizer")
-        from .sharded_optimizer import _in_torch_ddp
 
         if not self._shapes_known and {id(p) for p in self.module.parameters()} & _in_torch_ddp():
             raise ValueError("pipeline step: torch's DistributedDataParallel around pipe.module is never called "
@@ -135,8 +136,6 @@ class PipelineSchedule:
 def pipeline(model: nn.Module, split_points: Optional[Sequence[str]] = None, schedule: str = "1f1b",
              micro_batches: int = 4, loss_fn: Callable = None, chunks: int = 1) -> PipelineSchedule:
     """Split ``model`` into pipeline stages over the ``pp`` ranks and return the schedule that steps them."""
-    from ..pipeline_parallel.partition import pieces_of
-
     ctx = rank_context("zerokit.pipeline")
     if not isinstance(model, nn.Module):
         raise TypeError(f"zerokit.pipeline(model=…) needs an nn.Module, got {type(model).__name__}")

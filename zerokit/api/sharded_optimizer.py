@@ -33,9 +33,12 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint.layout import group_of, place_state
+from ..optim import OptimizerSpec
 from ..parallelize import parallelize
 from ..runtime import comm
 from ..runtime.wrapping import broadcast_from_first, rank_context
+from ..strategies.base import TrainConfig
+from ..zero.stage1 import ZeroStage1
 from .ddp import precision_of
 from .optimizer_face import OptimizerFace
 
@@ -94,10 +97,6 @@ class ShardedOptimizer(OptimizerFace):
         """Add a group (a collective: every rank adds the same), as torch's optimizers and ZeroRedundancyOptimizer do:
         its trainable parameters get their own ZeRO-1 layout and inner optimizer with the group's hyperparameters;
         frozen ones are broadcast from the group's first rank, so the replicas agree, and never stepped."""
-        from ..optim import OptimizerSpec
-        from ..strategies.base import TrainConfig
-        from ..zero.stage1 import ZeroStage1
-
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise ValueError("ShardedOptimizer.add_param_group(param_group=…) needs a dict with 'params'")
         group = dict(param_group, params=[param_group["params"]] if isinstance(param_group["params"], torch.Tensor)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import bench
 from ..runtime.errors import UsageError
 from . import SUITES
 
@@ -15,8 +16,6 @@ ALL = SUITES
 
 
 def cmd_bench(args) -> int:
-    from .. import bench
-
     if args.quick:
         if args.suite or args.rest:
             raise UsageError("bench --quick runs every suite; give no suite with it")

@@ -27,6 +27,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..peers.deepspeed_ulysses import deepspeed_available
+from ..train import train
+from ..workloads import tiny_gpt
 from . import median, ratio
 from .rounds import PEAK_STEPS
 from .table import conditions, load_average, machine, ms, noise, progress_log, table
@@ -47,9 +50,6 @@ COLUMNS = [("pair", "pair", "s"), ("peer", "peer", "s"), ("zerokit ms", "ours_s"
 
 
 def run(pair: str, strategy: str, steps: int, timeout_s: float, track_peak: bool = False) -> dict:
-    from ..train import train
-    from ..workloads import tiny_gpt
-
     _, _, parallel, options, axis, gpt = PAIRS[pair]
     report = train(tiny_gpt(**gpt), strategy, world_size=2, steps=steps, optimizer="adamw", reference=False,
                    timeout_s=timeout_s, track_peak=track_peak, parallel=parallel, **options)
@@ -74,8 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..peers.deepspeed_ulysses import deepspeed_available
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2, --rounds at least 1")

@@ -26,9 +26,10 @@ import json
 import sys
 import time
 
+from ..workloads import tiny_gpt
 from . import median, ratio
 from .rounds import paired_ratio, peak_ratio, run_rounds
-from .table import conditions, load_average, machine, mib, ms, table, progress_log
+from .table import conditions, load_average, machine, mib, ms, progress_log, table
 
 #: the tiny GPT of the sweep (zerokit.tiny_gpt's defaults: about 0.93 M parameters, 3.6 MiB of fp32 gradients)
 SWEEP_GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
@@ -112,8 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..workloads import tiny_gpt
-
     args = build_parser().parse_args(argv)
     for mb in args.bucket_mb + [args.heavy_bucket_mb]:
         if not mb > 0:

@@ -25,8 +25,10 @@ import os
 import sys
 import time
 
+from ..runtime.link import custom
+from ..workloads import tiny_gpt
 from .rounds import Entry, run_plan
-from .table import conditions, load_average, machine, ms, table, progress_log, minor_label
+from .table import conditions, load_average, machine, minor_label, ms, progress_log, table
 
 GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, batch_size=8)
 #: label → (strategy, options): two data-parallel ranks (ddp in 1 MiB buckets: 4 per step, the first three overlap
@@ -45,8 +47,6 @@ def _bandwidth(key) -> str:
 
 
 def plan(work, strategies, bandwidths, alpha_s: float, baseline: bool) -> list:
-    from ..runtime.link import custom
-
     entries = []
     for label in strategies:
         strategy, options = STRATEGIES[label]
@@ -121,8 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..workloads import tiny_gpt
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")

@@ -28,9 +28,12 @@ import time
 
 import torch
 
+from ..offload.host_optimizer import build_optimizer, IMPLEMENTATIONS
+from ..optim import OptimizerSpec
+from ..workloads import tiny_gpt
 from . import median, ratio
 from .rounds import run_rounds
-from .table import conditions, load_average, machine, ms, noise, table, progress_log
+from .table import conditions, load_average, machine, ms, noise, progress_log, table
 
 ADAMW_COLUMNS = [("elements", "numel", ","), ("fused ms", "fused_s", lambda v: f"{1000 * v:.2f}"),
                  ("foreach ms", "foreach_s", lambda v: f"{1000 * v:.2f}"),
@@ -49,9 +52,6 @@ TRAINING_GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=4, n_head=4, bat
 
 def adamw_step_times(numel: int, tensors: int = 16, repeats: int = 10, rounds: int = 3) -> dict:
     """Median seconds of one AdamW step over ``numel`` fp32 elements in ``tensors`` tensors, per implementation."""
-    from ..offload.host_optimizer import IMPLEMENTATIONS, build_optimizer
-    from ..optim import OptimizerSpec
-
     spec = OptimizerSpec("adamw", lr=1e-3)
     sizes = [numel // tensors + (1 if i < numel % tensors else 0) for i in range(tensors)]
     g = torch.Generator().manual_seed(0)
@@ -122,8 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..workloads import tiny_gpt
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.repeats < 1 or args.tensors < 1 or args.threads < 1:
         raise ValueError("--steps must be at least 2; --rounds, --repeats, --tensors and --threads at least 1")

@@ -14,9 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..pipeline_parallel import measured, schedule as build, simulate
+from ..train import train
+from ..workloads import tiny_gpt
 from . import median, ratio
 from .rounds import PEAK_STEPS
-from .table import conditions, load_average, machine, ms, noise, table, progress_log
+from .table import conditions, load_average, machine, ms, noise, progress_log, table
 
 PAIRS = [("gpipe", "torch-pp-gpipe", 1), ("1f1b", "torch-pp-1f1b", 1), ("interleaved", "torch-pp-interleaved", 2)]
 GPT = dict(vocab=512, seq_len=64, d_model=128, n_layer=8, n_head=4, batch_size=16)
@@ -27,9 +30,6 @@ COLUMNS = [("schedule", "schedule", "s"), ("pp ms", "pp_s", ms), ("torch ms", "t
 
 def run(work, strategy: str, schedule: str, chunks: int, p: int, m: int, steps: int, timeout_s: float,
         track_peak: bool = False) -> dict:
-    from ..pipeline_parallel import measured, schedule as build
-    from ..train import train
-
     options = {"schedule": schedule, "chunks": chunks} if strategy == "pp" else {}
     report = train(work, strategy, world_size=p, steps=steps, optimizer="adamw", micro_batches=m, reference=False,
                    timeout_s=timeout_s, track_peak=track_peak, **options)
@@ -58,9 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..pipeline_parallel import schedule as build, simulate
-    from ..workloads import tiny_gpt
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.stages < 1 or args.micro_batches < 1:
         raise ValueError("--steps must be at least 2, --rounds, --stages and --micro-batches at least 1")

@@ -26,6 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from ..report import StrategyResult
+from ..runtime import comm
+from ..runtime.launch import launch
+from ..strategies.base import get
+from ..train import make_job, run_rank
 from . import median
 from .table import noise
 
@@ -46,9 +51,6 @@ class Entry:
 def _rank_with_exposure(ctx, job):
     """Train on this rank (``zerokit.train``'s loop), then read how long each step was blocked on collectives,
     and whether an asynchronous collective was never waited on by zerokit (its exposed part unseen)."""
-    from ..runtime import comm
-    from ..train import run_rank
-
     result = run_rank(ctx, job)
     blocked, emulated = [0.0] * job.steps, [0.0] * job.steps
     unseen = False
@@ -60,8 +62,6 @@ def _rank_with_exposure(ctx, job):
 
 
 def _job(entry: Entry, steps: int, track_peak: bool):
-    from ..train import make_job
-
     options = dict(entry.options)
     micro_batches = options.pop("micro_batches", 1)
     return make_job(entry.workload, entry.strategy, entry.world_size, steps, "fp32", "adamw", 1e-3, micro_batches,
@@ -71,10 +71,6 @@ def _job(entry: Entry, steps: int, track_peak: bool):
 def measure(entry: Entry, steps: int, timeout_s: float) -> dict:
     """One timing run: per-step times of the slowest rank and exposed communication (mean over ranks), both
     without the first step; calls and ring cost per step of rank 0."""
-    from ..report import StrategyResult
-    from ..runtime.launch import launch
-    from ..strategies.base import get
-
     job = _job(entry, steps, track_peak=False)
     out = launch(_rank_with_exposure, entry.world_size, job, timeout_s=timeout_s)
     result = StrategyResult.from_ranks(job, [rank for rank, _, _ in out], None)
@@ -90,9 +86,6 @@ def measure(entry: Entry, steps: int, timeout_s: float) -> dict:
 
 def measure_peak(entry: Entry, timeout_s: float) -> dict:
     """Peak bytes of the busiest rank over :data:`PEAK_STEPS` steps, with the ledger's split at that moment."""
-    from ..runtime.launch import launch
-    from ..train import run_rank
-
     ranks = launch(run_rank, entry.world_size, _job(entry, PEAK_STEPS, track_peak=True), timeout_s=timeout_s)
     busiest = max(ranks, key=lambda r: r.peak_bytes)
     return {"peak": busiest.peak_bytes, "peak_where": busiest.peak_where, "peak_breakdown": busiest.peak_breakdown}

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..train import train
+from ..workloads import tiny_gpt
 from .table import load_average
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -21,8 +23,6 @@ GPT = dict(vocab=512, seq_len=8, d_model=128, n_layer=4, n_head=4, batch_size=84
 
 
 def measure(work, strategy: str, n: int, timeout_s: float) -> dict:
-    from ..train import train
-
     report = train(work, strategy, world_size=n, steps=2, optimizer="adamw", reference=False, track_peak=False,
                    timeout_s=timeout_s)
     rank = report.results[0].ranks[0]
@@ -53,8 +53,6 @@ def plot(rows: dict, sizes, out: str) -> None:
 
 
 def main(argv=None) -> int:
-    from ..workloads import tiny_gpt
-
     parser = argparse.ArgumentParser(prog="zerokit bench scaling", description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=list(range(2, 9)))
     parser.add_argument("--out", default="benchmarks/scaling.png", help="where the picture goes")

@@ -24,8 +24,10 @@ import os
 import sys
 import time
 
+from ..strategies import names
+from ..workloads import tiny_gpt
 from .rounds import Entry, paired_ratio, run_plan
-from .table import conditions, load_average, machine, ms, table, progress_log, minor_label
+from .table import conditions, load_average, machine, minor_label, ms, progress_log, table
 
 #: name → tiny GPT widths and depths (vocab 512, sequence 64, 4 heads): about 0.55, 0.93, 2.0, 5.0, 10.2, 19.4 M parameters
 SIZES = {"0.5M": dict(d_model=96, n_layer=4), "1M": dict(d_model=128, n_layer=4),
@@ -41,8 +43,6 @@ COLUMNS = [("size", "key", "s"), ("Ψ", "param_count", ","), ("strategy", "label
 
 
 def plan(sizes, strategies, world_size: int, batch_size: int) -> list:
-    from ..workloads import tiny_gpt
-
     entries = []
     for name in sizes:
         work = tiny_gpt(**COMMON, **SIZES[name], batch_size=batch_size)
@@ -114,8 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..strategies import names
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.world_size < 1 or args.batch_size < 1:
         raise ValueError("--steps must be at least 2; --rounds, --world-size and --batch-size at least 1")

@@ -28,9 +28,11 @@ import json
 import sys
 import time
 
+from ..peers.deepspeed import deepspeed_available
+from ..workloads import tiny_gpt
 from .ddp import SWEEP_GPT
 from .rounds import paired_ratio, peak_ratio, run_rounds
-from .table import conditions, load_average, machine, mib, ms, table, progress_log
+from .table import conditions, load_average, machine, mib, ms, progress_log, table
 
 #: (zerokit's strategy, its peers)
 PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
@@ -110,9 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..peers.deepspeed import deepspeed_available
-    from ..workloads import tiny_gpt
-
     args = build_parser().parse_args(argv)
     if args.steps < 2 or args.rounds < 1:
         raise ValueError("--steps must be at least 2 and --rounds at least 1")

@@ -24,6 +24,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..tensor_parallel.sharding import Shard, shard_tensor
 from .layout import FullState
 
 
@@ -89,7 +90,6 @@ def naming_of(strategy) -> Naming:
 def _cut(value: torch.Tensor, spec: Optional[dict], rank: int, tp: int) -> torch.Tensor:
     if spec is None or tp == 1:
         return value
-    from ..tensor_parallel.sharding import Shard, shard_tensor
 
     return shard_tensor(value, Shard(spec["dim"], spec["blocks"]), rank, tp, "checkpoint")
 

@@ -27,6 +27,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from ..tensor_parallel.sharding import Shard, unshard_tensor
 from .files import CheckpointError, read_manifest, read_shard
 from .layout import FullState, shard_range
 
@@ -68,7 +69,6 @@ def _join(slices: list, shape: list, spec) -> torch.Tensor:
     """The whole flat tensor from its tensor-parallel slices (flat, in tp order)."""
     if spec is None or len(slices) == 1:
         return slices[0]
-    from ..tensor_parallel.sharding import Shard, unshard_tensor
 
     local = list(shape)
     local[spec["dim"]] //= len(slices)

@@ -22,6 +22,9 @@ import math
 from typing import Optional, Sequence
 
 from .. import theory
+from ..checkpointing.measure import block_activations, step_time
+from ..checkpointing.policies import segment_layers, SEGMENTED, THEORY_NAME
+from ..workloads import TinyGPT
 from .figures import legend_outside, new_figure, png
 from .panel import ipywidgets, mimebundle
 
@@ -36,10 +39,6 @@ def measure_policy(n: int, policy: str, k: Optional[int] = None, seq_len: int = 
     """``none`` and ``policy`` on an n-block tiny GPT: bytes (ledger or live tensors) and step time, measured,
     with the checkpointing formula on the measured A and X."""
     import torch
-
-    from ..checkpointing.measure import block_activations, step_time
-    from ..checkpointing.policies import SEGMENTED, THEORY_NAME, segment_layers
-    from ..workloads import TinyGPT
 
     torch.manual_seed(seed)
     vocab = 64

@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
-from .figures import png
+from ..runtime.errors import RankFailed, RankTimeout
+from ..runtime.launch import launch
+from .figures import new_figure, png
 from .panel import ipywidgets, mimebundle
 
 __all__ = ["Diagnosis", "run_lab", "scrub", "FailurePanel", "diagnosis_figure"]
@@ -104,9 +106,6 @@ def _named(text: str, rank: int) -> Tuple[str, int, str]:
 def run_lab(name: str, fn: Callable, world_size: int = 2, **launch_kwargs) -> Diagnosis:
     """Run ``fn`` on ``world_size`` ranks through zerokit.launch (gloo unless ``backend=`` says otherwise) and read
     the error it ends with."""
-    from ..runtime.errors import RankFailed, RankTimeout
-    from ..runtime.launch import launch
-
     launch_kwargs.setdefault("timeout_s", 10.0)
     launch_kwargs.setdefault("backend", "gloo")  # the labs are gloo's failures, on CPU ranks on any machine
     captured = io.StringIO()
@@ -136,8 +135,6 @@ _COLORS = {"finished": "#55A868", "dead": "#C44E52", "waiting": "#DD8452", "in":
 def diagnosis_figure(d: Diagnosis):
     """One row per rank: where it was when the launch failed, coloured by state, the blamed rank outlined."""
     from matplotlib.patches import Patch
-
-    from .figures import new_figure
 
     parts = d.per_rank()
     ranks = sorted(parts) or list(d.ranks)

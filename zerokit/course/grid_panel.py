@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..plot import CATEGORY_COLORS
 from .figures import legend_outside, new_figure, png
-from .panel import Panel, ipywidgets
+from .panel import ipywidgets, Panel
 from .tables import table
 
 #: the degree controls, in the order the panel shows them
@@ -186,7 +187,6 @@ class GridPanel(Panel):
         report = self.last_report
         if report is None:
             return
-        from ..plot import CATEGORY_COLORS
 
         ranks, in_use, axes = _ranks(report), _in_use(report), traffic_axes(report)
         fig, (left, right) = new_figure(max(10.0, min(16.0, 5.0 + 1.3 * len(ranks))), 3.9, ncols=2)

@@ -18,16 +18,17 @@ import time
 from typing import Iterable, Sequence
 
 from .. import theory
-from .figures import TITLE_SIZE, legend_outside, new_figure, plain_log_ticks
+from ..runtime import comm
+from ..runtime.launch import launch
+from ..runtime.ring import ring_all_reduce
+from ..theory.communication import all_reduce_seconds
+from .figures import legend_outside, new_figure, plain_log_ticks, TITLE_SIZE
 
 
 def _time_ring_all_reduce(ctx, payload_bytes: Sequence[int], repeats: int) -> list:
     """On each rank: the fastest of ``repeats`` ring all-reduces per payload, and the bytes it sent (measured)."""
     import torch
     import torch.distributed as dist
-
-    from ..runtime import comm
-    from ..runtime.ring import ring_all_reduce
 
     out = []
     for size in payload_bytes:
@@ -53,8 +54,6 @@ def time_ring_all_reduce(world_sizes: Sequence[int], payload_bytes: Sequence[int
     (measured), ``sent_bytes``, the bytes the ring really handed to send (measured, rank 0's
     ledger), and ``seconds``, the slowest rank's fastest call.
     """
-    from ..runtime.launch import launch
-
     points = []
     for n in world_sizes:
         per_rank = launch(_time_ring_all_reduce, n, list(payload_bytes), repeats)
@@ -124,8 +123,6 @@ def all_reduce_scaling_figure(link: dict, payload_bytes: Sequence[int], world_si
     ``link = {"alpha_s": seconds per hop, "beta_Bps": bytes per second}`` — the fit of
     :func:`fit_latency_bandwidth`, or a link's datasheet numbers; nothing is measured here.
     """
-    from ..theory.communication import all_reduce_seconds
-
     alpha, beta = link.get("alpha_s"), link.get("beta_Bps")
     if not isinstance(alpha, (int, float)) or not isinstance(beta, (int, float)) or alpha < 0 or beta <= 0:
         raise ValueError(f"link={link!r} needs alpha_s >= 0 (seconds per hop) and beta_Bps > 0 (bytes per second)")

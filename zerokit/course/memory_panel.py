@@ -12,17 +12,16 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, grouped_ticks, legend_outside, new_figure, png
-from .panel import Panel, ipywidgets
-from .tables import RING_COST, THEORY, summary_rows, table
+from ..plot import CATEGORY_COLORS, memory_bars
+from .figures import grouped_ticks, LABEL_SIZE, legend_outside, LEGEND_SIZE, new_figure, png, TITLE_SIZE
+from .panel import ipywidgets, Panel
+from .tables import RING_COST, summary_rows, table, THEORY
 
 
 def peak_bars(report, ax=None, legend: bool = True, labels=None):
     """Stacked peak bytes per rank and strategy by category (activations and buffers too), theory's model states as a
     tick; the key to the right of the bars (``legend=False``: none). Each bar is labelled by its rank (and its
     precision when they differ), each job's strategy once under its ranks; ``labels`` (one per bar) replace both."""
-    from ..plot import CATEGORY_COLORS
-
     own = ax is None
     bars = sum(len(r.ranks) for r in report.results)
     if own:
@@ -103,7 +102,6 @@ class MemoryPanel(Panel):
         report = self.last_report
         if report is None:
             return
-        from ..plot import memory_bars
 
         bars = sum(len(r.ranks) for r in report.results)
         fig, ax = new_figure(min(14.0, max(7.0, 0.75 * bars + 4.0)), 3.8)

@@ -23,8 +23,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..expert_parallel.apply import routing
+from ..workloads import tiny_gpt
 from .figures import legend_outside, new_figure, png
-from .panel import Panel, ipywidgets
+from .panel import ipywidgets, Panel
 from .tables import table
 
 AXES = ("dp", "ep", "edp")
@@ -34,8 +36,6 @@ LAYER_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 def routed(workload) -> dict:
     """What the MoE layers route on step 0's global batch, with the initial weights: slots per expert and dropped
     per layer (measured by :func:`zerokit.expert_parallel.apply.routing`), and the batch's sequences and tokens."""
-    from ..expert_parallel.apply import routing
-
     model = workload.build_model()
     x, _ = workload.batch(0)
     with torch.no_grad():
@@ -73,8 +73,6 @@ class MoEPanel(Panel):
                  capacities: Sequence[Optional[float]] = (None, 0.5, 1.0, 1.25, 2.0), capacity: Optional[float] = None,
                  eps: Sequence[int] = (1, 2, 4), ep: int = 2, dps: Sequence[int] = (2, 4), dp: int = 2,
                  auto_run: bool = True, run: bool = True):
-        from ..workloads import tiny_gpt
-
         w = ipywidgets()
         self.base, self.auto_run, self._tiny_gpt = dict(base), auto_run, tiny_gpt
         self._build_common()

@@ -23,8 +23,9 @@ import statistics
 from typing import Optional, Sequence
 
 from .. import theory
+from ..plot import CATEGORY_COLORS
 from .figures import new_figure, png
-from .panel import Panel, ipywidgets
+from .panel import ipywidgets, Panel
 from .tables import table
 
 STAGES = ("zero1", "zero2", "zero3")
@@ -60,8 +61,6 @@ def median_step_s(result) -> float:
 
 def offload_bars(report, ax_states, ax_transfers, rank: int = 0) -> None:
     """Device and host bars per run (stacked by category) and the copies per step, measured, theory as ticks."""
-    from ..plot import CATEGORY_COLORS
-
     labels, positions, x = [], [], 0.0
     for result in report.results:
         r = result.ranks[rank]

@@ -21,6 +21,9 @@ import html
 import time
 from typing import Optional, Sequence
 
+from ..report import Report
+from ..train import train
+
 
 def ipywidgets():
     """The ipywidgets module, imported only when a panel is built (the rest of the course runs without it)."""
@@ -81,9 +84,6 @@ class Panel:
 
     def _train_all(self, jobs: Sequence[tuple]) -> Optional[object]:
         """Run ``(strategy, world_size, kwargs)`` jobs through zerokit.train, advancing the progress bar."""
-        from ..report import Report
-        from ..train import train
-
         self.progress.max = len(jobs)
         self.progress.value = 0
         self.run_button.disabled = True

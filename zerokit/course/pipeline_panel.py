@@ -17,7 +17,8 @@ import html
 from typing import Optional, Sequence
 
 from .. import theory
-from ..pipeline_parallel import draw_schedule, schedule, simulate
+from ..pipeline_parallel import draw_schedule, measured, schedule, simulate
+from ..pipeline_parallel.figures import _shade, IDLE_COLOR, KIND_STYLE
 from .figures import new_figure, png
 from .panel import ipywidgets, mimebundle
 
@@ -41,8 +42,6 @@ def schedule_key(ax, sched, fontsize: float = 9, label_size: float = 8) -> None:
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
-    from ..pipeline_parallel.figures import IDLE_COLOR, KIND_STYLE, _shade
-
     kinds = sorted({a.kind for row in sched.actions for a in row if a.kind in KIND_STYLE}, key="FBIW".index)
     colours = MICRO_BATCH_COLORS[:min(sched.micro_batches, len(MICRO_BATCH_COLORS))]
     first = to_rgb(MICRO_BATCH_COLORS[0])
@@ -65,8 +64,6 @@ def side_by_side_figure(sched, rank_spans, forward: float = 1.0, backward: float
     rank's start of the step; ``rank_spans`` the ranks' ``pipeline_spans`` in pipeline-rank order), as
     :func:`zerokit.pipeline_parallel.draw_side_by_side` draws them, with one key for both at the figure's foot
     and each panel tall enough to read its boxes."""
-    from ..pipeline_parallel import measured
-
     simulated, real = simulate(sched, forward, backward), measured(sched, rank_spans)
     fig, (left, right) = new_figure(15.0, 2.0 + 0.6 * sched.ranks, ncols=2)
     draw_schedule(simulated, ax=left, title=f"simulated (t_b = {backward / forward:g}·t_f): "

@@ -11,8 +11,9 @@ from __future__ import annotations
 import html
 from typing import Optional, Sequence
 
-from ..planner import PRESETS, STRATEGIES, plan
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, png
+from ..planner import plan, PRESETS, STRATEGIES
+from ..plot import CATEGORY_COLORS
+from .figures import LABEL_SIZE, legend_outside, LEGEND_SIZE, new_figure, png, TITLE_SIZE
 from .panel import ipywidgets, mimebundle
 from .tables import table
 
@@ -27,9 +28,6 @@ def plan_bars(plans: dict, chosen: Optional[str] = None, ax=None):
     Each bar's verdict (fits / does not fit) and the chosen strategy are written under the bar, in its
     tick label — never over the title or on the memory line — and no outline covers a thin segment
     (activations, buffers); the key sits outside the axes, on the right."""
-    from ..plot import CATEGORY_COLORS
-    from .figures import legend_outside
-
     if ax is None:
         _, ax = new_figure(7.5, 3.6)
     first = next(iter(plans.values()))

@@ -10,6 +10,7 @@ gives each rank's sums (:func:`zerokit.runtime.timeline.overlap`) as table rows.
 """
 from __future__ import annotations
 
+from ..runtime.timeline import overlap, rank_timeline
 from .figures import legend_outside, new_figure
 
 TAG = "ring attention"
@@ -19,8 +20,6 @@ COLORS = {"block compute": "#4C72B0", "transfer in flight": "#D9D4EE", "waited (
 def ring_overlap_rows(result) -> list:
     """One row per rank, measured: the ring's sends and receives, their windows, the block compute inside them,
     the waits."""
-    from ..runtime.timeline import overlap
-
     rows = []
     for rank in sorted(result.ranks, key=lambda r: r.rank):
         m = overlap(rank, TAG)
@@ -49,8 +48,6 @@ def _layers(sends) -> list:
 
 def ring_overlap_figure(result, rank: int = 0, step: int = 0):
     """One rank's ring transfers (sends only, one row each, in order) under its block spans, for one step."""
-    from ..runtime.timeline import rank_timeline
-
     chosen = next((r for r in result.ranks if r.rank == rank), None)
     if chosen is None:
         raise ValueError(f"ring_overlap_figure: rank={rank!r} is not among the run's ranks "

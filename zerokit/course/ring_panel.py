@@ -14,8 +14,11 @@ import time
 from typing import Optional, Sequence
 
 from .. import theory
-from .figures import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, legend_outside, new_figure, png
-from .panel import Panel, ipywidgets
+from ..runtime import comm, ring
+from ..runtime.launch import launch
+from ..runtime.ring import ring_phase, ring_schedule
+from .figures import LABEL_SIZE, legend_outside, LEGEND_SIZE, new_figure, png, TITLE_SIZE
+from .panel import ipywidgets, Panel
 from .tables import table
 
 
@@ -32,8 +35,6 @@ def ring_schedule_figure(n: int, op: str = "all_reduce", ax=None):
     chunk 2 to rank 1". Returns the figure (a new one unless ``ax`` is given).
     """
     from matplotlib.patches import Patch
-
-    from ..runtime.ring import ring_phase, ring_schedule
 
     rounds = len(ring_schedule(op, n, 0))
     own = ax is None
@@ -73,8 +74,6 @@ def _ring_collective(ctx, op: str, numel: int) -> dict:
     """
     import torch
     import torch.distributed as dist
-
-    from ..runtime import comm, ring
 
     n = ctx.world_size
     rounds = []
@@ -132,8 +131,6 @@ class CollectivePanel(Panel):
         return f"{type(self).__name__}: an interactive panel — run this notebook in Jupyter to use it"
 
     def run(self):
-        from ..runtime.launch import launch
-
         op, n = self.op.value, self.world_size.value
         numel = max(n, (self.payload_kib.value * 1024 // 4) // n * n)
         self.progress.max, self.progress.value = 1, 0

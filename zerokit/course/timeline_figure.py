@@ -28,6 +28,8 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Optional, Tuple
 
+from ..plot import draw_timeline, TIMELINE_COLORS
+from ..runtime.timeline import rank_timeline, ranks_of, straggler_waits
 from .figures import LEGEND_SIZE, new_figure
 
 #: what each colour of a timeline is, as the figure's key says it
@@ -40,8 +42,6 @@ def timeline_stats(report, steps: range) -> list:
     """Per rank, medians over ``steps``: step ms, backward compute ms, exposed ms (the ledger's blocked time), of
     which straggler wait and emulated-link hold, exposed − wait ms (the first minus the second: the time blocked once
     every rank had launched), and in-flight ms."""
-    from ..runtime.timeline import rank_timeline, ranks_of, straggler_waits
-
     ranks = ranks_of(report)
     lines = [rank_timeline(r) for r in ranks]
     waits = straggler_waits(lines)
@@ -72,8 +72,6 @@ def timeline_stats(report, steps: range) -> list:
 def step_time(report, steps: Optional[range] = None) -> Tuple[float, float]:
     """A run's step time over ``steps`` (default: all but the first): the median over steps of the slowest rank's
     time, in seconds, and the spread of those times (interquartile range / median), for ``speed_sentence``."""
-    from ..runtime.timeline import ranks_of
-
     ranks = ranks_of(report)
     count = len(ranks[0].step_times_s)
     steps = steps if steps is not None else range(1 if count > 1 else 0, count)
@@ -88,8 +86,6 @@ def step_time(report, steps: Optional[range] = None) -> Tuple[float, float]:
 def calmest_step(report, steps: range) -> int:
     """Of ``steps``, the one whose ranks spent the least time, summed, waiting for a peer to launch (the first on
     a tie): the step whose timeline shows the communication rather than the ranks drifting apart."""
-    from ..runtime.timeline import rank_timeline, ranks_of, straggler_waits
-
     waits = straggler_waits([rank_timeline(r) for r in ranks_of(report)])
     return min(steps, key=lambda k: sum(w["end"] - w["start"] for w in waits if w["step"] == k))
 
@@ -97,8 +93,6 @@ def calmest_step(report, steps: range) -> int:
 def timeline_legend(fig, emulated: bool, ncol: int = 4):
     """The key of the timeline's colours above the panels (the emulated link's only when a run has one)."""
     from matplotlib.patches import Patch
-
-    from ..plot import TIMELINE_COLORS
 
     handles = [Patch(color=TIMELINE_COLORS[name], label=label) for name, label in KEY.items()
                if emulated or name != "emulated link"]
@@ -113,9 +107,6 @@ def timeline_figure(runs: Dict[str, object], steps: Optional[range] = None, widt
     ``steps``: the steps drawn (default all). ``calmest=True`` draws one step per run, the one of ``steps`` whose
     ranks waited least for each other (:func:`calmest_step`); the titles name it, and their numbers are that
     step's. Each title gives every rank's exposed time split into exposed − wait and the straggler wait."""
-    from ..plot import draw_timeline
-    from ..runtime.timeline import ranks_of
-
     rows = sum(len(ranks_of(r)) for r in runs.values())
     height = 1.3 + 0.8 * rows + 0.75 * len(runs)
     fig, _ = new_figure(width, height)

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
 
+from ..runtime.link import PRESETS
+from ..runtime.timeline import exposed_comm_s, rank_timeline
+from ..strategies import get
 from .figures import png
-from .panel import Panel, ipywidgets
-from .tables import RING_COST, SENT, THEORY, table
+from .panel import ipywidgets, Panel
+from .tables import RING_COST, SENT, table, THEORY
+from .timeline_figure import timeline_figure, timeline_stats
 
 
 #: the columns of :func:`timeline_rows` the panel shows under its picture
@@ -47,9 +51,6 @@ class TimelinePanel(Panel):
                  world_size: int = 2, steps: int = 3, precision: str = "fp32", show_memory: bool = False,
                  draw_steps: Optional[range] = None, fixed: Optional[Dict] = None, auto_run: bool = True,
                  run: bool = True, link: str = "this machine"):
-        from ..runtime.link import PRESETS
-        from ..strategies import get
-
         w = ipywidgets()
         self.workload, self.world_size, self.steps, self.precision = workload, world_size, steps, precision
         self.show_memory, self.auto_run = show_memory, auto_run
@@ -76,8 +77,6 @@ class TimelinePanel(Panel):
             self.run()
 
     def _accepted(self) -> set:
-        from ..strategies import get
-
         return set(get(self.strategy.value).options)
 
     def _enable_controls(self) -> None:
@@ -103,9 +102,6 @@ class TimelinePanel(Panel):
         return self._run_and_draw([(self.strategy.value, self.world_size, kwargs)])
 
     def draw(self) -> None:
-        from ..runtime.timeline import exposed_comm_s
-        from .timeline_figure import timeline_figure
-
         report = self.last_report
         label = f"{self.strategy.value}, link {self.link.value}"
         fig = timeline_figure({label: report}, self.draw_steps, width=10)
@@ -128,8 +124,6 @@ def comm_launch_positions(rank_result, step: int) -> dict:
     ``train(..., keep_records=True)``): a collective launched before then can hide behind
     the rest of backward; one launched after can only be waited for.
     """
-    from ..runtime.timeline import rank_timeline
-
     line = rank_timeline(rank_result)
     ends = [m["end"] for m in line["modules"] if m["kind"] == "backward" and m["step"] == step]
     if not ends:
@@ -166,8 +160,6 @@ def timeline_rows(report, steps: Optional[range] = None) -> list:
     zerokit's ring counted on the wire (measured; — where the backend ran the collectives),
     and the theory's formula on Ψ and N.
     """
-    from .timeline_figure import timeline_stats
-
     result = report.result
     steps = steps if steps is not None else range(len(result.ranks[0].step_times_s))
     rows = []

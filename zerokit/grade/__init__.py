@@ -25,16 +25,16 @@ import types
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import core, loader
 from .core import CheckResult, Exercise, Fail
-from .report import GradeReport, class_table
+from .exercises import get, KEYS
+from .report import class_table, GradeReport
 
 __all__ = ["grade", "grade_folder", "hint", "checks", "GradeReport", "CheckResult", "Exercise", "Fail",
            "class_table"]
 
 
 def _exercise(key) -> Exercise:
-    from .exercises import get
-
     return get(key)
 
 
@@ -45,8 +45,6 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
     ``checks`` grades only the named checks; ``timeout_s`` overrides every scenario's timeout.
     Returns None when called by a submission's own code while the grader loads it.
     """
-    from . import core, loader
-
     if loader.is_loading():
         return None
     start = time.perf_counter()
@@ -57,8 +55,6 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
         load_error = str(e)
     key = exercise or loader.exercise_key(submission, ns)
     if key is None:
-        from .exercises import KEYS
-
         raise ValueError(f"grade: which exercise does {label} answer? Pass exercise='01' (one of "
                          f"{', '.join(KEYS)}), or name the file after it, e.g. 01_ring_allreduce.ipynb")
     spec = _exercise(key)

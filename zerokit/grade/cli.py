@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 
 from ..runtime.errors import UsageError
+from . import class_table, grade, grade_folder
+from .exercises import get, KEYS
 
 
 def _usage_error(message: str):
@@ -21,8 +23,6 @@ def _usage_error(message: str):
 
 
 def _list_exercises() -> str:
-    from .exercises import KEYS, get
-
     lines = []
     for key in KEYS:
         spec = get(key)
@@ -41,9 +41,6 @@ def _by_number(text: str):
 
 
 def cmd_grade(args) -> int:
-    from . import grade, grade_folder, class_table
-    from .exercises import get
-
     if args.list:
         print(_list_exercises())
         return 0

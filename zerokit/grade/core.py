@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..runtime.errors import RankFailed, RankTimeout
+from ..runtime.launch import launch
+from . import probe as probe_module, probe
 
 #: seconds a scenario may run before it is reported as a hang
 DEFAULT_TIMEOUT_S = 60.0
@@ -166,8 +168,6 @@ def _rank_entry(ctx, fn, ns):
     """What every rank runs: a fixed seed, the probe installed, then the scenario."""
     import torch
 
-    from . import probe
-
     torch.manual_seed(0)
     return fn(ctx, ns, probe.install())
 
@@ -177,8 +177,6 @@ def each_on_the_same_ranks(ctx, fn, namespaces: Dict[str, dict]) -> Dict[str, ob
     scenario on each in turn, each with the grader's seed and a fresh probe, as :func:`_rank_entry` does for one.
     Only for submissions that cannot error or hang: one that does takes the others' results with it."""
     import torch
-
-    from . import probe as probe_module
 
     probe = probe_module.install()
     out = {}
@@ -191,8 +189,6 @@ def each_on_the_same_ranks(ctx, fn, namespaces: Dict[str, dict]) -> Dict[str, ob
 
 def run_scenario(scenario: Scenario, ns: dict, timeout_s: Optional[float] = None):
     """The scenario's measurements by rank, or a :class:`ScenarioError`."""
-    from ..runtime.launch import launch
-
     if scenario.world_size == 0:
         try:
             return scenario.fn(None, ns, None)

@@ -26,6 +26,9 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
+from ..runtime import comm
+from ..runtime.context import note_collective
+
 #: torch.distributed name -> (op recorded, the argument whose bytes count, the argument read before it runs)
 WRAPPED = {
     "all_reduce": ("all_reduce", "tensor", "tensor"),
@@ -169,8 +172,6 @@ class Probe:
         return recorded
 
     def install(self) -> "Probe":
-        from ..runtime import comm
-
         for name in WRAPPED:
             original = getattr(dist, name, None)
             if original is None:
@@ -187,8 +188,6 @@ class Probe:
         return self
 
     def uninstall(self) -> None:
-        from ..runtime import comm
-
         for name, original in self._originals.items():
             if name.startswith("comm."):
                 setattr(comm, name[5:], original)
@@ -199,8 +198,6 @@ class Probe:
 
 def _note(text: str) -> None:
     """Tell the launcher what this rank entered last, so that a hang names it."""
-    from ..runtime.context import note_collective
-
     note_collective(text)
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from ..runtime import comm
 from .streams import SideStream
 
 DIRECTIONS = ("d2h", "h2d")
@@ -78,8 +79,6 @@ def ledger() -> TransferLedger:
 
 
 def _where():
-    from ..runtime import comm
-
     return comm.ledger().phase, comm.ledger().step
 
 

@@ -37,10 +37,11 @@ import torch.distributed as dist
 
 from .. import theory
 from ..runtime import comm
-from ..strategies.base import Option, boolean, register
+from ..strategies.base import boolean, Option, register
+from ..zero.config import to_deepspeed
 from ..zero.stage1 import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
 from ..zero.stage3 import DEFAULT_PREFETCH_BUCKET, non_negative_elements
-from .recording import Peer, ledgered_torch_collectives
+from .recording import ledgered_torch_collectives, Peer
 
 
 def deepspeed_available() -> bool:
@@ -81,7 +82,6 @@ class DeepSpeedPeer(Peer):
                            ("LOCAL_RANK", ctx.device.index if ctx.device.type == "cuda" else ctx.rank)):
             os.environ.setdefault(key, str(value))
         import deepspeed
-        from ..zero.config import to_deepspeed
 
         super().__init__(model, ctx, config, **options)
         self.params = list(model.parameters())

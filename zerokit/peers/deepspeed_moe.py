@@ -49,6 +49,8 @@ import torch
 import torch.nn as nn
 
 from ..data_parallel.overlap import OverlappedDataParallel
+from ..expert_parallel import moe_layers
+from ..expert_parallel.moe import AuxLoss, Expert
 from ..strategies.base import register
 from .deepspeed_ulysses import deepspeed_available, init_deepspeed, ledgered_all_to_all
 from .recording import ledgered_torch_collectives
@@ -70,8 +72,6 @@ class _GateSpy(nn.Module):
 
 def _deepspeed_forward(self, x):
     """MoEMLP.forward replaced: each sequence through DeepSpeed's MOELayer; the per-sequence aux loss averaged."""
-    from ..expert_parallel.moe import AuxLoss
-
     layer, spy = self.__dict__["_deepspeed_layer"], self.__dict__["_deepspeed_gate"]
     ep = torch.distributed.get_world_size(self.group)
     outs, auxes, counts = [], [], torch.zeros(self.n_experts, dtype=torch.int64)  # host: a count the run reports
@@ -99,9 +99,6 @@ class DeepSpeedMoE(OverlappedDataParallel):
 
     def __init__(self, model, ctx, config, **options):
         from deepspeed.moe.layer import MoE
-
-        from ..expert_parallel import moe_layers
-        from ..expert_parallel.moe import Expert
 
         mesh = ctx.mesh
         ep = mesh.size("ep")

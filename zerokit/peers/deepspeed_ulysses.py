@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..context_parallel.apply import attention_modules
+from ..context_parallel.ulysses import ulysses_attention
 from ..data_parallel.overlap import OverlappedDataParallel
 from ..runtime import comm
 from ..strategies.base import register
@@ -125,9 +127,6 @@ class DeepSpeedUlysses(OverlappedDataParallel):
 
     def __init__(self, model, ctx, config, **options):
         from deepspeed.sequence.layer import DistributedAttention
-
-        from ..context_parallel.apply import attention_modules
-        from ..context_parallel.ulysses import ulysses_attention
 
         mesh = ctx.mesh
         if mesh.size("cp") < 2:

@@ -44,6 +44,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from ..context_parallel.apply import attention_modules
+from ..context_parallel.ring_attention import ring_attention
 from ..data_parallel.overlap import OverlappedDataParallel
 from ..runtime import clock, comm
 from ..strategies.base import Option, register
@@ -143,9 +145,6 @@ class TorchRingPeer(OverlappedDataParallel):
                                        "(torch's default: one all-gather of every rank's K, V)")}
 
     def __init__(self, model, ctx, config, **options):
-        from ..context_parallel.apply import attention_modules
-        from ..context_parallel.ring_attention import ring_attention
-
         mesh = ctx.mesh
         if mesh.size("cp") < 2:
             raise ValueError("strategy 'torch-ring' is context parallelism: use parallel={'cp': 2} (or more)")

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .actions import Schedule
+from .simulate import measured, simulate
+
 #: how each compute kind is drawn: (blend towards black, or towards white when negative; hatch)
 KIND_STYLE = {"F": (0.0, None), "B": (0.45, None), "I": (0.3, "//"), "W": (-0.4, "..")}
 IDLE_COLOR = "#D9D9D9"
@@ -25,9 +28,6 @@ def _shade(rgb, blend: float):
 
 
 def _spans_of(result_or_schedule):
-    from .actions import Schedule
-    from .simulate import simulate
-
     if isinstance(result_or_schedule, Schedule):
         result_or_schedule = simulate(result_or_schedule)
     spans = getattr(result_or_schedule, "spans", None)
@@ -95,8 +95,6 @@ def draw_side_by_side(schedule, rank_spans, forward: float = 1.0, backward: floa
     """The schedule simulated (left, units of one forward) next to a real run of it (right, seconds):
     ``rank_spans`` are the ranks' ``pipeline_spans`` from ``zerokit.train``, in pipeline-rank order."""
     from matplotlib.figure import Figure
-
-    from .simulate import measured, simulate
 
     simulated, real = simulate(schedule, forward, backward), measured(schedule, rank_spans)
     fig = Figure(figsize=(15, 0.9 + 0.55 * schedule.ranks), dpi=80)

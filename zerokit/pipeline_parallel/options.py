@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..strategies.pipeline_options import (PIPELINE_OPTIONS, REFUSED, SCHEDULES,  # noqa: F401 - read from here too
                                           pipelined)
+from .partition import block_counts, pieces_of
 from .schedules import schedule as build_schedule
 
 
@@ -24,8 +25,6 @@ def check_pipeline(options: dict, micro_batches: int, pp: int, strategy: str, mo
                          f"parallelism: a pp degree above 1 in parallel")
     build_schedule(name, pp, micro_batches, chunks)  # raises on an impossible (p, m, v)
     if model is not None:
-        from .partition import block_counts, pieces_of
-
         block_counts(pieces_of(model), pp, chunks, options.get("partition", "blocks"))
 
 

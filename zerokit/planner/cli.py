@@ -10,7 +10,8 @@ import json
 
 from .. import theory
 from ..runtime.errors import UsageError
-from .layout import ALL_STRATEGIES
+from . import plan
+from .layout import ALL_STRATEGIES, from_deepspeed_config
 
 #: a planner error's leading argument name -> the flag that sets it
 PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu_memory": "--gpu-memory",
@@ -33,8 +34,6 @@ def _plan_error(message: str) -> str:
 
 
 def cmd_plan(args) -> int:
-    from . import plan
-
     for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
                         ("--shard-group", args.shard_group), ("--cp", args.cp), ("--ep", args.ep),
                         ("--experts", args.experts), ("--top-k", args.top_k),
@@ -48,8 +47,6 @@ def cmd_plan(args) -> int:
     if args.host_memory is not None:
         links["host_memory"] = args.host_memory * 1e9
     if args.deepspeed_config:
-        from .layout import from_deepspeed_config
-
         try:  # read once here, so that every error in the file is reported against the flag
             from_deepspeed_config(args.deepspeed_config)
         except ValueError as e:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import theory
-from ..theory import context as cp_theory
 from ..runtime.mesh import parse_parallel
+from ..theory import context as cp_theory
+from ..zero.config import from_deepspeed, load_deepspeed_config, NOT_IMPLEMENTED
 
 #: the flat data-parallel strategies (one group of every dp rank)
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -275,8 +276,6 @@ def _enabled(section) -> bool:
 
 def from_deepspeed_config(source) -> dict:
     """The Layout fields a DeepSpeed config (dict or JSON path) sets: stage, buckets, offload, batch, precision."""
-    from ..zero.config import NOT_IMPLEMENTED, from_deepspeed, load_deepspeed_config
-
     config = load_deepspeed_config(source)
     where = "DeepSpeed config" if isinstance(source, dict) else f"DeepSpeed config {Path(source).name}"
     unknown = sorted(set(config) - set(TOP_LEVEL))

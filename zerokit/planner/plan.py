@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from . import layout as layouts
-from . import memory as mem
-from . import traffic
+from . import layout as layouts, memory as mem, traffic
 from .advisor import advise
 from .cluster import Cluster
-from .conventions import DIFFERENCE, convention as get_convention
+from .conventions import convention as get_convention, DIFFERENCE
 from .models import check as check_spec, resolve
+from .render import render
 
 
 @dataclass
@@ -106,8 +105,6 @@ class Plan:
         return build(self.model, self.cluster, layout, self.convention)
 
     def table(self, advice: bool = True) -> str:
-        from .render import render
-
         return render(self, advice=advice)
 
     def __str__(self) -> str:

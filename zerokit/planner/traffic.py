@@ -34,10 +34,11 @@ import math
 from dataclasses import dataclass
 
 from .. import theory
-from ..theory import context as cp_theory
-from ..theory import experts as ep_theory
-from .cluster import ORDER, axis_link, group_link
+from ..theory import context as cp_theory, experts as ep_theory
+from ..theory.experts import is_expert
+from .cluster import axis_link, group_link, ORDER
 from .layout import DDP_BUCKET_BYTES
+from .memory import stage_tensors
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,6 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
     for part, nbytes in edges.items():
         out.append(transfer(f"{pair if part != 'loss' else 'all_reduce'} ({part})", nbytes, m, what[part]))
     if layout.sp:
-        from .memory import stage_tensors
-
         whole = sum(p.numel for p in stage_tensors(model, layout.pp, stage) if not p.tp_sharded)
         out.append(transfer("all_reduce (sequence-parallel grads)",
                             theory.sequence_parallel_grad_bytes(whole, t, e, m), m,
@@ -200,9 +199,6 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
                             layers * m, f"2(t−1)/t·b·s·k·4 per MoE layer per micro-batch (k = {model.top_k} fp32 "
                             f"gates per token)"))
         if not layout.sp:
-            from ..theory.experts import is_expert
-            from .memory import stage_tensors
-
             biases = sum(p.numel for p in stage_tensors(model, layout.pp, stage)
                          if is_expert(p) and not p.tp_sharded) // layout.ep
             if biases:

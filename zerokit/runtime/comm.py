@@ -138,8 +138,6 @@ def _group_size(group) -> int:
 
 def axis_of(group) -> str:
     """The mesh axis of ``group`` on this rank ("world" outside a mesh or for the whole world)."""
-    from . import context
-
     ctx = context._current
     if ctx is None:  # collectives outside zerokit.launch / torchrun: no mesh was laid out
         return "world"

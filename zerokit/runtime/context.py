@@ -18,6 +18,9 @@ from typing import Callable, Optional
 
 import torch
 
+from . import clock
+from .mesh import Mesh
+
 
 @dataclass
 class RankContext:
@@ -43,8 +46,6 @@ class RankContext:
     def set_mesh(self, parallel) -> None:
         """Build the mesh for ``parallel`` (``{"dp": …, "tp": …, "pp": …}``; None: all ranks on ``dp``).
         Every rank must call it with the same degrees: it creates process groups."""
-        from .mesh import Mesh
-
         self._mesh = Mesh.build(self.rank, self.world_size, self.device.type, parallel)
 
 
@@ -77,8 +78,6 @@ def _adopt(world) -> RankContext:
     CUDA events on a GPU), as a launch does for its ranks."""
     global _adopted
     import torch.distributed as dist
-
-    from . import clock
 
     if world is not None and _adopted is not None and _adopted[0]() is world:
         ctx = _adopted[1]
@@ -118,7 +117,6 @@ def set_current(ctx: Optional[RankContext]) -> None:
     """Make ``ctx`` this process's rank (None: none); times are measured on its device's timeline (:mod:`.clock`)."""
     global _current
     _current = ctx
-    from . import clock
 
     clock.use(ctx.device if ctx is not None else None)
 

@@ -22,6 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from .context import set_check_collectives
 from .errors import RankFailed, RankTimeout
 from .supervise import Supervisor
 from .torchrun import BACKENDS, check_backend, launch_under_torchrun, under_torchrun
@@ -75,7 +76,6 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
                          f"(None: as ZEROKIT_DEBUG_COLLECTIVES says)")
     if under_torchrun():
         if check_collectives is not None:  # fn runs in this process: its collectives read the flag here
-            from .context import set_check_collectives
 
             set_check_collectives(check_collectives)
         return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)

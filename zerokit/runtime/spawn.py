@@ -52,6 +52,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from . import comm, context
 from .context import RankContext, set_check_collectives, set_current, set_status_writer
 from .hang import encode
 
@@ -107,7 +108,6 @@ def rank_main(spec: RankSpec, job, results, stdout, stderr, status, store_socket
         init_process_group(spec, store_socket, device)
         ctx = RankContext(spec.rank, spec.world_size, device, spec.backend)
         set_current(ctx)
-        from . import comm
 
         comm.ledger().reset()  # a forked rank starts with an empty ledger, not the parent's records and step
         value = fn(ctx, *args, **kwargs)
@@ -170,8 +170,6 @@ def _status_writer(slot) -> Callable[[str], None]:
 
 
 def _status_writer_now() -> Callable[[str], None]:
-    from . import context
-
     return context._status_writer or (lambda text: None)
 
 

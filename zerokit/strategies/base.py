@@ -14,9 +14,9 @@ import torch
 import torch.nn as nn
 
 from .. import theory
+from ..optim import GradientClipping, MasterOptimizer, OptimizerSpec
 from ..runtime.context import RankContext
 from ..runtime.memory import MemoryLedger
-from ..optim import MasterOptimizer, OptimizerSpec
 from .registry import REGISTRY, get, register  # noqa: F401 - strategies register here
 
 
@@ -157,8 +157,6 @@ class Strategy:
     def clip_gradients(self, max_norm: float) -> None:
         """Clip the gradients to ``max_norm`` (their global 2-norm) before every step, as DeepSpeed's
         ``gradient_clipping`` does (:class:`zerokit.optim.GradientClipping`)."""
-        from ..optim import GradientClipping
-
         if self.ctx.mesh.size("tp") > 1 or self.ctx.mesh.size("pp") > 1:
             raise ValueError("gradient clipping with tp or pp above 1 is not implemented: the norm would need the "
                              "tp and pp groups too; set gradient_clipping to 0")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .activations import transformer_layer_activation_bytes
+
 
 def _check(cp: int, block_bytes: int) -> None:
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
@@ -110,8 +112,6 @@ def cp_layer_activation_bytes(s: int, b: int, h: int, a: int, cp: int, attention
     saves for backward (4·q_dim per token) next to the projection's input (zerokit's ring; a kernel that returns
     its output in the projection's layout keeps one copy). ``korthikanti``: that function's other arguments.
     """
-    from .activations import transformer_layer_activation_bytes
-
     local = s // cp
     q_dim = h if q_dim is None else q_dim
     out = transformer_layer_activation_bytes(local, b, h, a, t=t, q_dim=q_dim, fused_attention=fused_attention,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .transformer import ParamTensor
+
 #: bytes of one routed row's expert id on the wire: int32 (a 16-bit float holds integers exactly only up to 256)
 EXPERT_ID_BYTES = 4
 
@@ -64,8 +66,6 @@ def moe_parameters(dense: list, experts: int, hidden: int) -> list:
     order: each layer's router (hidden·E weights, no bias: Switch, Mixtral, zerokit's MoE; it stays dense), then
     the layer's MLP tensors (``<block>.mlp.*``) once per expert (``<block>.mlp.experts.<e>.*``). ``dense``: the
     dense model's :class:`~.transformer.ParamTensor` list."""
-    from .transformer import ParamTensor
-
     out, mlp = [], []
 
     def flush():

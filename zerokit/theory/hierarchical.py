@@ -60,8 +60,8 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Sequence
 
-from .model_states import (ModelStates, model_state_bytes, padded_numel, param_bytes_per_element,
-                           shard_numel)
+from .communication import comm_bytes_per_step
+from .model_states import model_state_bytes, ModelStates, padded_numel, param_bytes_per_element, shard_numel
 
 HIERARCHICAL = ("hsdp", "hpz")
 
@@ -174,8 +174,6 @@ def hierarchical_link_bytes(strategy: str, psi: int, n: int, gpus_per_node: int,
     ``intra_node + inter_node`` is the rank's total (ZeRO §7.2's 2(N−1)/N·Ψb for DDP,
     3(N−1)/N·Ψb for ZeRO-3 at A = 1).
     """
-    from .communication import comm_bytes_per_step
-
     g, b, a = gpus_per_node, bytes_per_element, micro_batches
     s = min(n, g) if s is None else s
     groups = []  # (rank bytes, size, stride)

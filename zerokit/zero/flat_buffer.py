@@ -21,6 +21,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..runtime import comm
+from ..runtime.ring import ring_all_gather
+
 
 def check_world_size(psi: int, world_size: int) -> None:
     """ZeRO shards Ψ elements over N ranks: more ranks than elements leaves a rank nothing to own."""
@@ -210,9 +213,6 @@ class FlatUnit:
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group, algorithm: str, async_op: bool, tag: str):
     """Gather every rank's ``shard`` into ``output``: the backend's all-gather, or zerokit's ring (synchronous)."""
-    from ..runtime import comm
-    from ..runtime.ring import ring_all_gather
-
     if algorithm == "ring":
         ring_all_gather(output, shard, group=group, tag=tag)
         return None

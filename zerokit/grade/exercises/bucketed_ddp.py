@@ -15,6 +15,7 @@ import torch
 from ... import theory
 from .. import reference as ref
 from ..core import Check, Exercise, Fail, Scenario
+from ..probe import Mistake
 from .common import same_params, unwaited
 
 STEPS = 2
@@ -50,8 +51,6 @@ def _run(make_model, get_batch, loss_fn, bucket_numel):
 
 def _refuse_duplicates(buckets, names, holders) -> None:
     """Stop the run (every rank alike, before any collective) if a parameter sits in the buckets twice."""
-    from ..probe import Mistake
-
     listed = [names.get(p, "?") for bucket in buckets for p in bucket]
     for name in dict.fromkeys(listed):
         if listed.count(name) > 1:

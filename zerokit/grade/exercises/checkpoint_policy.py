@@ -21,7 +21,9 @@ import math
 import torch
 
 from ... import theory
-from ..core import Check, Exercise, Fail, Scenario, learner_frame
+from ...checkpointing.measure import scale_chain
+from ...runtime.memory import MemoryLedger
+from ..core import Check, Exercise, Fail, learner_frame, Scenario
 
 N = 2
 BLOCKS, ROWS, WIDTH = 9, 4, 16
@@ -59,8 +61,6 @@ def _dropout_run(ns, rank, k):
 
 
 def _chain():
-    from ...checkpointing.measure import scale_chain
-
     torch.manual_seed(0)
     chain = scale_chain(BLOCKS, WIDTH)
     with torch.no_grad():  # a different w per block, so that a block run twice or skipped shows
@@ -78,8 +78,6 @@ def _grads(chain, x):
 
 
 def _run_policy(ns, rank, k):
-    from ...runtime.memory import MemoryLedger
-
     chain = _chain()
     recomputed = []
     for i, block in enumerate(chain):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ... import theory
+from ...offload.transfers import ledger as transfers
 from ...runtime.memory import MemoryLedger
 from .. import reference as ref
 from ..core import Check, Exercise, Fail, Scenario
@@ -74,8 +75,6 @@ def _ledger(zero, model) -> dict:
 
 
 def _train(ctx, ns, probe):
-    from ...offload.transfers import ledger as transfers
-
     model = _model()
     initial = ref.named_params(model)
     zero = ns["Zero2Offload"](model, LR)

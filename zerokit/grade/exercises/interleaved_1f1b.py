@@ -16,7 +16,12 @@ import torch
 import torch.nn as nn
 
 from ... import theory
+from ...pipeline_parallel import Action, simulate
+from ...pipeline_parallel.executor import Executor
+from ...pipeline_parallel.p2p_plan import message_order
+from ...runtime.p2p_replay import P2PDeadlock, recording, replay
 from ..core import Check, Exercise, Fail, Scenario
+from ..probe import Mistake
 
 #: (p, m, v) the schedule is played out for; m a multiple of p, as Megatron's interleaving needs
 CONFIGS = ((2, 2, 2), (2, 4, 2), (2, 6, 3), (3, 3, 2), (3, 6, 2), (4, 4, 2), (4, 8, 2), (4, 8, 4))
@@ -63,9 +68,6 @@ def _order(schedule) -> str:
 
 
 def _paper(ctx, ns, probe):
-    from ...pipeline_parallel import simulate
-    from ...pipeline_parallel.p2p_plan import message_order
-
     out = []
     for p, m, v in CONFIGS:
         row = {"p": p, "m": m, "v": v}
@@ -108,11 +110,6 @@ def _mse(out, target):
 
 
 def _run(ctx, ns, probe):
-    from ...pipeline_parallel import simulate
-    from ...pipeline_parallel.executor import Executor
-    from ...runtime.p2p_replay import recording
-    from ..probe import Mistake
-
     schedule = ns["interleaved_1f1b"](RUN_P, RUN_M, RUN_V)
     problem = _placement(schedule) or _order(schedule)
     if not problem:
@@ -220,8 +217,6 @@ def _judge_peak(results, ns):
 
 
 def _judge_run(results, ns):
-    from ...runtime.p2p_replay import P2PDeadlock, replay
-
     try:
         replay({rank: r["posted"] for rank, r in enumerate(results)})
     except P2PDeadlock as e:
@@ -252,8 +247,6 @@ def _judge_run(results, ns):
 
 
 def _parse(text: str):
-    from ...pipeline_parallel import Action
-
     a = Action.parse(text)
     return a.stage, a.kind, a.micro
 

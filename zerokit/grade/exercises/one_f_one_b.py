@@ -14,7 +14,10 @@ import torch
 import torch.nn as nn
 
 from ... import theory
+from ...pipeline_parallel import check, simulate
+from ...pipeline_parallel.executor import Executor
 from ..core import Check, Exercise, Fail, Scenario
+from ..probe import Mistake
 
 #: (p, m) the schedule is played out for
 CONFIGS = ((1, 1), (2, 1), (2, 4), (3, 5), (4, 2), (4, 8))
@@ -22,8 +25,6 @@ RUN_P, RUN_M = 2, 4
 
 
 def _paper(ctx, ns, probe):
-    from ...pipeline_parallel import check, simulate
-
     out = []
     for p, m in CONFIGS:
         row = {"p": p, "m": m, "check": None, "deadlock": None}
@@ -60,10 +61,6 @@ def _mse(out, target):
 
 
 def _run(ctx, ns, probe):
-    from ...pipeline_parallel import check, simulate
-    from ...pipeline_parallel.executor import Executor
-    from ..probe import Mistake
-
     schedule = ns["one_f_one_b"](RUN_P, RUN_M)
     try:
         check(schedule)

@@ -13,6 +13,9 @@ from __future__ import annotations
 import numbers
 
 from ... import theory
+from ...pipeline_parallel import measured, schedule, simulate
+from ...train import train
+from ...workloads import mlp, tiny_gpt
 from ..core import Check, Exercise, Fail, Scenario
 
 SIZES = (32, 64, 64, 10)
@@ -23,8 +26,6 @@ BYTES_RTOL, FRACTION_ATOL = 0.005, 0.005
 
 
 def _workload():
-    from ...workloads import mlp
-
     return mlp(sizes=SIZES)
 
 
@@ -48,26 +49,18 @@ def _answer(name: str):
 
 
 def _measure_zero1(ctx, ns, probe):
-    from ...train import train
-
     rank = train(_workload(), "zero1", world_size=N, steps=1, reference=False, track_peak=False,
                  timeout_s=120)["zero1"].ranks[0]
     return {"measured": sum(rank.model_state_bytes[k] for k in ("params", "grads", "optimizer"))}
 
 
 def _measure_zero3(ctx, ns, probe):
-    from ...train import train
-
     rank = train(_workload(), "zero3", world_size=N, steps=1, reference=False, track_peak=False, timeout_s=120,
                  algorithm="ring")["zero3"].ranks[0]
     return {"measured": rank.comm_sent_bytes_per_step}
 
 
 def _measure_bubble(ctx, ns, probe):
-    from ...pipeline_parallel import measured, schedule, simulate
-    from ...train import train
-    from ...workloads import tiny_gpt
-
     sched = schedule("1f1b", P, M)
     result = train(tiny_gpt(n_layer=2), "pp", world_size=P, steps=2, micro_batches=M, schedule="1f1b",
                    reference=False, track_peak=False, timeout_s=120)["pp"]

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ... import theory
+from ...context_parallel import layout
+from ...runtime import comm
 from ..core import Check, Exercise, Fail, Scenario
 
 N = 2
@@ -49,9 +51,6 @@ def block_result(s, v):
 
 
 def _run(ctx, ns, probe):
-    from ...context_parallel import layout
-    from ...runtime import comm
-
     rank, n = ctx.rank, ctx.world_size
     out = {}
     scores, values = merge_inputs()
@@ -89,8 +88,6 @@ def reference():
 def local_index_mask_output(n):
     """What rank r's output is when each block is masked by local index (key j after query i) instead of by global
     position: the mistake named by 'same-as-one-process'."""
-    from ...context_parallel import layout
-
     q, k, v, _ = inputs()
     outs = []
     for r in range(n):
@@ -139,14 +136,10 @@ def _judge_merge(results, ns):
 
 
 def _gathered(results, key):
-    from ...context_parallel import layout
-
     return layout.gather([r[key] for r in results], dim=2)
 
 
 def _judge_output(results, ns):
-    from ...context_parallel import layout
-
     n, want = len(results), reference()
     for rank, r in enumerate(results):
         expected = layout.split(want["out_"], rank, n, dim=2)

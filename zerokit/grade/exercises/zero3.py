@@ -16,6 +16,7 @@ import torch.nn as nn
 from ... import theory
 from .. import reference as ref
 from ..core import Check, Exercise, Fail, Scenario
+from ..probe import Mistake
 from .common import by_op, describe_ops
 
 STEPS = 2
@@ -35,8 +36,6 @@ def _held(unit) -> int:
 
 
 def _train(ctx, ns, probe):
-    from ..probe import Mistake
-
     model = blocks()
     zero = ns["Zero3"](model, LR)
     units = zero.units

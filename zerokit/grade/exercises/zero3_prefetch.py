@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from .. import reference as ref
 from ..core import Check, Exercise, Fail, Scenario
+from ..probe import Mistake
 
 LR = 0.1
 N = 2
@@ -57,8 +58,6 @@ def order_of(deep: bool, phase: str) -> List[int]:
 
 
 def _train(ctx, ns, probe):
-    from ..probe import Mistake
-
     model = blocks()
     zero = ns["Zero3Prefetch"](model, LR)
     sizes = unit_bytes()
