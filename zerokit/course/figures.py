@@ -88,7 +88,8 @@ def volume_figure(series: Dict[str, dict], ylabel: str = "bytes per rank", title
     top = max([v for s in series.values() for k in ("theory", *POINT_KINDS) for v in s.get(k, [])]
               + ([reference[0]] if reference is not None else []), default=1.0)
     ax.set_ylim(0, top * 1.12)  # a dashed asymptote stays clear of the title
-    ax.set_title(textwrap.fill(title, 80), fontsize=TITLE_SIZE)
+    lines = -(-len(title) // 70)  # as few lines as fit, of even length: no word alone on the last
+    ax.set_title(textwrap.fill(title, -(-len(title) // max(lines, 1)) + 8) if title else "", fontsize=TITLE_SIZE)
     entries = len(series) * 2 + (reference is not None)
     legend_outside(ax, "below", ncol=2 if entries > 3 else entries, bbox_to_anchor=(0.5, -0.25))  # the axes keep
     fig.tight_layout()  # the figure's width
