@@ -3,6 +3,12 @@
 Data parallelism, ZeRO stages 1-3 and their peers on torch.distributed, each step
 measured by a memory ledger and a communication ledger and held against the
 formulas of :mod:`zerokit.theory` and a single-process reference.
+
+Imports flow one way, down the floors: ``runtime`` and ``theory``; what every parallelism
+shares (``strategies``, ``optim``, ``report``, ``plot``); the parallelisms, one package per
+paper; the models (``workloads``); the interfaces (``api``, ``peers``, ``train``); the
+applications (``course``, ``grade``, ``planner``, ``bench``, ``tour``, ``cli``), which load
+when used. ``tests/test_layers.py`` holds the table and checks it.
 """
 from . import theory
 from .runtime import comm, ring, timeline
