@@ -72,7 +72,7 @@ LAZY = "# lazy"
 
 #: files whose imports inside functions (none of them closes a cycle) are still to move to the top; an entry goes
 #: when its file has none left
-NOT_YET_AT_THE_TOP = {"zerokit/train.py", "zerokit/job.py"}
+NOT_YET_AT_THE_TOP: set = set()
 
 
 def module_name(path: Path) -> str:

@@ -18,6 +18,8 @@ from .checkpoint.training import check_options as check_saving
 from .checkpointing import check_for_model
 from .config import JOB_OPTIONS, JobConfig  # noqa: F401 - JOB_OPTIONS: part of zerokit.job's API
 from .expert_parallel.apply import check_model as check_experts
+from .context_parallel.apply import check_model as check_context_model
+from .tensor_parallel import check_plan
 from .pipeline_parallel.options import check_pipeline
 from .runtime.mesh import check_built, parse_parallel
 from .strategies import TrainConfig, get as get_strategy
@@ -141,8 +143,6 @@ def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention
             raise ValueError(f"cp_attention={attention!r} applies only with context parallelism: add cp=2 (or more) "
                              f"to parallel")
         return "ring"
-    from .context_parallel.apply import check_model
-
     attention = "ring" if attention is None else attention
     if shape["pp"] > 1:
         raise ValueError(f"parallel cp={cp} with pp={shape['pp']}: context parallelism composes with dp and tp only "
@@ -152,7 +152,7 @@ def _check_context_parallel(workload: Workload, shape: Dict[str, int], attention
                          f"not cut it again over tp (use sequence_parallel=False)")
     model = workload.build_model()
     seq_len = workload.batch(0)[0].shape[1]
-    check_model(model, seq_len, cp, attention, tp=shape["tp"])
+    check_context_model(model, seq_len, cp, attention, tp=shape["tp"])
     return attention
 
 
@@ -167,7 +167,5 @@ def _check_tensor_parallel(workload: Workload, cls, tp: int, sequence_parallel) 
     if workload.tensor_parallel_plan is None:
         raise ValueError(f"parallel tp={tp}: workload {workload.name!r} has no tensor-parallel plan; give "
                          f"Workload(tensor_parallel_plan=lambda sequence_parallel: zerokit.tensor_parallel.Plan(...))")
-    from .tensor_parallel import check_plan
-
     seq_len = workload.batch(0)[0].shape[1] if sequence_parallel else None
     check_plan(workload.build_model(), workload.tensor_parallel_plan(sequence_parallel), tp, seq_len)

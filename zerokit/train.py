@@ -36,6 +36,14 @@ from .job import JOB_OPTIONS, Job, make_job  # noqa: F401 - part of zerokit.trai
 from .pipeline_parallel.options import pipelined
 from .pipeline_parallel.strategy import Pipeline
 from .parallelize import parallelize
+from .context_parallel import layout as cp_layout
+from .tensor_parallel import full_parameters
+from .runtime.timeline import Tracer
+from .expert_parallel import gather_experts
+from .expert_parallel.apply import moe_layers, routing
+from .runtime.launch import choose_backend, launch
+from .runtime.torchrun import rank_device, under_torchrun
+from .runtime.link import check_backend
 
 
 def _to_device(t: torch.Tensor, device, dtype) -> torch.Tensor:
@@ -52,9 +60,7 @@ def _local_batch(job: Job, ctx: RankContext, step: int, data_parallel: bool):
         inputs = inputs[i * per:(i + 1) * per]
         targets = targets[i * per:(i + 1) * per]
     if ctx.mesh.size("cp") > 1:  # context parallelism: this rank's chunks of every sequence
-        from .context_parallel import layout
-
-        inputs, targets = (layout.split(t, ctx.mesh.coord("cp"), ctx.mesh.size("cp")) for t in (inputs, targets))
+        inputs, targets = (cp_layout.split(t, ctx.mesh.coord("cp"), ctx.mesh.size("cp")) for t in (inputs, targets))
     a = job.config.micro_batches
     return list(zip(inputs.chunk(a), targets.chunk(a)))
 
@@ -63,8 +69,6 @@ def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
     """Every parameter whole: gathered over dp by the strategy, and over tp by the plan's layout."""
     if not tensor_parallel:
         return strategy.full_parameters()
-    from .tensor_parallel import full_parameters
-
     with getattr(strategy, "gathered", nullcontext)():
         return {name: t.float().cpu() for name, t in full_parameters(model, ctx.mesh.group("tp")).items()}
 
@@ -111,8 +115,6 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         memory.instrument(model)
     tracer = None
     if job.keep_records:
-        from .runtime.timeline import Tracer
-
         tracer = Tracer(ctx.rank)
         tracer.instrument(model)
     span = tracer.span if tracer is not None else (lambda name: nullcontext())
@@ -165,8 +167,6 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     with comm.phase("setup"):
         params = _full_parameters(strategy, model, ctx, tensor_parallel)
         if ctx.mesh.size("ep") > 1 and params is not None:  # the ep peers' experts too, under the whole model's names
-            from .expert_parallel import gather_experts
-
             params = gather_experts(params, model, ctx.mesh, [n for n, _ in job.workload.build_model().named_parameters()])
         if pipeline is not None:
             params = pipeline.full_parameters(params, {id(p): n for n, p in model.named_parameters()})
@@ -215,8 +215,6 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
 
 
 def _routing(model) -> Optional[dict]:
-    from .expert_parallel.apply import moe_layers, routing
-
     return routing(model) if moe_layers(model) else None
 
 
@@ -227,9 +225,6 @@ def reference_device(backend: Optional[str] = None, world_size: int = 1) -> torc
     first GPU when the ranks run on NCCL (one GPU each), else the CPU. Under torchrun every worker computes
     the reference itself, on its own GPU (``cuda:LOCAL_RANK``): the world may span nodes, and the first GPU
     is another worker's."""
-    from .runtime.launch import choose_backend
-    from .runtime.torchrun import rank_device, under_torchrun
-
     if under_torchrun():
         return rank_device(backend)[1]
     return torch.device("cuda", 0) if choose_backend(backend, world_size) == "nccl" else torch.device("cpu")
@@ -251,8 +246,6 @@ def run_reference(job: Job, device: Optional[torch.device] = None) -> RankResult
 def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
             backend: Optional[str] = None, timeout_s: float = 300.0,
             heartbeat_s: Optional[float] = None) -> StrategyResult:
-    from .runtime.launch import launch
-
     if job.strategy == "single":
         ranks = [run_reference(job, reference_device(backend, world_size))]
     else:
@@ -261,9 +254,6 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
                 warnings.simplefilter("ignore", DeprecationWarning)
                 importlib.import_module(module)
         if job.link is not None:  # refused on NCCL before any rank starts
-            from .runtime.launch import choose_backend
-            from .runtime.link import check_backend
-
             check_backend(job.link, choose_backend(backend, world_size))
         ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
     return StrategyResult.from_ranks(job, ranks, reference)
