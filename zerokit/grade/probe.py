@@ -187,14 +187,6 @@ class Probe:
                 setattr(comm, attr, self._wrap(name, original))
         return self
 
-    def uninstall(self) -> None:
-        for name, original in self._originals.items():
-            if name.startswith("comm."):
-                setattr(comm, name[5:], original)
-            else:
-                setattr(dist, name, original)
-        self._originals.clear()
-
 
 def _note(text: str) -> None:
     """Tell the launcher what this rank entered last, so that a hang names it."""

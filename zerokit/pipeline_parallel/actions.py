@@ -89,9 +89,6 @@ class Schedule:
     def rank_of(self, stage: int) -> int:
         return stage % self.ranks
 
-    def chunk_of(self, stage: int) -> int:
-        return stage // self.ranks
-
     def compute(self, rank: int) -> List[Action]:
         """Rank ``rank``'s compute actions only, in order."""
         return [a for a in self.actions[rank] if a.is_compute]

@@ -159,13 +159,3 @@ def tied_parameters(model: nn.Module, ranks: int, chunks: int,
             for p in stage.parameters():
                 holders.setdefault(names[id(p)], set()).add(r)
     return {name: sorted(rs) for name, rs in holders.items() if len(rs) > 1}
-
-
-def stage_parameter_counts(model: nn.Module, ranks: int, chunks: int,
-                           partition: Union[str, Sequence[int]] = "blocks") -> List[int]:
-    """Parameters per virtual stage (for tables and the ``params`` partition's check)."""
-    out = []
-    for r in range(ranks):
-        for s, stage in split(model, ranks, chunks, r, partition).items():
-            out.append((s, sum(p.numel() for p in stage.parameters())))
-    return [n for _, n in sorted(out)]

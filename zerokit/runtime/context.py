@@ -33,10 +33,6 @@ class RankContext:
     _mesh: Optional[object] = field(default=None, repr=False)
 
     @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
     def mesh(self):
         """This rank's :class:`~zerokit.runtime.mesh.Mesh`; every rank on ``dp`` unless :meth:`set_mesh` said otherwise."""
         if self._mesh is None:

@@ -75,10 +75,6 @@ class Link:
         if self.bandwidth_Bps <= 0:
             raise ValueError(f"link: bandwidth_Bps={self.bandwidth_Bps!r} must be > 0 bytes per second")
 
-    @property
-    def beta_s_per_byte(self) -> float:
-        return 1.0 / self.bandwidth_Bps
-
     def rounds(self, op: str, n: int) -> int:
         """Message rounds of ``op`` on ``n`` ranks: the ring's for the reductions and gathers, else one."""
         if n <= 1 and op not in ("send", "recv"):

@@ -174,7 +174,3 @@ class ZeroStage2(ShardedDataParallel):
                 yield from (t for t in flight if t is not None)
 
         ledger.track("grads", gradient_memory)
-
-    def buckets_in_flight(self) -> int:
-        """Gradient buckets alive at once at most: the filling one, and with overlap_comm the one reducing."""
-        return 2 if self.opts["overlap_comm"] else 1

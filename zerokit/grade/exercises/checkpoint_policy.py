@@ -137,10 +137,6 @@ def _judge_segments(_, ns):
     return "segments of k blocks from the first, the last one shorter when k does not divide n"
 
 
-def _ran_policy(results, k):
-    return all(isinstance(r.get(k), dict) for r in results)
-
-
 def _judge_gradients(results, ns):
     for rank, r in enumerate(results):
         plain = r["plain"]
