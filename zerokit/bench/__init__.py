@@ -4,12 +4,14 @@ Wall-clock times on a shared machine are noisy, so every suite runs zerokit and 
 peer in the same invocation, interleaved, and reports medians and their ratio.
 Suites live in this package, one module each (``ddp``, ``zero``, ``offload``, ``pipeline``,
 ``scaling``, ``sizes``, ``link``), with a ``main(argv) -> int``; they share the interleaved runner
-(:mod:`.rounds`) and the printing (:mod:`.table`: tables, load average, noise). ``zerokit bench --quick`` runs every suite with one round of
+(:mod:`.rounds`), the flags every suite takes (:func:`suite_parser`) and the printing (:mod:`.table`:
+tables, load average, noise). ``zerokit bench --quick`` runs every suite with one round of
 few steps at 2 ranks (:data:`QUICK`): a smoke run of the whole benchmark, minutes on 2 cores,
 too short for the ratios to mean much.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import statistics
 
@@ -60,3 +62,19 @@ def median(values) -> float:
 def ratio(ours: float, peer: float) -> float:
     """ours / peer: below 1.0 is faster than the peer."""
     return ours / peer if peer else float("inf")
+
+
+def suite_parser(suite: str, doc: str, *, steps: int = None, rounds: int = None, timeout: float = 300.0,
+                 json: str = None, steps_help: str = "steps per run (the first is left out)"):
+    """``zerokit bench SUITE``'s parser, with the flags the suites share: ``--steps`` and ``--rounds`` (when given
+    a default), ``--timeout``, ``--json`` (when given its help: what the file holds) and ``--quiet``."""
+    parser = argparse.ArgumentParser(prog=f"zerokit bench {suite}", description=doc.splitlines()[0])
+    if steps is not None:
+        parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="interleaved repetitions of every configuration")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per run before it counts as hung")
+    if json is not None:
+        parser.add_argument("--json", metavar="FILE", help=f"also write {json} to FILE")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    return parser

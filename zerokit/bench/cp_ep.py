@@ -24,13 +24,12 @@ step each sends on the pair's axis (cp or ep, rank 0's ledger).
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 from ..peers.deepspeed_ulysses import deepspeed_available
 from ..train import train
 from ..workloads import tiny_gpt
-from . import median, ratio
+from . import median, ratio, suite_parser
 from .rounds import PEAK_STEPS
 from .table import conditions, load_average, machine, ms, noise, progress_log, table
 
@@ -63,13 +62,9 @@ def _noisier(a, b):
     return None if a is None or b is None else max(a, b)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench cp_ep", description=__doc__.splitlines()[0])
+def build_parser():
+    parser = suite_parser("cp_ep", __doc__, steps=6, rounds=3)
     parser.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
-    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is left out)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 

@@ -21,13 +21,12 @@ ends with the load average and the noise of the run (IQR / median of the step ti
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 from ..workloads import tiny_gpt
-from . import median, ratio
+from . import median, ratio, suite_parser
 from .rounds import paired_ratio, peak_ratio, run_rounds
 from .table import conditions, load_average, machine, mib, ms, progress_log, table
 
@@ -97,18 +96,14 @@ def summary(sweep, heavy) -> dict:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench ddp", description=__doc__.split("\n")[0])
+def build_parser():
+    parser = suite_parser("ddp", __doc__, steps=12, rounds=3, json="every run and the summary",
+                          steps_help="steps per run (the first is left out of the median)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[0.25, 1.0, 4.0, 32.0])
-    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     parser.add_argument("--heavy-bucket-mb", type=float, default=1.0,
                         help="bucket size of the communication-heavy overlap comparison")
     parser.add_argument("--no-heavy", action="store_true", help="skip the communication-heavy overlap comparison")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write every run and the summary to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 

@@ -19,7 +19,6 @@ the baselines as dotted lines; and exposed (measured) against the link's time (e
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ import time
 
 from ..runtime.link import custom
 from ..workloads import tiny_gpt
+from . import suite_parser
 from .rounds import Entry, run_plan
 from .table import conditions, load_average, machine, minor_label, ms, progress_log, table
 
@@ -104,19 +104,14 @@ def plot(rows, strategies, out: str) -> None:
     fig.savefig(out)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench link", description=__doc__.splitlines()[0])
+def build_parser():
+    parser = suite_parser("link", __doc__, steps=6, rounds=2, timeout=600.0, json="every run")
     parser.add_argument("--bandwidths", type=float, nargs="+", default=[1e7, 3e7, 1e8, 3e8, 1e9, 1e10],
                         help="link bandwidths, bytes per second, one direction (default 1e7 … 1e10)")
     parser.add_argument("--alpha-us", type=float, default=10.0, help="link latency per message round, µs")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     parser.add_argument("--no-baseline", action="store_true", help="skip the runs without a link")
-    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is left out)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every configuration")
     parser.add_argument("--out", default="benchmarks/link-bandwidth.png", help="where the picture goes")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write every run to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 

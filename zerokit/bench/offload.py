@@ -21,7 +21,6 @@ machine and its load (printed with the results).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ import torch
 from ..offload.host_optimizer import build_optimizer, IMPLEMENTATIONS
 from ..optim import OptimizerSpec
 from ..workloads import tiny_gpt
-from . import median, ratio
+from . import median, ratio, suite_parser
 from .rounds import run_rounds
 from .table import conditions, load_average, machine, ms, noise, progress_log, table
 
@@ -103,8 +102,9 @@ def training_ratios(rows) -> dict:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench offload", description=__doc__.split("\n")[0])
+def build_parser():
+    parser = suite_parser("offload", __doc__, steps=8, rounds=3, json="every figure",
+                          steps_help="training steps per run (the first is left out)")
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 4e6],
                         help="elements stepped by the host AdamW (default 1e6 4e6)")
     parser.add_argument("--tensors", type=int, default=16, help="tensors the elements are cut into")
@@ -112,12 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for the AdamW part (1: what each training rank uses here)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2])
-    parser.add_argument("--steps", type=int, default=8, help="training steps per run (the first is left out)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     parser.add_argument("--no-train", action="store_true", help="only the AdamW part")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 

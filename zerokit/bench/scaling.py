@@ -11,11 +11,11 @@ measured/theory deviation, which must be 0.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..train import train
 from ..workloads import tiny_gpt
+from . import suite_parser
 from .table import load_average
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -53,11 +53,9 @@ def plot(rows: dict, sizes, out: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="zerokit bench scaling", description=__doc__.splitlines()[0])
+    parser = suite_parser("scaling", __doc__)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=list(range(2, 9)))
     parser.add_argument("--out", default="benchmarks/scaling.png", help="where the picture goes")
-    parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.world_sizes):
         raise ValueError("--world-sizes must be positive")

@@ -18,7 +18,6 @@ compute/communication balance.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,6 +25,7 @@ import time
 
 from ..strategies import names
 from ..workloads import tiny_gpt
+from . import suite_parser
 from .rounds import Entry, paired_ratio, run_plan
 from .table import conditions, load_average, machine, minor_label, ms, progress_log, table
 
@@ -96,20 +96,15 @@ def plot(rows, strategies, out: str) -> None:
     fig.savefig(out)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench sizes", description=__doc__.splitlines()[0])
+def build_parser():
+    parser = suite_parser("sizes", __doc__, steps=6, rounds=2, timeout=600.0, json="every run")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), metavar="SIZE",
                         help=f"model sizes ({', '.join(SIZES)})")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="STRATEGY",
                         help=f"strategies and peers (default {' '.join(STRATEGIES)})")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8, help="global batch (sequences of 64 tokens)")
-    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is left out)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every configuration")
     parser.add_argument("--out", default="benchmarks/model-size.png", help="where the picture goes")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write every run to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 

@@ -30,6 +30,7 @@ import time
 
 from ..peers.deepspeed import deepspeed_available
 from ..workloads import tiny_gpt
+from . import suite_parser
 from .ddp import SWEEP_GPT
 from .rounds import paired_ratio, peak_ratio, run_rounds
 from .table import conditions, load_average, machine, mib, ms, progress_log, table
@@ -95,19 +96,15 @@ def unit_size_arg(text: str):
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit bench zero", description=__doc__.split("\n")[0])
+def build_parser():
+    parser = suite_parser("zero", __doc__, steps=12, rounds=3, json="every run and the ratios",
+                          steps_help="steps per run (the first is left out of the median)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out of the median)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed peers")
     parser.add_argument("--unit-size", type=unit_size_arg, default="block",
                         help="zero3's and FSDP2's unit_size: 'block' (default: one unit per transformer block), 0 "
                              "(every module with parameters is a unit) or a number of elements")
     parser.add_argument("--only", nargs="+", metavar="LABEL", help="run only these configurations (labels)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write every run and the ratios to FILE")
-    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     return parser
 
 
