@@ -17,7 +17,7 @@ import gpu_check_common as c
 from gpu_check_one import missing
 
 #: axes whose measured bytes are only bounded by the formula: DeepSpeed's MoE sends padded [E, C, d] rows, and
-#: not zerokit's expert ids and counts, which the formula on those rows also counts (tests/test_peers_cp_ep.py)
+#: not zerokit's expert ids and counts, which the formula on those rows also counts (tests/peers/test_peers_cp_ep.py)
 AT_MOST = {"deepspeed-moe": {"ep"}}
 #: --dry's "every rank of the node": 4 gloo ranks (2 cores)
 DRY_NODE = 4

@@ -20,7 +20,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-import zerokit  # before the group: see tests/test_own_loop.py
+import zerokit  # before the group: see tests/api/test_own_loop.py
 from zerokit.runtime import clock
 
 KINDS = ("DistributedDataParallel", "stage 1", "stage 2", "stage 3")
@@ -73,7 +73,7 @@ def own_loop_rank(backend: str, size: dict, steps: int, lr: float) -> dict:
         out[kind] = {"max_abs_param_diff": diff, "movement": movement, "measure_seconds": m.seconds,
                      "measure_peak_bytes": m.peak.get("total"), "device_clock": clock.on_device(),
                      "measure_allocator_at_peak": m.ledger.allocator_at_peak}
-        keep.append((model, wrapped))                 # alive until the group is gone (tests/test_own_loop.py)
+        keep.append((model, wrapped))                 # alive until the group is gone (tests/api/test_own_loop.py)
     dist.barrier()
     if made:
         dist.destroy_process_group()

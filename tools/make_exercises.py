@@ -12,7 +12,7 @@ learner writes are marked, and this script removes them:
 It writes ``exercises/NN_name.py`` (the stub source) and ``exercises/NN_name.ipynb`` (the
 same cells, no outputs: the learner runs them), and, unless ``--no-run``, executes each
 ``solutions/NN_name.ipynb`` top to bottom in a fresh kernel (grading included) and writes it
-with its outputs, cleaned as the course notebooks are. ``tests/test_grade.py`` fails when
+with its outputs, cleaned as the course notebooks are. ``tests/grade/test_grade.py`` fails when
 ``exercises/`` differs from what this script makes of ``solutions/``.
 
     python tools/make_exercises.py              # everything

@@ -42,7 +42,7 @@ TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, bat
 PIPELINE = dict(schedule="1f1b", stages=2, micro_batches=4)
 #: the expert-parallel rows' model: the tour's GPT with a mixture of experts in every block (its own reference)
 TOUR_EXPERTS = dict(n_experts=4, top_k=2)
-#: registered strategies the tour leaves out, and why; any other strategy must have a row (tests/test_tour.py)
+#: registered strategies the tour leaves out, and why; any other strategy must have a row (tests/app/test_tour.py)
 NOT_IN_TOUR = {
     "single": "the reference every row is held against",
     "ddp-naive": "a teaching step towards ddp (lesson 03): one all-reduce per parameter",

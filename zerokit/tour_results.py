@@ -2,7 +2,7 @@
 
 Lifecycle: ``zerokit tour`` ends with :func:`keep_results`, which pickles its ``[(row, result), …]``
 under :func:`code_key` — a digest of zerokit's sources, torch's version, whether DeepSpeed is
-installed, the world sizes and the steps — in ``.zerokit/tour-results.pkl``; tests/test_tour.py
+installed, the world sizes and the steps — in ``.zerokit/tour-results.pkl``; tests/app/test_tour.py
 calls :func:`kept_results`, which returns them only for exactly that key (None otherwise: the
 test runs the tour itself).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .tour import _have
 
-#: where a finished tour keeps its results, keyed by the code that made them (tests/test_tour.py reads them back)
+#: where a finished tour keeps its results, keyed by the code that made them (tests/app/test_tour.py reads them back)
 RESULTS_FILE = Path(__file__).resolve().parents[1] / ".zerokit" / "tour-results.pkl"
 
 

@@ -11,10 +11,10 @@ adds what the learner should expect elsewhere (``elsewhere``). Lifecycle of a cl
    of the two, at least :data:`NOISE_FLOOR`) and returns the sentence; :func:`show`
    displays it as Markdown under the cell;
 3. every claim made in the kernel is kept in :data:`CLAIMS` with its numbers, so a
-   checks cell (and ``tests/test_course_claims.py``) can hold the words to them.
+   checks cell (and ``tests/course/test_course_claims.py``) can hold the words to them.
 :func:`share_words` does the same for a share ("most of", "part of") of a measured whole.
 Static prose may speak of speed only as a condition ("where the link is slower than the
-compute, …"): ``tests/test_course_claims.py`` reads every lesson's Markdown for that.
+compute, …"): ``tests/course/test_course_claims.py`` reads every lesson's Markdown for that.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ a resting shard's): the side stream waits for the compute stream before a copy r
 gradient or overwrites a shard; the step waits for the side stream before it reads the
 host buffers; the compute stream waits for the parameter copies before anything reads
 the shards. The order is checked on the CPU with a recording stream
-(``tests/test_offload_streams.py``); the GPU run is ``benchmarks/gpu_check.py``'s.
+(``tests/offload/test_offload_streams.py``); the GPU run is ``benchmarks/gpu_check.py``'s.
 On the CPU the copies are synchronous: bytes and copies are real, PCIe time is not.
 """
 from __future__ import annotations

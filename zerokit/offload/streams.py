@@ -21,7 +21,7 @@ and per :class:`~.param_offload.ParamOffload`):
    the compute stream waits for the side stream; the tensor is marked used by it;
 6. **before the host reads what arrived on the host**: :meth:`synchronize`.
 
-The rules are checked on the CPU by ``tests/test_offload_streams.py``, which replaces
+The rules are checked on the CPU by ``tests/offload/test_offload_streams.py``, which replaces
 :func:`side_stream` with a recorder and runs ZeRO-2 and ZeRO-3 offload steps.
 """
 from __future__ import annotations

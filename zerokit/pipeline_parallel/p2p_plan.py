@@ -25,7 +25,7 @@ step, the sends and the receives the neighbours do at the same time as one
 
 With every rank posting in the same order, the earliest unfinished message is in the
 running call of both its sender and its receiver, so it finishes, and so on to the last.
-The executor (:mod:`.executor`) follows the plan; ``tests/test_p2p_replay.py`` replays
+The executor (:mod:`.executor`) follows the plan; ``tests/runtime/test_p2p_replay.py`` replays
 every schedule under NCCL's rules.
 """
 from __future__ import annotations

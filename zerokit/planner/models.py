@@ -132,7 +132,7 @@ PRESETS = {
 }
 
 #: mixtures of experts (the same shapes, each layer's MLP E experts with top-k routing); Ψ computed and held
-#: against the published count in tests/test_planner_cp_ep.py
+#: against the published count in tests/planner/test_planner_cp_ep.py
 MOE_PRESETS = {
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 14336, seq_len=32768, kv_heads=8, experts=8, top_k=2,
                            source="Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088): 8 SwiGLU experts of FFN 14336 "

@@ -29,7 +29,7 @@ rank's ``fn`` had used (gone in 2.8, presumably by pytorch/pytorch#154976, which
 the GIL in that destructor).
 Measured with the legacy-server fallback, three-rank launches hung in
 ``destroy_process_group`` 3 times in 8 on torch 2.4.1 and 7 in 12 on 2.7.1, never in 12
-on 2.8.0, where tests/test_launcher.py passes whole.
+on 2.8.0, where tests/runtime/test_launcher.py passes whole.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ names it, in a learner's words.
 One launch per exercise: the solution and its wrong variants are loaded as submissions, and every rank runs the
 exercise's scenario on each of them in turn (the grader's fresh seed and probe for each, as
 ``zerokit.grade.core`` does); each check then judges each submission's measurements. Every wrong answer here
-gives wrong numbers, never an error or a hang, so the variants can share the ranks. (``tests/test_grade.py``
+gives wrong numbers, never an error or a hang, so the variants can share the ranks. (``tests/grade/test_grade.py``
 grades the solutions and the untouched exercises one by one, through ``zerokit.grade``.)
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from zerokit.grade import core, loader
 from zerokit.grade.exercises import get
 from zerokit.runtime.launch import launch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: key -> {wrong answer: ([(old, new) edits of the solution], the check that must fail, words its message holds)}
 WRONG = {

@@ -4,7 +4,7 @@ fails the check that names it, in a learner's words.
 One launch: the solution and its wrong variants are loaded as submissions, and both ranks run the exercise's
 scenario on each in turn (the grader's seed for each, as ``zerokit.grade.core`` does); each check then judges
 each submission's measurements. Every wrong answer here gives wrong numbers, never an error or a hang, so the
-variants share the ranks. (``tests/test_grade.py`` grades the solution and the untouched exercise through
+variants share the ranks. (``tests/grade/test_grade.py`` grades the solution and the untouched exercise through
 ``zerokit.grade``.)
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from zerokit.grade import core, loader
 from zerokit.grade.exercises import get
 from zerokit.runtime.launch import launch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "15_ring_attention"
 
 _MERGE = ("    out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]\n")

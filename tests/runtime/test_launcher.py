@@ -20,7 +20,7 @@ from zerokit.runtime.context import current, note_collective
 from zerokit.runtime.launch import RankFailed, RankTimeout, launch, max_world_size
 from zerokit.runtime.torchrun import TORCHRUN_VARIABLES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- process bookkeeping --------------------------------------------------------------------

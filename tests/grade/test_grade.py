@@ -28,7 +28,7 @@ import zerokit
 from zerokit.grade import grade, hint
 from zerokit.grade.exercises import KEYS, get
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 
 

@@ -23,7 +23,7 @@ from zerokit.strategies import get
 from zerokit.data_parallel.buckets import GradBuckets, assign_buckets
 from zerokit.workloads import Workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ["ddp-naive", "ddp-bucketed", "ddp"]
 BUCKETED = {"ddp-bucketed", "ddp", "torch-ddp"}
 #: small enough to give the odd MLP (7.3 KB of fp32 gradients) two buckets

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -17,7 +17,7 @@ import pytest
 #: in make test's second pass, alone: its 8-rank and torchrun rows would otherwise compete with the first pass
 pytestmark = pytest.mark.serial
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPT = BENCHMARKS / "gpu_check.py"
 MiB = 2 ** 20
 

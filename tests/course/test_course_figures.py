@@ -492,7 +492,7 @@ def test_no_lesson_or_course_figure_asks_for_small_text():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     files = [*sorted((root / "notebooks" / "src").glob("*.py")), *sorted((root / "zerokit" / "course").glob("*.py")),
              root / "zerokit" / "plot.py"]
     small = [f"{f.relative_to(root)}:{n}: {line.strip()}" for f in files

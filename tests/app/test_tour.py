@@ -67,7 +67,7 @@ def test_zerokits_rows_match_the_theory_to_the_byte(ran):
 def test_every_row_lands_near_the_single_process(ran):
     """AdamW's step per element is at most lr·(1−β1)/√(1−β2) = 3.16·lr (Kingma & Ba §2.1, since 1−β1 > √(1−β2)),
     so two runs that agree in everything but rounding differ by at most 2·3.16·lr per step. Exact parity, run by
-    run, is tested per strategy with SGD (tests/test_zero.py and the others)."""
+    run, is tested per strategy with SGD (tests/zero/test_zero.py and the others)."""
     _, results = ran
     bound = 2 * LR * (1 - 0.9) / math.sqrt(1 - 0.999) * STEPS
     for row, r in results:

@@ -13,7 +13,7 @@ import torch
 
 import zerokit
 
-ROOT = Path(__file__).resolve().parent.parent / "zerokit"
+ROOT = Path(__file__).resolve().parents[2] / "zerokit"
 
 
 class FakeGpu:

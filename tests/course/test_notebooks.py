@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 LESSONS = ["00_first_ranks", "01_collectives", "02_training_memory", "03_data_parallel", "04_zero1", "05_zero2",
            "06_zero3", "07_tensor_parallel", "08_pipeline_parallel", "09_offload", "10_activation_checkpointing",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 LESSONS = sorted(p.stem for p in (NOTEBOOKS / "src").glob("*.py"))
 #: calls that make a figure pyplot never shows by itself: course.new_figure, course.*_figure, course.*_bars

@@ -15,7 +15,7 @@ over forward and backward). Measured, in bytes (A = one block's activations, X =
 
 - A = 148992 is ``theory.transformer_layer_activation_bytes(16, 2, 64, 8, element_bytes=4,
   fused_attention=True)`` (136192) + the LayerNorms' mean and 1/σ (16 B per token, 512) + the
-  dropout masks' extra (e − 1) bytes per element on CPU (2 × 6144); tests/test_tp_activations.py
+  dropout masks' extra (e − 1) bytes per element on CPU (2 × 6144); tests/tensor_parallel/test_tp_activations.py
   lists each saved tensor. FACTS §5's 16-bit, unfused formula s·b·h·(34 + 5as/h) gives 90112 for
   this shape: fp32 doubles the 2-byte terms and the fused kernel never stores the s × s scores.
 - The stored part is exactly ⌈n/k⌉·X. The peak (one segment recomputed while every boundary is
@@ -60,7 +60,7 @@ def _gpt(n):
 
 def _block_bytes():
     """One block's activations by the term-by-term formula, plus the two things this model saves beyond
-    it (tests/test_tp_activations.py): LayerNorm mean and 1/σ, and CPU dropout's masks in fp32."""
+    it (tests/tensor_parallel/test_tp_activations.py): LayerNorm mean and 1/σ, and CPU dropout's masks in fp32."""
     formula = theory.transformer_layer_activation_bytes(S, B, H, A, element_bytes=E, dropout=True,
                                                         fused_attention=True)
     return formula + 2 * 2 * 4 * S * B + 2 * (E - 1) * S * B * H

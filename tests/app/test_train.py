@@ -10,7 +10,7 @@ import zerokit
 from zerokit import theory
 from zerokit.cli import compare
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def odd_mlp():

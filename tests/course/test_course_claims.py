@@ -14,7 +14,7 @@ import pytest
 
 from zerokit.course import claims
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
 #: words that compare speeds
 SPEED = re.compile(r"\b(faster|slower|speeds? up|slows? down|quicker|hides? (?:the|its|their) (?:communication|"

@@ -225,7 +225,7 @@ def test_cuda_rng_states_restore_per_visible_gpu_when_the_count_differs(monkeypa
 
 
 # -- the exercises' solutions on NCCL: the ring's order, the buckets' device --------------------------------
-SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 
 
 def _solution(name: str):

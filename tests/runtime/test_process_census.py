@@ -9,7 +9,7 @@ second test worker) is not. Zombies have exited and are not counted. After the c
 until what it started is gone, for up to ``WAIT_S``: it waits only as long as an exit actually takes, and
 anything still alive then is left behind, killed by the test and reported.
 
-The cases are the suite's own bad inputs (tests/test_bad_input.py, tests/test_cli.py, tests/test_grade.py): the
+The cases are the suite's own bad inputs (tests/app/test_bad_input.py, tests/app/test_cli.py, tests/grade/test_grade.py): the
 refusals before any process starts, ranks that raise, a rank that starts a helper process and then raises or
 hangs, a hang stopped by ``--timeout``, and the same hang ended by Ctrl-C and by SIGTERM (``timeout(1)``'s
 signal, and a Jupyter kernel's at shutdown). Each runs once alone, and a share of them once more beside a
@@ -31,7 +31,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: the environment variable that marks a case's processes; its value is RUN-N
 MARK = "ZEROKIT_CENSUS_MARK"
 RUN = uuid.uuid4().hex[:12]

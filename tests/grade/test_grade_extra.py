@@ -5,7 +5,7 @@ learner can act on.
 One launch per exercise: the solution and every wrong answer run their scenarios one after another inside the
 same two gloo ranks (:func:`_measure_all`), each under the grader's probe with the grader's seed, then
 ``zerokit.grade`` judges each submission from those measurements exactly as ``zerokit grade`` does (its
-``run_scenario`` looked up instead of launched). ``tests/test_grade.py`` grades both solutions the ordinary way and
+``run_scenario`` looked up instead of launched). ``tests/grade/test_grade.py`` grades both solutions the ordinary way and
 checks the untouched exercises, the generated files and the solution notebooks, as for every exercise.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from zerokit.grade import core, grade, loader
 from zerokit.grade.exercises import get
 from zerokit.runtime.errors import RankFailed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 
 # --- the wrong answers: (name, edits of the solution, the check that must fail, words its message must hold) ---
