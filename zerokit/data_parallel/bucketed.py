@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..strategies.base import Option, positive_number, register
 from .buckets import GradBuckets
-from .naive import DataParallel
+from .base import DataParallel
 
 
 @register

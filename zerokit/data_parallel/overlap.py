@@ -38,7 +38,7 @@ from __future__ import annotations
 from ..strategies.base import Option, boolean, positive_number, register
 from ..strategies.pipeline_options import PIPELINE_OPTIONS
 from .buckets import GradBuckets
-from .naive import DataParallel
+from .base import DataParallel
 from .reducer import Reducer
 
 

@@ -39,7 +39,7 @@ from .. import theory
 from ..runtime import comm
 from ..strategies.base import boolean, Option, register
 from ..zero.config import to_deepspeed
-from ..zero.stage1 import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from ..zero.sharded import DEFAULT_ALLGATHER_BUCKET, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
 from ..zero.stage3 import DEFAULT_PREFETCH_BUCKET, non_negative_elements
 from .recording import ledgered_torch_collectives, Peer
 

@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..data_parallel.naive import check_replicas_match
+from ..data_parallel.base import check_replicas_match
 
 
 class ShardGroup(NamedTuple):

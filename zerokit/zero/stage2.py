@@ -38,7 +38,7 @@ import torch
 
 from ..strategies.base import Option, boolean, register
 from ..data_parallel.reducer import Reducer
-from .stage1 import SHARED_OPTIONS, ShardedDataParallel, stage_option
+from .sharded import SHARED_OPTIONS, ShardedDataParallel, stage_option
 
 
 @register

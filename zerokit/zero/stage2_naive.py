@@ -24,7 +24,7 @@ from .. import theory
 from ..runtime import comm
 from ..strategies.base import register
 from .flat_buffer import alloc_storage, free_storage
-from .stage1 import ShardedDataParallel, stage_option
+from .sharded import ShardedDataParallel, stage_option
 
 
 @register

@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
-from ..data_parallel.naive import check_replicas_match
+from ..data_parallel.base import check_replicas_match
 from ..data_parallel.reducer import Reducer
 from ..offload.zero_hooks import Offload
 from ..runtime import comm
@@ -62,7 +62,7 @@ from .experts import (check_expert_options, check_expert_replicas, gather_local,
                       shard_groups, split_experts)
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
 from .prefetch import Prefetcher
-from .stage1 import REFUSED, reduce_scatter_flat
+from .sharded import REFUSED, reduce_scatter_flat
 from .stage3_accounting import Stage3Accounting
 from .stage3_options import DEFAULT_PREFETCH_BUCKET, STAGE3_OPTIONS
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..offload.zero_hooks import offload_option
 from ..strategies.base import Option, boolean
-from .stage1 import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
+from .sharded import ALGORITHM_OPTION, DEFAULT_REDUCE_BUCKET, ELEMENTS, positive_elements, stage_option
 from .units import UNIT_SIZE_OPTION, non_negative_elements
 
 #: DeepSpeed's stage3_prefetch_bucket_size default in code (FACTS §7)

@@ -35,7 +35,7 @@ from ..runtime import comm
 from ..strategies.base import Option
 from ..strategies.blocks import in_backward, repeated_blocks  # noqa: F401 - also read from here
 from .flat_buffer import FlatUnit
-from .stage1 import ELEMENTS, positive_elements
+from .sharded import ELEMENTS, positive_elements
 
 BLOCK = "block"
 
