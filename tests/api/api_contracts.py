@@ -1,14 +1,13 @@
-"""Your own model, your own loop, on torch's and DeepSpeed's contracts: the calls those accept, accepted and meaning
-the same, or refused before any work with what to do instead.
+"""Your own model, your own loop, on torch's and DeepSpeed's contracts: what the tests in this folder share.
 
 One model zerokit never saw (``Odd``: ``nn.MultiheadAttention``, odd sizes, an embedding tied to the head, a frozen
 bias, a buffer and a non-persistent one), ranks seeded differently, each rank on its slice of the batch, compared
 with a non-parallel copy after every step. One launch per world size carries every check (a launch costs more than
-the checks).
+the checks): the launches' bodies are here, their fixtures in ``conftest.py``, the checks in the ``test_*_contract.py``
+files, one per API.
 """
 import tempfile
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -205,65 +204,11 @@ def _contracts(ctx):
     return out
 
 
-@pytest.fixture(scope="module")
-def on_two_ranks():
-    return zerokit.launch(_contracts, 2)
-
-
-def test_sharded_optimizer_takes_frozen_parameters_groups_and_a_scheduler_like_torch(on_two_ranks):
-    for r in on_two_ranks:
-        assert r["is an Optimizer"] and r["frozen equal on every rank"]
-        assert max(r["sharded diffs"]) < 1e-6, r["sharded diffs"]  # SGD: the same sums in another order
-        assert r["lrs"] == [0.1 * 0.5 ** STEPS] * 2
-
-
-def test_sharded_optimizer_state_dict_round_trips_and_checkpoint_save_says_how(on_two_ranks):
-    assert on_two_ranks[0]["state round trip"]
-    assert "consolidate_state_dict" in on_two_ranks[0]["checkpoint.save(sharded optimizer)"]
-
-
-def test_initialize_keeps_model_parameters_with_a_frozen_one_and_drives_a_scheduler(on_two_ranks):
-    for r in on_two_ranks:
-        assert max(r["engine diffs"]) < 1e-6, r["engine diffs"]
-        assert r["engine lr"] == pytest.approx(0.1 * 0.5 ** STEPS)
-    assert on_two_ranks[0]["strict reload"] < 1e-6  # tied names, persistent buffers only: strict=True loads it
-
-
-def test_double_wrapping_is_refused_with_the_reason(on_two_ranks):
-    refused = on_two_ranks[0]["refused"]
-    assert set(refused) == {"DDP(DDP(m))", "DDP(torch DDP(m))", "initialize(DDP(m))"}
-    assert all("reduce them again" in message for message in refused.values()), refused
-
-
-def test_measure_sees_torch_ddps_buckets_host_bytes_and_the_blocks_time(on_two_ranks):
-    collectives, seconds = on_two_ranks[0]["measure torch ddp"]
-    trained = sum(p.numel() for p in Odd().parameters() if p.requires_grad)
-    assert sum(r["payload_bytes"] for r in collectives if r["op"] == "all_reduce" and r["phase"] == "backward") \
-        == 4 * trained  # every trainable parameter's gradient, once, in fp32
-    assert seconds > 0
-    host, table = on_two_ranks[0]["measure offload"]
-    assert host > 0 and "host (measured, MiB)" in table and "block time (measured)" in table
-
-
-@pytest.mark.parametrize("wrapper", ["zerokit", "torch"])
-def test_sharded_optimizer_under_ddp_steps_the_wrappers_average_without_reducing_again(on_two_ranks, wrapper):
-    for r in on_two_ranks:
-        diffs, ops = r[f"under {wrapper} DDP"]
-        assert max(diffs) < 1e-6, diffs
-        assert "reduce_scatter" not in ops and "all_gather" in ops, ops  # the wrapper's reduction, ZeRO-1's gather
-
-
 def _batch_message(ctx):
     try:
         zerokit.initialize(model=Odd(), config={"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4})
     except ValueError as e:
         return str(e)
-
-
-def test_a_batch_size_that_does_not_divide_says_so_on_three_ranks(on_three_ranks):
-    message = on_three_ranks[0]["batch message"]
-    assert "train_batch_size=8 is not divisible by train_micro_batch_size_per_gpu (4) × data-parallel degree (3)" \
-        in message and "(0)" not in message
 
 
 def _lr_groups(model):
@@ -303,17 +248,6 @@ def _groups_given_to_initialize(ctx):
     return out
 
 
-@pytest.mark.parametrize("case", [f"stage {s}, optimizer=" for s in range(4)] + ["stage 3, model_parameters="])
-def test_initialize_keeps_each_param_groups_hyperparameters(case, more_on_two_ranks):
-    for rank in more_on_two_ranks:
-        result = rank["groups"][case]
-        # SGD with momentum, each group's own lr and weight decay, a scheduler decaying one group: the same sums in
-        # another order (fp32), not a group's values dropped (that differs by lr·decay·|w| ≈ 1e-2 at once)
-        assert max(result["diffs"]) <= 1e-6, result["diffs"]
-        assert result["groups"] == [{"lr": 0.1, "weight_decay": 0.1, "momentum": 0.9},
-                                    {"lr": 0.05 * 0.5 ** STEPS, "weight_decay": 0.0, "momentum": 0.9}]
-
-
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
@@ -339,21 +273,6 @@ class Blocks(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
-
-
-@pytest.mark.parametrize("policy", ["every", "selective"])
-def test_activation_checkpointing_on_a_users_model_with_multihead_attention(policy):
-    torch.manual_seed(0)
-    plain = Blocks()
-    torch.manual_seed(0)
-    model = Blocks()
-    handle = zerokit.apply_checkpointing(model, policy)
-    x, y = batch(0)
-    loss_of(plain, x, y).backward()
-    loss_of(model, x, y).backward()
-    assert max(float((p.grad - q.grad).abs().max()) for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
-    assert handle.recomputed_forwards == 3  # one per block (selective: each block's nn.MultiheadAttention)
-    zerokit.remove_checkpointing(model)
 
 
 # -- zerokit.fully_shard: FSDP2's convention, your own optimizer ----------------------------------------------------
@@ -416,22 +335,6 @@ FULLY_SHARD = {"blocks at 3, SGD": (3, Blocks, lambda m: list(m.blocks), "sgd", 
                "blocks at 2, SGD, persistence threshold": (2, Blocks, lambda m: list(m.blocks), "sgd", True, 20)}
 
 
-@pytest.mark.parametrize("case", list(FULLY_SHARD))
-def test_fully_shard_trains_with_your_optimizer_like_one_process(case, on_three_ranks, more_on_two_ranks):
-    n, optimizer = FULLY_SHARD[case][0], FULLY_SHARD[case][3]
-    ranks = [r["fully_shard"][case] for r in (on_three_ranks if n == 3 else more_on_two_ranks)]
-    diffs = ranks[0]["diffs"]
-    # SGD: the same sums in another order; AdamW: its largest step, both ways, per step (Kingma & Ba)
-    bound = 1e-6 if optimizer == "sgd" else 2 * ADAM_STEP * 1e-3 * STEPS
-    assert max(diffs) <= bound, diffs
-    whole = ranks[0]["whole"]
-    if len(FULLY_SHARD[case]) == 5:  # without persistent parameters the shards partition the trainable ones
-        assert sum(r["held"] for r in ranks) == whole
-        assert all(r["held"] <= -(-whole // n) + 2 * n for r in ranks)  # about Ψ/N each (padding per unit)
-    assert all(r["names"] for r in ranks)  # the parameters keep their names: groups by name work
-    assert "full_state_dict()" in ranks[0]["checkpoint"]  # zerokit.checkpoint says what to save instead
-
-
 def _mixed_precision(ctx, make, blocks_of, dtype, reduce_dtype=None, threshold=0):
     """``fully_shard(mp_policy=MixedPrecisionPolicy(…))``, zerokit's and torch's FSDP2, on the same loop: rank 0's
     model, each rank its slice in two accumulating micro-batches, SGD with momentum and groups."""
@@ -482,32 +385,6 @@ MIXED = {"odd at 2, bf16": (2, Odd, lambda m: [m.attn], torch.bfloat16),
                                                       None, 20),
          "blocks at 3, bf16 compute, fp32 reduction": (3, lambda: Blocks(), lambda m: list(m.blocks), torch.bfloat16,
                                                        torch.float32)}
-
-
-@pytest.mark.parametrize("case", list(MIXED))
-def test_fully_shard_mixed_precision_is_fsdp2s(case, on_three_ranks, more_on_two_ranks):
-    n, dtype = MIXED[case][0], MIXED[case][3]
-    ranks = [r["mixed"][case] for r in (on_three_ranks if n == 3 else more_on_two_ranks)]
-    for r in ranks:  # 16-bit outputs; the parameters your optimizer steps and their gradients fp32
-        assert r["zerokit"]["dtypes"] == r["torch"]["dtypes"] == sorted({str(dtype), "torch.float32 torch.float32"})
-    ours, theirs = ranks[0]["zerokit"]["state"], ranks[0]["torch"]["state"]
-    assert sorted(ours) == sorted(theirs) and all(ours[k].dtype == torch.float32 for k in ours)
-    # the first step: both cast the same fp32 weights to 16 bits, so each rank's local gradients start equal; they
-    # may then be summed in another order in 16 bits (a tied tensor's two uses, the ranks' contributions), and a
-    # 16-bit sum rounds by up to one unit of its summands — which SGD's first step (lr·gradient) scales: per tensor,
-    # within a few 16-bit units of its largest first update; plus a few fp32 units of the weight (the optimizer's
-    # own rounding on another layout: FSDP2 shards rows, zerokit flat units)
-    unit = torch.finfo(dtype).eps  # one 16-bit unit, relative
-    start = ranks[0]["start"]
-    assert all(sorted(r["start"]) == sorted(start) and all(torch.equal(r["start"][k], start[k]) for k in start)
-               for r in ranks)
-    for k in ours:
-        largest = float((theirs[k].cpu() - start[k]).abs().max())
-        assert ((ours[k] - theirs[k].cpu()).abs() <= 4 * unit * largest + 2 ** -20 * theirs[k].abs().cpu()).all(), k
-    # later steps: masters a few fp32 units apart can round to neighbouring 16-bit weights; the losses, computed
-    # from 16-bit logits, agree within one 16-bit unit of their size
-    for r in ranks:
-        assert all(abs(a - b) <= unit * abs(b) for a, b in zip(r["zerokit"]["losses"], r["torch"]["losses"])), r
 
 
 # -- zerokit.parallelize_module: torch's convention, nn.MultiheadAttention by heads ---------------------------------
@@ -564,16 +441,6 @@ def max_diff_named(a, b, names):
     return max(float((pa[n] - pb[n]).abs().max()) for n in names)
 
 
-def test_parallelize_module_takes_torchs_styles_and_multihead_attention_by_heads(more_on_two_ranks):
-    ranks = [r["tensor parallel"] for r in more_on_two_ranks]
-    for losses, weights, head_diff, refused in ranks:
-        assert all(abs(ours - theirs) < 1e-6 for ours, theirs in losses), losses
-        assert max(weights) < 1e-6, weights  # the heads' averaged attention weights, as torch returns them
-        assert head_diff < 1e-6, head_diff  # a replicated parameter after every step's update
-        assert "use_local_output" in refused
-    assert ranks[0][0] == ranks[1][0]  # every tp rank computes the same loss
-
-
 # -- zerokit.pipeline: your own model split into stages, stepped in your own loop ----------------------------------
 class Lift(nn.Module):
     def __init__(self):
@@ -616,15 +483,6 @@ def _pipelined(ctx, schedule, chunks, split_points):
 
 
 PIPELINES = [("1f1b", 1, ["3"]), ("gpipe", 1, None), ("interleaved", 2, ["2", "4", "6"])]
-
-
-@pytest.mark.parametrize("schedule,chunks,split_points", PIPELINES)
-def test_pipeline_of_your_own_model_trains_like_one_process(schedule, chunks, split_points, more_on_two_ranks):
-    ranks = [r["pipeline"][schedule] for r in more_on_two_ranks]
-    for r in ranks:
-        assert max(r["diffs"]) < 1e-6, r["diffs"]  # SGD: the same sums, micro-batch by micro-batch
-        assert r["losses"] == pytest.approx(r["ref"], abs=1e-6)  # the step's mean loss, on every rank
-    assert len(ranks[1]["micro"][0]) == 2 and not ranks[0]["micro"][0]  # losses=: the last stage's micro-batches
 
 
 def _pipelines_side_by_side(ctx):
@@ -672,23 +530,11 @@ def _pipelines_side_by_side(ctx):
     return out
 
 
-def test_pipelines_side_by_side_under_a_dp_wrapper_train_like_one_process():
-    for rank in zerokit.launch(_pipelines_side_by_side, 4):
-        for wrapper in ("ddp", "sharded optimizer"):
-            assert max(rank[wrapper]) < 1e-6, (wrapper, rank[wrapper])  # SGD: the same sums in another order
-        assert "DeepSpeed pipelines allow ZeRO stage 0 or 1" in rank["fully_shard"]
-        assert "zerokit.DistributedDataParallel(pipe.module)" in rank["torch DDP"]  # torch's is never called
-
-
 def _not_pieces(ctx):
     try:
         zerokit.pipeline(Odd(), loss_fn=F.cross_entropy)
     except ValueError as e:
         return str(e)
-
-
-def test_pipeline_refuses_a_model_it_cannot_read_as_pieces(more_on_two_ranks):
-    assert "pipeline_pieces()" in more_on_two_ranks[0]["not pieces"]
 
 
 def _scheduled(ctx, block):
@@ -711,21 +557,7 @@ WARM = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.
 DECAY = {"type": "WarmupDecayLR", "params": {**WARM["params"], "total_num_steps": 6}}
 
 
-def test_deepspeeds_scheduler_block_steps_with_the_engine_as_deepspeed_computes_it(more_on_two_ranks):
-    decay = DECAY
-    assert more_on_two_ranks[0]["WarmupLR"] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.1])
-    assert more_on_two_ranks[0]["WarmupDecayLR"] == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
-    deepspeed = pytest.importorskip("deepspeed.runtime.lr_schedules")  # DeepSpeed's own, on a plain optimizer
-    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
-    theirs = deepspeed.WarmupDecayLR(opt, **decay["params"])
-    lrs = [opt.param_groups[0]["lr"]]
-    for _ in range(6):
-        theirs.step()
-        lrs.append(opt.param_groups[0]["lr"])
-    assert lrs == pytest.approx([0.0, 0.0, 0.025, 0.05, 0.075, 0.1, 0.05])
-
-
-# -- the launches: one per world size carries the checks above (a launch costs more than the checks) ---------------
+# -- the launches: one per world size carries the checks (a launch costs more than the checks) ---------------------
 def _more(ctx):
     out = {"groups": _groups_given_to_initialize(ctx), "WarmupLR": _scheduled(ctx, WARM),
            "WarmupDecayLR": _scheduled(ctx, DECAY)}
@@ -742,16 +574,6 @@ def _three(ctx):
     return {"batch message": _batch_message(ctx),
             "fully_shard": {case: _fully_sharded(ctx, *args[1:]) for case, args in FULLY_SHARD.items() if args[0] == 3},
             "mixed": {case: _mixed_precision(ctx, *args[1:]) for case, args in MIXED.items() if args[0] == 3}}
-
-
-@pytest.fixture(scope="module")
-def more_on_two_ranks():
-    return zerokit.launch(_more, 2)
-
-
-@pytest.fixture(scope="module")
-def on_three_ranks():
-    return zerokit.launch(_three, 3)
 
 
 def _grid(ctx, wrapper):
@@ -786,12 +608,6 @@ def _grid(ctx, wrapper):
     return losses
 
 
-@pytest.mark.parametrize("wrapper", ["ddp", "fully_shard"])
-def test_your_tensor_parallel_model_under_a_dp_wrapper_on_a_dp_by_tp_mesh(wrapper):
-    for rank in zerokit.launch(_grid, 4, wrapper):
-        assert all(abs(ours - theirs) < 1e-6 for ours, theirs in rank), rank
-
-
 def _measure_fsdp2(ctx):
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
@@ -807,20 +623,3 @@ def _measure_fsdp2(ctx):
         loss_of(model, x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]).backward()
         opt.step()
     return {r["op"]: r["calls"] for r in m.collectives}
-
-
-def test_measure_sees_fsdp2s_collectives():
-    calls = zerokit.launch(_measure_fsdp2, 2)[0]
-    units = 1 + len(Blocks().blocks)  # every block and the root
-    # one reduce-scatter per unit in backward; FSDP2's gathers are recorded too (before: "no collectives")
-    assert calls.get("reduce_scatter", 0) == units and calls.get("all_gather", 0) > 0, calls
-
-
-def test_fully_shard_reads_fsdp2s_mixed_precision_policy_or_refuses_it_before_any_work():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    for policy, says in ((MixedPrecisionPolicy(param_dtype=torch.float64), "param_dtype=torch.float64"),
-                         (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16), "set param_dtype too"),
-                         (object(), "MixedPrecisionPolicy")):
-        with pytest.raises((ValueError, TypeError), match=says.replace("(", r"\(")):
-            zerokit.fully_shard(nn.Linear(2, 2), mp_policy=policy)  # refused before it asks for a rank
