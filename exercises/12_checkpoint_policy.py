@@ -49,7 +49,7 @@
 # **How to work.** Replace each `raise NotImplementedError(...)`, run the demo, grade with the
 # last cell; `hint(EXERCISE)` unfolds one hint at a time. Cells under
 # `if __name__ == "__main__":` do not run when the grader loads your notebook.
-# `zerokit/checkpointing/` holds the library's version (`every_k` in `policies.py`), to compare with afterwards.
+# `zerokit/activation_checkpointing/` holds the library's version (`every_k` in `policies.py`), to compare with afterwards.
 
 # %%
 import math

@@ -24,7 +24,7 @@ from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_d
 from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
 from .runtime.link import Link
 from .runtime.replicas import ReplicasDiverged, check_replicas
-from .checkpointing import apply_checkpointing, remove_checkpointing  # activation checkpointing on any model
+from .activation_checkpointing import apply_checkpointing, remove_checkpointing  # activation checkpointing on any model
 from .tensor_parallel import parallelize_module  # tensor parallelism on any model, torch's convention
 
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",

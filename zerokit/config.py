@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Optional
 
 from . import theory
-from .checkpointing import check_policy
+from .activation_checkpointing import check_policy
 from .optim import OptimizerSpec
 from .runtime.link import resolve as resolve_link
 from .runtime.mesh import parse_parallel
@@ -108,7 +108,7 @@ class Schedule:
 @dataclass(frozen=True)
 class MemorySavers:
     """Activation checkpointing on the model's repeated blocks: ``checkpointing`` (``"none"``, ``"every"``,
-    ``"every_k"`` with ``checkpoint_every``, ``"sqrt"``, ``"selective"``, …; :mod:`zerokit.checkpointing`).
+    ``"every_k"`` with ``checkpoint_every``, ``"sqrt"``, ``"selective"``, …; :mod:`zerokit.activation_checkpointing`).
     Offloading is a strategy's option (``offload=…``), in :attr:`JobConfig.options`."""
 
     checkpointing: str = "none"

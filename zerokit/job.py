@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from .checkpoint.training import check_options as check_saving
-from .checkpointing import check_for_model
+from .activation_checkpointing import check_for_model
 from .config import JOB_OPTIONS, JobConfig  # noqa: F401 - JOB_OPTIONS: part of zerokit.job's API
 from .expert_parallel.apply import check_model as check_experts
 from .context_parallel.apply import check_model as check_context_model
@@ -43,7 +43,7 @@ class Job:
     parallel: Optional[Dict[str, int]] = None
     #: with tp > 1: shard LayerNorm/dropout regions along the sequence (Korthikanti et al.)
     sequence_parallel: bool = False
-    #: activation checkpointing policy on the model's repeated blocks (:mod:`zerokit.checkpointing`)
+    #: activation checkpointing policy on the model's repeated blocks (:mod:`zerokit.activation_checkpointing`)
     checkpointing: str = "none"
     #: blocks per segment for ``checkpointing="every_k"``
     checkpoint_every: Optional[int] = None

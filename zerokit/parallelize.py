@@ -11,7 +11,7 @@ The order is torchtitan's (``parallelize_llama``), and each step's place has a r
    drops the rest, before anything lays the parameters out;
 3. **context parallelism** (:mod:`zerokit.context_parallel`): the attention cores and
    positions of this rank's zig-zag chunks; it changes the forward, not the parameters;
-4. **activation checkpointing** (:mod:`zerokit.checkpointing`): on the blocks as the steps
+4. **activation checkpointing** (:mod:`zerokit.activation_checkpointing`): on the blocks as the steps
    above left them, so a recomputation replays their collectives too; before the pipeline
    splits the blocks among stages, and before the strategy, whose hooks then sit around the
    checkpointed blocks (torchtitan applies it before FSDP for the same reason);
@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.nn as nn
 
-from .checkpointing import apply_checkpointing
+from .activation_checkpointing import apply_checkpointing
 from .context_parallel import apply_context_parallel
 from .expert_parallel import apply_expert_parallel
 from .pipeline_parallel.strategy import Pipeline

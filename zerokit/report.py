@@ -66,7 +66,8 @@ class RankResult:
     theory_transfer_bytes_per_step: Optional[dict] = None
     #: measured, with a pipeline: the last step's actions on this rank as (action, start s, end s)
     pipeline_spans: Optional[list] = None
-    #: measured: forward calls activation checkpointing re-ran in backward, over all steps (zerokit.checkpointing)
+    #: measured: forward calls activation checkpointing re-ran in backward, over all steps
+    #: (zerokit.activation_checkpointing)
     recomputed_forwards: int = 0
     #: measured, with a mixture of experts: per MoE layer, the slots each expert took and the slots dropped in the
     #: last step's last forward (summed over this rank's micro-batch), and the load-balancing loss

@@ -276,7 +276,7 @@ def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_siz
     ``dp`` (``sequence_parallel=True`` also shards the LayerNorm regions along the sequence).
     ``checkpointing`` (``none``, ``every``, ``every_k`` with ``checkpoint_every``, ``sqrt``,
     ``selective``, ``torch-every``, ``torch-selective``) recomputes the blocks' activations in
-    backward (:mod:`zerokit.checkpointing`); the reference checkpoints the same way.
+    backward (:mod:`zerokit.activation_checkpointing`); the reference checkpoints the same way.
     ``link`` (``"nvlink"``, ``"pcie"``, ``"ib-100g"``, ``"10gbe"``, ``"1gbe"``, ``"this machine"``/None, or a
     :class:`zerokit.Link`) holds each collective's completion until an emulated α-β link has
     carried its bytes (:mod:`zerokit.runtime.link`); the collectives still run for real.

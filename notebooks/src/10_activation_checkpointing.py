@@ -35,8 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import zerokit
 from zerokit import course, theory
-from zerokit.checkpointing.measure import block_activations, scale_chain, step_time
-from zerokit.checkpointing.policies import THEORY_NAME
+from zerokit.activation_checkpointing.measure import block_activations, scale_chain, step_time
+from zerokit.activation_checkpointing.policies import THEORY_NAME
 from zerokit.course.timeline_figure import step_time as median_step  # a run's step time and its spread
 from zerokit.workloads import TinyGPT
 
@@ -79,7 +79,7 @@ course.table([{"per block": "A, measured (ledger)", "bytes": A_measured, "× X":
 #
 # A checkpointed call keeps its inputs and the RNG state and drops everything else it would
 # save; backward runs it again (dropout draws the same masks) and uses what the recompute
-# saves. zerokit's policies (`zerokit/checkpointing/`), all through `zerokit.train(…,
+# saves. zerokit's policies (`zerokit/activation_checkpointing/`), all through `zerokit.train(…,
 # checkpointing=…)`:
 #
 # - `every` — each block keeps only its input X (Korthikanti's "full" recompute);

@@ -741,12 +741,12 @@ assert (sum(sum(rank["bytes"].values()) for rank in pp)
 # parameter name; `remove_checkpointing` undoes it. Both GPTs: your hand-written attention
 # calls `scaled_dot_product_attention`, which `selective` recomputes alone; `nn.MultiheadAttention`
 # computes its core in one function with its projections, and `selective` recomputes that
-# whole call. The bytes come from `block_activations` (`zerokit.checkpointing.measure`, as in
+# whole call. The bytes come from `block_activations` (`zerokit.activation_checkpointing.measure`, as in
 # lesson 10): the memory ledger's saved-tensor hooks around the blocks' forward and backward,
 # on a copy of the model, from the first block's input.
 
 # %%
-from zerokit.checkpointing.measure import block_activations
+from zerokit.activation_checkpointing.measure import block_activations
 
 
 def gradients(net):

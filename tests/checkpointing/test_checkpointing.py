@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 
 import zerokit
-from zerokit.checkpointing import apply_checkpointing, checkpointing_of, remove_checkpointing
-from zerokit.checkpointing.function import outer_hooks
-from zerokit.checkpointing.measure import ScaleBlock, scale_chain
+from zerokit.activation_checkpointing import apply_checkpointing, checkpointing_of, remove_checkpointing
+from zerokit.activation_checkpointing.function import outer_hooks
+from zerokit.activation_checkpointing.measure import ScaleBlock, scale_chain
 from zerokit.cli import main as cli_main
 from zerokit.workloads import TinyGPT
 

@@ -45,8 +45,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from zerokit import theory
-from zerokit.checkpointing.measure import block_activations, scale_chain
-from zerokit.checkpointing.policies import THEORY_NAME
+from zerokit.activation_checkpointing.measure import block_activations, scale_chain
+from zerokit.activation_checkpointing.policies import THEORY_NAME
 from zerokit.workloads import TinyGPT
 
 V, S, H, A, B, E = 64, 16, 64, 8, 2, 4  # vocab, sequence, hidden, heads, batch; fp32 (4 bytes)

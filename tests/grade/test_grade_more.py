@@ -122,7 +122,7 @@ class HostAdam:
         self.lib.step([grad_shard])
 """,
     "12_checkpoint_policy": """
-from zerokit.checkpointing import apply_checkpointing as _lib
+from zerokit.activation_checkpointing import apply_checkpointing as _lib
 
 
 def checkpointed_forward(blocks, x, k):

@@ -1,17 +1,16 @@
-"""Activation checkpointing: drop a block's activations in forward, recompute them in backward.
+"""``zerokit.checkpointing``: the old name of :mod:`zerokit.activation_checkpointing`, kept so that code written
+against it still imports.
 
-:func:`apply_checkpointing` installs a policy (``none``, ``every``, ``every_k``, ``sqrt``,
-``selective``, and the peers ``torch-every`` / ``torch-selective``) on a model's repeated
-blocks in place; ``zerokit.train(..., checkpointing=…, checkpoint_every=…)`` does it on every
-rank before the strategy is built. :mod:`.function` is the recompute mechanism,
-:mod:`.policies` the policies, :mod:`.torch_peers` torch's own, :mod:`.measure` the bytes
-each keeps (the formulas are :func:`zerokit.theory.checkpointed_activation_bytes` and
-Chen et al.'s :func:`zerokit.theory.checkpointed_blocks`).
+The package was renamed to stand apart from :mod:`zerokit.checkpoint` (saved training state). This alias
+re-exports its names, and its modules answer under the old name too (``zerokit.checkpointing.measure`` is
+``zerokit.activation_checkpointing.measure``). New code imports :mod:`zerokit.activation_checkpointing`.
 """
-from .function import Counter, Frame, checkpoint
-from .policies import (POLICIES, Checkpointing, apply_checkpointing, block_groups, check_for_model, check_policy,
-                       checkpointing_of, remove_checkpointing, segment_layers)
+import sys
 
-__all__ = ["POLICIES", "Checkpointing", "Counter", "Frame", "apply_checkpointing", "block_groups",
-           "check_for_model", "check_policy", "checkpoint", "checkpointing_of", "remove_checkpointing",
-           "segment_layers"]
+from ..activation_checkpointing import *  # noqa: F401,F403
+from ..activation_checkpointing import __all__  # noqa: F401
+from ..activation_checkpointing import function, measure, policies, torch_peers
+
+for _module in (function, measure, policies, torch_peers):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module

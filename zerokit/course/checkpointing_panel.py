@@ -2,10 +2,10 @@
 
 :class:`CheckpointingPanel` runs in this process, no ranks: every change of a control
 measures the chosen policy and ``none`` on the same tiny GPT with dropout
-(:func:`zerokit.checkpointing.measure.block_activations`: the blocks' saved tensors in the
+(:func:`zerokit.activation_checkpointing.measure.block_activations`: the blocks' saved tensors in the
 memory ledger, after forward and at the peak of backward; torch's own policies, which the
 ledger cannot see into, by live tensors) and times forward + backward of the whole model
-(:func:`zerokit.checkpointing.measure.step_time`, medians), then draws:
+(:func:`zerokit.activation_checkpointing.measure.step_time`, medians), then draws:
 
 - left, bytes kept for backward, ``none`` against the policy — stored after forward and
   the peak during backward — with :func:`zerokit.theory.checkpointed_activation_bytes`
@@ -22,8 +22,8 @@ import math
 from typing import Optional, Sequence
 
 from .. import theory
-from ..checkpointing.measure import block_activations, step_time
-from ..checkpointing.policies import segment_layers, SEGMENTED, THEORY_NAME
+from ..activation_checkpointing.measure import block_activations, step_time
+from ..activation_checkpointing.policies import segment_layers, SEGMENTED, THEORY_NAME
 from ..workloads import TinyGPT
 from .figures import legend_outside, new_figure, png
 from .panel import ipywidgets, mimebundle

@@ -4,7 +4,7 @@
 Interface: ``segments(n, k)``; ``Recompute`` (a ``torch.autograd.Function``,
 ``apply(run, x, *params)``); ``checkpointed_forward(blocks, x, k)``; ``best_k(n, layer_bytes,
 boundary_bytes)``. Graded on 2 ranks, in one launch, each rank its own batch through a chain
-of n :class:`zerokit.checkpointing.measure.ScaleBlock` (``tanh(x·w)``: its activations are
+of n :class:`zerokit.activation_checkpointing.measure.ScaleBlock` (``tanh(x·w)``: its activations are
 its input's size, A = X): the gradients against the chain without checkpointing, the saved
 activations the memory ledger counts after forward (⌈n/k⌉·X) and at its peak over forward and
 backward (:func:`zerokit.theory.checkpointed_activation_bytes`), and how many block forwards

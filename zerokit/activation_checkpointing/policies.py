@@ -3,7 +3,7 @@
 Lifecycle: :func:`apply_checkpointing` finds the model's repeated blocks (the children of a
 ``ModuleList``/``Sequential`` of one class, :func:`zerokit.strategies.blocks.repeated_blocks`), cuts
 them into segments by the policy and gives every block an instance ``forward`` that runs the
-class's own forward inside a :class:`~zerokit.checkpointing.function.Frame`; the model's
+class's own forward inside a :class:`~zerokit.activation_checkpointing.function.Frame`; the model's
 modules, parameter names and state dict do not change, and hooks other code puts on a block
 (ZeRO-3's gathers, the ledger's samples) still fire around it. The returned
 :class:`Checkpointing` is the model's until :meth:`Checkpointing.remove` (or

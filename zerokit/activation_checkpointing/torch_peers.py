@@ -1,6 +1,6 @@
 """The peers: torch's own activation checkpointing on each block, as policies ``torch-every`` and ``torch-selective``.
 
-Lifecycle: :class:`~zerokit.checkpointing.policies.Checkpointing` gives each repeated block
+Lifecycle: :class:`~zerokit.activation_checkpointing.policies.Checkpointing` gives each repeated block
 the forward :func:`torch_forward` builds: with grad enabled it runs the block's own forward
 under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (passed explicitly:
 torch 2.13 still only warns when it is left out); under ``no_grad`` it just runs it. torch
@@ -21,7 +21,7 @@ recompute; zerokit's ``selective`` recomputes only the attention core.
 
 Neither peer's kept tensors are visible to a :class:`~zerokit.runtime.memory.MemoryLedger`:
 torch holds the block's inputs in its own frame and its innermost saved-tensor hooks hide
-the rest, so compare peers by live tensors (:class:`zerokit.checkpointing.measure.LiveTensors`).
+the rest, so compare peers by live tensors (:class:`zerokit.activation_checkpointing.measure.LiveTensors`).
 """
 from __future__ import annotations
 
