@@ -28,6 +28,8 @@ import zerokit
 from zerokit.grade import grade, hint
 from zerokit.grade.exercises import KEYS, get
 
+from planted import planted
+
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 
@@ -45,11 +47,7 @@ def _source(key: str) -> str:
 
 def _edited(key: str, *edits) -> str:
     """The solution with each (old, new) replaced once; an edit that matches nothing is a broken test."""
-    text = _source(key)
-    for old, new in edits:
-        assert text.count(old) == 1, f"{key}: the edit's text {old[:60]!r} is not in the solution exactly once"
-        text = text.replace(old, new)
-    return text
+    return planted(_source(key), edits, key)
 
 
 def _block(key: str, k: int, body: str) -> tuple:

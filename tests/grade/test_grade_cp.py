@@ -9,15 +9,10 @@ variants share the ranks. (``tests/grade/test_grade.py`` grades the solution and
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from zerokit.grade import core, loader
-from zerokit.grade.exercises import get
-from zerokit.runtime.launch import launch
+from planted import assert_each_named, assert_passes, grade_on_shared_ranks, load_variants, planted, solution
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "15_ring_attention"
 
 _MERGE = ("    out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]\n")
@@ -43,27 +38,8 @@ WRONG = {
 
 
 def test_solution_passes_and_each_wrong_answer_is_named(tmp_path):
-    source = (ROOT / "solutions" / f"{KEY}.py").read_text()
-    namespaces = {}
-    for name, edits in {"solution": [], **{w: e for w, (e, _, _) in WRONG.items()}}.items():
-        text = source
-        for old, new in edits:
-            assert text.count(old) == 1, f"{name}: the edit's text {old[:60]!r} is not in the solution once"
-            text = text.replace(old, new)
-        path = tmp_path / f"{len(namespaces)}" / f"{KEY}.py"
-        path.parent.mkdir()
-        path.write_text(text)
-        namespaces[name] = loader.load_path(path)
-    spec = get(KEY)
-    (scenario,) = spec.scenarios.values()
-    by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
-                     backend="gloo", timeout_s=60)
-    graded = {name: {c.name: core._judge(c, [r[name] for r in by_rank], ns, None) for c in spec.checks}
-              for name, ns in namespaces.items()}
-    failed = {name: r.detail for name, r in graded["solution"].items() if not r.passed}
-    assert not failed, f"the solution fails {failed}"
-    for what, (_, check, words) in WRONG.items():
-        result = graded[what][check]
-        assert not result.passed, f"{what}: {check} passed"
-        assert words in result.detail, f"{what}: {result.detail}"
-        assert result.hint, f"{what}: no hint"
+    source = solution(KEY)
+    variants = {"solution": source, **{what: planted(source, edits, what) for what, (edits, _, _) in WRONG.items()}}
+    graded = grade_on_shared_ranks(KEY, load_variants(tmp_path, KEY, variants))
+    assert_passes(graded, "solution")
+    assert_each_named(graded, WRONG)

@@ -11,7 +11,6 @@ checks the untouched exercises, the generated files and the solution notebooks, 
 from __future__ import annotations
 
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +20,8 @@ from zerokit.grade import core, grade, loader
 from zerokit.grade.exercises import get
 from zerokit.runtime.errors import RankFailed
 
-ROOT = Path(__file__).resolve().parents[2]
-SOLUTIONS = ROOT / "solutions"
+from planted import SOLUTIONS, planted, solution
+
 
 # --- the wrong answers: (name, edits of the solution, the check that must fail, words its message must hold) ---
 
@@ -73,11 +72,7 @@ WRONG = {
 
 
 def _edited(key: str, edits) -> str:
-    text = (SOLUTIONS / f"{key}.py").read_text()
-    for old, new in edits:
-        assert text.count(old) == 1, f"{key}: the edit's text {old[:60]!r} is not in the solution exactly once"
-        text = text.replace(old, new)
-    return text
+    return planted(solution(key), edits, key)
 
 
 def _measure_all(exercise, namespaces: list) -> list:

@@ -10,15 +10,11 @@ variants share the ranks. (``tests/grade/test_grade.py`` grades the solution and
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import torch
 
-from zerokit.grade import core, loader
-from zerokit.grade.exercises import get
-from zerokit.runtime.launch import launch
+from planted import assert_each_named, assert_passes, grade_on_shared_ranks, load_variants, planted, solution
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "16_moe_dispatch"
 
 EVERY_SLOT_DISPATCH = '''    n, k, me = dist.get_world_size(group), chosen.shape[1], dist.get_rank(group)
@@ -70,41 +66,23 @@ class AllToAll:
 '''
 
 
-def _edited(source: str, edits) -> str:
+def _edited(source: str, edits, what: str) -> str:
     text = source
     for old, new in edits:
         if old in ("dispatch", "combine"):  # the function's whole solution block
             block = re.search(rf"(?ms)^def {old}\(.*?# BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*# END SOLUTION", text)
             old = block.group(1)
-        assert text.count(old) == 1, f"the edit's text {old[:60]!r} is not in the solution once"
-        text = text.replace(old, new)
+        text = planted(text, [(old, new)], what)
     return text
 
 
-
 def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path):
-    source = (ROOT / "solutions" / f"{KEY}.py").read_text()
+    source = solution(KEY)
     variants = {"solution": source, "library": source + LIBRARY,
-                **{what: _edited(source, edits) for what, (edits, _, _) in WRONG.items()}}
-    namespaces = {}
-    for i, (name, text) in enumerate(variants.items()):
-        path = tmp_path / str(i) / f"{KEY}.py"
-        path.parent.mkdir()
-        path.write_text(text)
-        namespaces[name] = loader.load_path(path)
-    spec = get(KEY)
-    (scenario,) = spec.scenarios.values()
-    by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
-                     backend="gloo", timeout_s=60)
-    graded = {name: {c.name: core._judge(c, [r[name] for r in by_rank], ns, None) for c in spec.checks}
-              for name, ns in namespaces.items()}
+                **{what: _edited(source, edits, what) for what, (edits, _, _) in WRONG.items()}}
+    graded = grade_on_shared_ranks(KEY, load_variants(tmp_path, KEY, variants))
     for right in ("solution", "library"):
-        failed = {name: r.detail for name, r in graded[right].items() if not r.passed}
-        assert not failed, f"the {right} fails {failed}"
-    for what, (_, check, words) in WRONG.items():
-        result = graded[what][check]
-        assert not result.passed, f"{what}: {check} passed"
-        assert words in result.detail, f"{what}: {result.detail}"
-        assert result.hint, f"{what}: no hint"
+        assert_passes(graded, right)
+    assert_each_named(graded, WRONG)
     # the traffic mistake gives the right numbers: only the bytes tell it
     assert [c for c, r in graded["every slot to every rank"].items() if not r.passed] == ["bytes"]
