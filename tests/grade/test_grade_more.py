@@ -10,16 +10,10 @@ grades the solutions and the untouched exercises one by one, through ``zerokit.g
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from zerokit.grade import core, loader
-from zerokit.grade.exercises import get
-from zerokit.runtime.launch import launch
-
-ROOT = Path(__file__).resolve().parents[2]
+from planted import assert_each_named, assert_passes, grade_on_shared_ranks, load_variants, planted, solution
 
 #: key -> {wrong answer: ([(old, new) edits of the solution], the check that must fail, words its message holds)}
 WRONG = {
@@ -132,43 +126,17 @@ def checkpointed_forward(blocks, x, k):
 }
 
 
-
 def _grade_all(tmp_path, key) -> dict:
     """{submission: {check: CheckResult}} for the solution and each wrong answer, one launch per scenario."""
-    source = (ROOT / "solutions" / f"{key}.py").read_text()
-    namespaces = {}
-    variants = {"solution": [], "library": [("", LIBRARY[key])], **{w: e for w, (e, _, _) in WRONG[key].items()}}
-    for name, edits in variants.items():
-        text = source
-        for old, new in edits:
-            if not old:  # appended
-                text += new
-                continue
-            assert text.count(old) == 1, f"{key}, {name}: the edit's text {old[:60]!r} is not in the solution once"
-            text = text.replace(old, new)
-        path = tmp_path / f"{len(namespaces)}" / f"{key}.py"
-        path.parent.mkdir()
-        path.write_text(text)
-        namespaces[name] = loader.load_path(path)
-    spec = get(key)
-    outcomes = {name: {} for name in namespaces}
-    for scenario in spec.scenarios.values():
-        by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
-                     backend="gloo", timeout_s=60)
-        for name in namespaces:
-            outcomes[name][scenario.name] = [r[name] for r in by_rank]
-    return {name: {c.name: core._judge(c, outcomes[name].get(c.scenario), ns, None) for c in spec.checks}
-            for name, ns in namespaces.items()}
+    source = solution(key)
+    variants = {"solution": source, "library": source + LIBRARY[key],
+                **{what: planted(source, edits, f"{key}, {what}") for what, (edits, _, _) in WRONG[key].items()}}
+    return grade_on_shared_ranks(key, load_variants(tmp_path, key, variants))
 
 
 @pytest.mark.parametrize("key", list(WRONG))
 def test_solution_and_library_pass_and_each_wrong_answer_is_named(tmp_path, key):
     graded = _grade_all(tmp_path, key)
     for right in ("solution", "library"):
-        failed = {name: r.detail for name, r in graded[right].items() if not r.passed}
-        assert not failed, f"{key}: the {right} fails {failed}"
-    for what, (_, check, words) in WRONG[key].items():
-        result = graded[what][check]
-        assert not result.passed, f"{key}, {what}: {check} passed"
-        assert words in result.detail, f"{key}, {what}: {result.detail}"
-        assert result.hint, f"{key}, {what}: no hint"
+        assert_passes(graded, right, f"{key}: ")
+    assert_each_named(graded, WRONG[key], f"{key}, ")
