@@ -1,4 +1,5 @@
-"""A small workload for the CLI cases of tests/app/test_bad_input.py (``--model tests/data/bad_input_workload.py:work``)."""
+"""A small workload for the CLI cases of tests/app/test_bad_input.py
+(``--model tests/data/bad_input_workload.py:work``)."""
 import zerokit
 
 

@@ -5,8 +5,8 @@ learner can act on.
 One launch per exercise: the solution and every wrong answer run their scenarios one after another inside the
 same two gloo ranks (:func:`_measure_all`), each under the grader's probe with the grader's seed, then
 ``zerokit.grade`` judges each submission from those measurements exactly as ``zerokit grade`` does (its
-``run_scenario`` looked up instead of launched). ``tests/grade/test_grade.py`` grades both solutions the ordinary way and
-checks the untouched exercises, the generated files and the solution notebooks, as for every exercise.
+``run_scenario`` looked up instead of launched). ``tests/grade/test_grade.py`` grades both solutions the ordinary
+way and checks the untouched exercises, the generated files and the solution notebooks, as for every exercise.
 """
 from __future__ import annotations
 

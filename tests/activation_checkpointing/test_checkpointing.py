@@ -1,5 +1,6 @@
 """Activation checkpointing (``zerokit.checkpointing``): parity with dropout on, recompute counts, the
-command line and bad input. The bytes each policy keeps, against theory: tests/checkpointing/test_checkpointing_ledger.py.
+command line and bad input. The bytes each policy keeps, against theory:
+tests/activation_checkpointing/test_checkpointing_ledger.py.
 
 Parity: with dropout the masks are random, so a checkpointed run must restore the RNG state for
 its recompute (and leave the training stream where it was) to match. Each multi-rank run is
