@@ -10,10 +10,11 @@ until what it started is gone, for up to ``WAIT_S``: it waits only as long as an
 anything still alive then is left behind, killed by the test and reported.
 
 The cases are the suite's own bad inputs (tests/app/test_bad_input.py, tests/app/test_cli.py,
-tests/grade/test_grade.py): the refusals before any process starts, ranks that raise, a rank that starts a
-helper process and then raises or hangs, a hang stopped by ``--timeout``, and the same hang ended by Ctrl-C and
-by SIGTERM (``timeout(1)``'s signal, and a Jupyter kernel's at shutdown). Each runs once alone, and a share of them once more beside a
-CPU hog (a busy loop this test starts and kills), under the ``serial`` marker, as ``make test`` runs those alone.
+tests/grade/test_grade.py): the refusals before any process starts, ranks that raise, a rank that starts a helper
+process and then raises or hangs, a hang stopped by ``--timeout``, and the same hang ended by Ctrl-C and by SIGTERM
+(``timeout(1)``'s signal, and a Jupyter kernel's at shutdown). Each runs once alone, and a share of them once more
+beside a CPU hog (a busy loop this test starts and kills), under the ``serial`` marker, as ``make test`` runs those
+alone.
 """
 import itertools
 import os
