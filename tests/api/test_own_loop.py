@@ -298,20 +298,17 @@ if os.environ["RANK"] == "0" and os.path.isdir("/proc/self/task"):  # the thread
 
 def test_initialize_under_torchrun(tmp_path):
     import os
-    import socket
     import subprocess
     import sys
 
     script = tmp_path / "own_loop.py"
     script.write_text(_UNDER_TORCHRUN)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                           "127.0.0.1", "--master_port", str(port), str(script)], env=env, capture_output=True,
+    # --standalone: torchrun's agent binds a free port itself (one picked here and released could be taken first)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "EQUAL True" in done.stdout, done.stdout

@@ -92,7 +92,7 @@ def test_under_torchrun_the_rows_of_its_world_run_in_its_ranks(tmp_path):
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT),
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
                            "--dry", "--only", "ws=1 fp32,zero2 overlap,own loop under,Ulysses×tp",
                            "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**env, "OMP_NUM_THREADS": "1"})

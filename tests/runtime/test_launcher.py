@@ -4,7 +4,6 @@ import os
 import pickle
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -502,13 +501,12 @@ _UNDER_TORCHRUN = textwrap.dedent("""
 def test_under_torchrun_fn_runs_in_process_and_results_are_gathered(tmp_path):
     script = tmp_path / "under_torchrun.py"
     script.write_text(_UNDER_TORCHRUN)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = _env_without_torchrun()
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(script)],
+    # --standalone: torchrun's agent binds a free port itself (a port picked here and released could be taken
+    # by another test's process before torchrun binds it)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)],
                           env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     for r in range(2):
