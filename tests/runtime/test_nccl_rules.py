@@ -1,6 +1,9 @@
 """What changes on NCCL, checked on the CPU: the device a user's own group puts collectives on, the emulated
 link's refusal, and the hang report's wording (NCCL returns at enqueue)."""
+import sys
+
 import pytest
+
 import torch
 import torch.distributed as dist
 
@@ -63,9 +66,9 @@ def test_an_emulated_link_is_refused_on_nccl_with_the_reason():
 
 
 def test_train_refuses_a_link_on_nccl_before_any_rank_starts(monkeypatch):
-    monkeypatch.setattr("zerokit.runtime.launch.choose_backend", lambda backend, world_size: "nccl")
+    monkeypatch.setattr(sys.modules["zerokit.train"], "choose_backend", lambda backend, world_size: "nccl")
     started = []
-    monkeypatch.setattr("zerokit.runtime.launch.launch", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(sys.modules["zerokit.train"], "launch", lambda *a, **k: started.append(1))
     with pytest.raises(ValueError, match="cannot be emulated on backend 'nccl'"):
         zerokit.train(zerokit.tiny_gpt(n_layer=1), "ddp", world_size=2, steps=1, reference=False, link="10gbe")
     assert not started
@@ -92,9 +95,9 @@ def test_the_hang_report_says_last_enqueued_on_nccl():
 def test_the_reference_runs_on_the_ranks_kind_of_device(monkeypatch):
     from zerokit.train import reference_device
 
-    monkeypatch.setattr("zerokit.runtime.launch.choose_backend", lambda backend, world_size: "nccl")
+    monkeypatch.setattr(sys.modules["zerokit.train"], "choose_backend", lambda backend, world_size: "nccl")
     assert reference_device(None, 2) == torch.device("cuda", 0)
-    monkeypatch.setattr("zerokit.runtime.launch.choose_backend", lambda backend, world_size: "gloo")
+    monkeypatch.setattr(sys.modules["zerokit.train"], "choose_backend", lambda backend, world_size: "gloo")
     assert reference_device(None, 2) == torch.device("cpu")
 
 
