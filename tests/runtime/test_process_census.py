@@ -44,7 +44,11 @@ COMMAND_S = 120.0
 
 #: ``zerokit`` as its console script runs it, under an audit hook that writes one line per process started
 WRAPPER = """
-import os, sys
+import os, signal, sys
+# Ctrl-C as an interactive shell delivers it: a process started by one that ignores SIGINT (a background job of a
+# script, a test runner's worker after some test set it) inherits the ignoring, and Python then never raises
+# KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 STARTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen")
 def note(event, args):
     if event in STARTS:
