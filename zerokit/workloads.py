@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .expert_parallel.moe import MoEMLP
+from .expert_parallel.moe import Expert, MoEMLP
 from .tensor_parallel import tiny_gpt_plan
 
 
@@ -85,14 +85,8 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
-class MLPBlock(nn.Module):
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.proj = nn.Linear(4 * d_model, d_model)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+class MLPBlock(Expert):
+    """The dense block's MLP (d → 4d → d, GELU): the same module a mixture of experts holds one of per expert."""
 
 
 class Block(nn.Module):

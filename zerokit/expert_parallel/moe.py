@@ -53,7 +53,7 @@ from .alltoall import counts_exchange, exchange
 EXPERT_ID_DTYPE = torch.int32
 
 class Expert(nn.Module):
-    """One expert: the tiny GPT's MLP (d → 4d → d, GELU), the names and arithmetic of :class:`.workloads.MLPBlock`."""
+    """One expert: the tiny GPT's MLP (d → 4d → d, GELU), the dense tiny GPT's MLPBlock is this same module."""
 
     def __init__(self, d_model: int):
         super().__init__()

@@ -39,15 +39,13 @@ zerokit's send), an all-gather's by the ring formula. Both rotations send the fo
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.distributed as dist
 
 from ..context_parallel.apply import attention_modules
 from ..context_parallel.ring_attention import ring_attention
 from ..data_parallel.overlap import OverlappedDataParallel
-from ..runtime import clock, comm
+from ..runtime import comm
 from ..strategies.base import Option, register
 from .recording import LedgeredFunctionalCollectives
 
@@ -121,15 +119,7 @@ class LedgeredRing(LedgeredFunctionalCollectives):
                                      tag=f"{self.tag} {func._overloadpacket._qualified_op_name}")
             me = self._ranks.index(dist.get_rank())
             record.ring_cost_bytes = (sum(in_splits) - in_splits[me]) * row
-            t0 = clock.mark()
-            self._inside = True
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                self._inside = False
-            record.add_blocked(t0, clock.mark())
-            self._pending[id(out)] = (weakref.ref(out), record)
-            return out
+            return self.run_recorded(func, args, kwargs, record)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 

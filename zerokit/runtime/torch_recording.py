@@ -268,6 +268,11 @@ class LedgeredFunctionalCollectives(TorchDispatchMode):
             extra = {"rank": self._ranks.index(dist.get_rank()), "src": int(args[1])}
         record = comm.new_record(op, tensor, nbytes, group, True, tag=f"{self.tag} {packet._qualified_op_name}",
                                  **extra)
+        return self.run_recorded(func, args, kwargs, record)
+
+    def run_recorded(self, func, args, kwargs, record):
+        """Run the functional collective ``func`` for ``record``: the time its call blocks, and its output kept
+        so that the wait that blocks on it is timed too."""
         t0 = clock.mark()
         self._inside = True
         try:
