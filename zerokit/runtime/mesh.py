@@ -170,6 +170,8 @@ class Mesh:
     device_mesh: Optional[object] = None
     #: further groups within one axis (a pipeline's tied-weight group): (group, axis) pairs, the group weakly
     subgroups: List[tuple] = field(default_factory=list)
+    #: axes carved out of one axis by :meth:`carve`: name -> (axis, inner size, "inner" or "outer")
+    carved: Dict[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self):
         self.groups = {axis: _weak(group) for axis, group in self.groups.items()}
@@ -206,18 +208,60 @@ class Mesh:
             groups.update({"ep": None, "edp": groups["dp"]})
         return cls(shape, rank, groups, mesh)
 
+    def carve(self, inner: int, axis: str = "dp", names=("dp_shard", "dp_replicate")):
+        """Cut ``axis`` into groups of ``inner`` consecutive ranks (``names[0]``) and the ranks holding the same
+        place in each (``names[1]``): HSDP's shard and replicate groups (torchtitan's ``dp_shard`` and
+        ``dp_replicate``, FSDP2's 2-D mesh (replicate, shard)), hpZ's secondary partition. Collective: every
+        rank of the world calls it, in one order (torch's ``new_group`` rule); a second call with the same
+        ``inner`` returns the groups made by the first. Returns (inner group, outer group); both None without a
+        process group of several ranks."""
+        size = self.size(axis)
+        if isinstance(inner, bool) or not isinstance(inner, int) or inner < 1 or size % inner:
+            raise ValueError(f"shard group size {inner!r} must be a whole number dividing the {size} ranks of "
+                             f"axis {axis!r}")
+        made = self.carved.get(names[0])
+        if made is not None:
+            if made[:2] != (axis, inner):
+                raise ValueError(f"axis {names[0]!r} was carved from {made[0]!r} in groups of {made[1]} already; "
+                                 f"a second size ({inner}) needs other names")
+            return self.group(names[0]), self.group(names[1])
+        self.carved.update({names[0]: (axis, inner, "inner"), names[1]: (axis, inner, "outer")})
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            self.groups.update({names[0]: None, names[1]: None})
+            return None, None
+        world = dist.get_world_size()
+        for name in names:
+            made = {}
+            for r in range(world):  # every rank makes every group, in one order
+                members = tuple(self._carved_ranks(r, name))
+                if members not in made:
+                    made[members] = dist.new_group(list(members))
+            self.groups[name] = _weak(made[tuple(self._carved_ranks(self.rank, name))])
+        return self.group(names[0]), self.group(names[1])
+
+    def _carved_ranks(self, rank: int, name: str) -> List[int]:
+        axis, inner, which = self.carved[name]
+        members = axis_ranks(rank, self.shape, axis)
+        i = members.index(rank)
+        return members[i - i % inner:i - i % inner + inner] if which == "inner" else members[i % inner::inner]
+
     @property
     def coords(self) -> Dict[str, int]:
         return coords_of(self.rank, self.shape)
 
     def size(self, axis: str) -> int:
+        if axis in self.carved:
+            base, inner, which = self.carved[axis]
+            return inner if which == "inner" else self.size(base) // inner
         if axis in EXPERT_AXES:
             ep = self.shape.get("ep", 1)
             return ep if axis == "ep" else self.shape["dp"] // ep
         return math.prod(self.shape.get(a, 1) for a in FLAT_AXES.get(axis, (axis,)))
 
     def coord(self, axis: str) -> int:
-        if axis in EXPERT_AXES:
+        if axis in EXPERT_AXES or axis in self.carved:
             return self.ranks(axis).index(self.rank)
         coords, index = self.coords, 0
         for a in FLAT_AXES.get(axis, (axis,)):
@@ -226,11 +270,13 @@ class Mesh:
 
     def group(self, axis: str):
         """The process group along ``axis`` (None: the world, when the axis spans every rank)."""
-        if axis not in AXES and axis not in FLAT_AXES and axis not in EXPERT_AXES:
-            raise ValueError(f"axis={axis!r}; allowed: {', '.join((*AXES, *FLAT_AXES, *EXPERT_AXES))}")
+        if axis not in AXES and axis not in FLAT_AXES and axis not in EXPERT_AXES and axis not in self.carved:
+            raise ValueError(f"axis={axis!r}; allowed: {', '.join((*AXES, *FLAT_AXES, *EXPERT_AXES, *self.carved))}")
         return _alive(self.groups.get(axis), axis)
 
     def ranks(self, axis: str) -> List[int]:
+        if axis in self.carved:
+            return self._carved_ranks(self.rank, axis)
         return axis_ranks(self.rank, self.shape, axis)
 
     def add_group(self, group, axis: str) -> None:
@@ -246,7 +292,7 @@ class Mesh:
             held = self.groups.get(axis)
             if (held() if held is not None else None) is group and (group is not None or self.size(axis) > 1):
                 return axis
-        for axis in (*FLAT_AXES, *EXPERT_AXES):
+        for axis in (*self.carved, *FLAT_AXES, *EXPERT_AXES):
             held = self.groups.get(axis)
             if group is not None and held is not None and held() is group:
                 return axis
