@@ -1,0 +1,140 @@
+"""Block quantization: the int8/int4 codec ZeRO++'s qwZ and qgZ send instead of 16/32-bit values.
+
+Lifecycle: a sender calls :func:`quantize_blocks` on a flat tensor (its shard, or a slice of
+gradient) and sends ``q`` and ``scales``; the receiver calls :func:`dequantize_blocks` with the
+same ``block_size``, ``numel`` and ``bits`` and gets the values back within half a scale each
+(:func:`zerokit.theory.zeropp.block_quantization_error_bound`).
+
+zerokit's codec (Wang et al., arXiv 2306.10209 §3.1, "block-based quantization"):
+
+- the flat input is cut into blocks of ``block_size`` consecutive elements; **the last block
+  may be short** (``numel`` not a multiple of ``block_size``): it is quantized on its own
+  elements only, with its own absmax and scale; nothing is padded into ``q``;
+- **symmetric**, per block: ``scale = absmax / (2^(bits−1) − 1)`` (127 for int8, 7 for int4),
+  ``q = clamp(round(x / scale), −qmax, qmax)`` (round half to even, torch's rounding); the
+  code −2^(bits−1) is never used, so the grid is symmetric around 0 and 0 is exact;
+- an **all-zero block** gets ``scale = 1`` (its codes are all 0 and come back as exact zeros;
+  no division by zero, no NaN);
+- arithmetic in float32 whatever the input dtype (a bf16 shard is upcast first), scales
+  stored as float32 (4 bytes per block); ``dequantize_blocks`` returns ``dtype``;
+- storage int8: for ``bits=8`` one code per byte (``q.numel() == numel``); for ``bits=4`` two
+  codes per byte, element 2i in the low nibble and 2i+1 in the high nibble, each a 4-bit
+  two's-complement code in [−7, 7]; an odd ``numel`` leaves the last high nibble 0
+  (``q.numel() == ⌈numel/2⌉``).
+
+Bytes on the wire for ``numel`` elements: ``⌈numel·bits/8⌉`` for the codes plus
+``4·⌈numel/block_size⌉`` for the scales (:func:`zerokit.theory.zeropp.quantized_bytes`).
+
+What DeepSpeed does (0.19.8, CUDA kernels in ``csrc/quantization``): qwZ's ``CUDAQuantizer``
+quantizes each parameter **symmetric int8** in ``groups`` equal groups, the group count chosen
+so a group holds at most ~8,000 elements (``target_group_size = 8000``, hard limit 16k) and
+the numel is a multiple of 8·groups — equal groups, no short last one; its input is cast to
+fp16 first. qgZ's ``all_to_all_quant_reduce`` uses ``swizzle_quant`` / ``quantized_reduction``
+with **symmetric int4** (asymmetric is a kernel option it does not use there), group count
+``max(rows, cols, world)`` for the intra-node hop and that over the GPUs per node for the
+inter-node hop. zerokit's choice: symmetric, as DeepSpeed; the block size a fixed parameter
+(``quantization_block_size``) rather than an adaptive group count, so a formula can give the
+bytes exactly; a short last block rather than DeepSpeed's divisibility requirement.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BITS = (4, 8)
+SCALE_DTYPE = torch.float32
+
+
+def check_block_size(block_size) -> int:
+    """``block_size`` checked: a whole number ≥ 1."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r} must be a whole number >= 1")
+    return block_size
+
+
+def check_bits(bits) -> int:
+    """``bits`` checked: 4 or 8."""
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"bits={bits!r}; allowed: 4, 8")
+    return bits
+
+
+def qmax(bits: int) -> int:
+    """The largest code of a symmetric ``bits``-bit quantizer: 2^(bits−1) − 1 (127, 7)."""
+    return 2 ** (check_bits(bits) - 1) - 1
+
+
+def _block_view(x: Tensor, block_size: int) -> tuple[Tensor, int]:
+    """``x`` (float32, flat) as rows of ``block_size``, the short last block padded with zeros (absmax unchanged)."""
+    pad = (-x.numel()) % block_size
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    return x.view(-1, block_size), pad
+
+
+def block_scales(x: Tensor, block_size: int, bits: int = 8) -> Tensor:
+    """The per-block scales of a flat float tensor: absmax/qmax per block, 1 for an all-zero block (float32)."""
+    check_block_size(block_size)
+    blocks, _ = _block_view(x.detach().reshape(-1).to(torch.float32), block_size)
+    absmax = blocks.abs().amax(dim=1)
+    scales = absmax / qmax(bits)
+    return torch.where(absmax > 0, scales, torch.ones_like(scales)).to(SCALE_DTYPE)
+
+
+def _pack_int4(codes: Tensor) -> Tensor:
+    """Codes in [−7, 7] (int16), two per byte: even index low nibble, odd index high nibble; int8 storage."""
+    if codes.numel() % 2:
+        codes = torch.cat([codes, codes.new_zeros(1)])
+    nibbles = codes & 0xF                      # two's complement in 4 bits
+    packed = nibbles[0::2] | (nibbles[1::2] << 4)
+    return packed.to(torch.uint8).view(torch.int8)
+
+
+def _unpack_int4(packed: Tensor, numel: int) -> Tensor:
+    """The inverse of :func:`_pack_int4`: ``numel`` codes as int16, sign-extended from 4 bits."""
+    byte = packed.view(torch.uint8).to(torch.int16)
+    nibbles = torch.stack([byte & 0xF, byte >> 4], dim=1).reshape(-1)[:numel]
+    return torch.where(nibbles >= 8, nibbles - 16, nibbles)
+
+
+def quantize_blocks(x: Tensor, block_size: int, bits: int = 8) -> tuple[Tensor, Tensor]:
+    """Quantize a flat float tensor in blocks: ``(q, scales)``, q int8 (two int4 codes per byte for bits=4).
+
+    ``x`` is read flat (``reshape(-1)``). ``scales`` has ⌈numel/block_size⌉ float32 entries.
+    """
+    check_block_size(block_size)
+    check_bits(bits)
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got "
+                         f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    flat = x.detach().reshape(-1).to(torch.float32)
+    numel, top = flat.numel(), qmax(bits)
+    scales = block_scales(flat, block_size, bits)
+    blocks, _ = _block_view(flat, block_size)
+    codes = torch.round(blocks / scales[:, None]).clamp_(-top, top).reshape(-1)[:numel]
+    if bits == 8:
+        return codes.to(torch.int8), scales
+    return _pack_int4(codes.to(torch.int16)), scales
+
+
+def dequantize_blocks(q: Tensor, scales: Tensor, block_size: int, numel: int, bits: int = 8,
+                      dtype: torch.dtype = torch.float32) -> Tensor:
+    """The flat tensor of ``numel`` elements that ``(q, scales)`` encode, as ``dtype`` (code × its block's scale)."""
+    check_block_size(block_size)
+    check_bits(bits)
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel={numel!r} must be a whole number >= 0")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype")
+    expected_codes = numel if bits == 8 else (numel + 1) // 2
+    blocks = -(-numel // block_size)
+    if q.dtype != torch.int8 or q.numel() != expected_codes:
+        raise ValueError(f"q must be int8 with {expected_codes} entries for numel={numel}, bits={bits}; "
+                         f"got {q.dtype} with {q.numel()}")
+    if scales.numel() != blocks:
+        raise ValueError(f"scales must have {blocks} entries (numel={numel}, block_size={block_size}); "
+                         f"got {scales.numel()}")
+    codes = q.reshape(-1).to(torch.int16) if bits == 8 else _unpack_int4(q.reshape(-1), numel)
+    values, pad = _block_view(codes.to(torch.float32), block_size)
+    out = (values * scales.to(torch.float32)[:, None]).reshape(-1)
+    return out[:numel].to(dtype)
