@@ -33,7 +33,7 @@ FLOORS = [
                                                  "activation_checkpointing", "checkpointing", "checkpoint"}),
     ("the models they train (a mixture of experts, the tiny GPT's tensor-parallel plan)", {"workloads"}),
     ("the interfaces: torch's and DeepSpeed's verbs, the peers, the setup order, a job, the training loop",
-     {"api", "peers", "parallelize", "job", "train", "axis_theory", "config*"}),
+     {"api", "peers", "parallelize", "job", "train", "config*"}),
     ("the applications", {"course", "grade", "tour", "tour_results", "bench", "planner", "cli"}),
     ("the package's face", {"zerokit"}),
 ]
@@ -56,7 +56,6 @@ BUILT_ON = {
     ("train", "job"): "the training loop runs a job",
     ("train", "api"): "the training loop drives the engine",
     ("train", "parallelize"): "the training loop's model, parallelized in one order",
-    ("train", "axis_theory"): "the report's formulas per mesh axis",
     ("train", "config*"): "train() takes the configuration",
     ("api", "parallelize"): "the own-loop faces apply the same setup order",
     ("api", "config*"): "the own-loop faces take the same configuration",

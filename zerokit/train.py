@@ -21,7 +21,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from . import axis_theory
+from .theory import axes
 from .runtime import clock, comm
 from .runtime.context import RankContext
 from .runtime.memory import MemoryLedger, cuda_peak_bytes, reset_cuda_peak
@@ -37,7 +37,9 @@ from .pipeline_parallel.options import pipelined
 from .pipeline_parallel.strategy import Pipeline
 from .parallelize import parallelize
 from .context_parallel import layout as cp_layout
-from .tensor_parallel import full_parameters
+from .tensor_parallel import communicated_widths, full_parameters
+from .context_parallel.apply import theory_bytes as cp_theory_bytes
+from .strategies.blocks import moe_layers
 from .runtime.timeline import Tracer
 from .expert_parallel import gather_experts
 from .expert_parallel.apply import moe_layers, routing
@@ -71,6 +73,28 @@ def _full_parameters(strategy, model, ctx: RankContext, tensor_parallel: bool):
         return strategy.full_parameters()
     with getattr(strategy, "gathered", nullcontext)():
         return {name: t.float().cpu() for name, t in full_parameters(model, ctx.mesh.group("tp")).items()}
+
+
+def _theory_by_axis(job, ctx, strategy, model, psi: int, dtype, steps: int, plan, pipeline) -> dict:
+    """What this rank's run used, read into plain numbers for :func:`zerokit.axes.by_axis`: the strategy's
+    formula, the plan's widths, each MoE layer's measured split, the attention's and the pipeline's bytes."""
+    mesh, b, a = ctx.mesh, torch.empty((), dtype=dtype).element_size(), job.config.micro_batches
+    inputs, targets = _local_batch(job, ctx, 0, True)[0]
+    terms = {}
+    if mesh.size("ep") > 1:
+        terms["ep"] = axes.ep_axis_bytes([(*m.exchanged[:2], m.router.in_features, m.exchanged[2])
+                                                 for m in moe_layers(model)], b, mesh.size("ep"), steps)
+        if mesh.size("edp") > 1:
+            terms["edp"] = strategy.theory_expert_comm_bytes()
+    if mesh.size("cp") > 1:
+        terms["cp"] = cp_theory_bytes(model, mesh.size("cp"), job.cp_attention, inputs.shape[0], inputs.shape[1], b, a)
+    if plan is not None:
+        computes_loss = pipeline is None or mesh.coord("pp") == mesh.size("pp") - 1
+        terms["tp"] = axes.tp_axis_bytes(targets.numel(), communicated_widths(model), mesh.size("tp"), b, a,
+                                                plan.loss == "vocab_parallel" and computes_loss)
+    if pipeline is not None:
+        terms["pp"] = pipeline.theory_pp_bytes(b)
+    return axes.by_axis("dp" if mesh.size("cp") == 1 else "dp_cp", strategy.theory_comm_bytes(psi), **terms)
 
 
 def run_rank(ctx: RankContext, job: Job) -> RankResult:
@@ -174,10 +198,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
     if tracer is not None:
         tracer.remove_hooks()
     ledger.resolve()
-    theory_by_axis = axis_theory.by_axis(
-        strategy, model, ctx.mesh, psi=psi_rank, dtype=dtype, steps=ran, cp_attention=job.cp_attention,
-        micro_batch=_local_batch(job, ctx, 0, True)[0], micro_batches=job.config.micro_batches,
-        plan=plan if tensor_parallel else None, pipeline=pipeline)
+    theory_by_axis = _theory_by_axis(job, ctx, strategy, model, psi_rank, dtype, ran,
+                                     plan if tensor_parallel else None, pipeline)
     payload = ledger.per_step("payload_bytes")
     ring_cost = ledger.per_step("ring_cost_bytes")
     sent = ledger.per_step("sent_bytes")
