@@ -39,7 +39,6 @@ from .parallelize import parallelize
 from .context_parallel import layout as cp_layout
 from .tensor_parallel import communicated_widths, full_parameters
 from .context_parallel.apply import theory_bytes as cp_theory_bytes
-from .strategies.blocks import moe_layers
 from .runtime.timeline import Tracer
 from .expert_parallel import gather_experts
 from .expert_parallel.apply import moe_layers, routing
