@@ -249,12 +249,7 @@ class ZeroStage3(Stage3Accounting, Strategy):
         overlap = self.opts["overlap_comm"]
         if overlap:
             self.reducer.wait_until(int(self.opts["reduce_bucket_size"]), bucket.numel())
-        group = self.unit_group(unit)
-        if group.world == 1:
-            work = reduce_local(out, bucket)
-        else:
-            work = reduce_scatter_flat(out, bucket, group.group, self.opts["algorithm"], overlap,
-                                       f"grads {unit.label}")
+        work = self._reduce_scatter(unit, out, bucket, overlap)
         flight = [bucket, out]
         self._in_flight.append(flight)
 
@@ -265,6 +260,14 @@ class ZeroStage3(Stage3Accounting, Strategy):
             self._in_flight[:] = [f for f in self._in_flight if f is not flight]
 
         self.reducer.track(work, bucket.numel(), done)
+
+    def _reduce_scatter(self, unit: Unit, out: torch.Tensor, bucket: torch.Tensor, overlap: bool):
+        """Sum ``bucket`` over the unit's group, this rank's shard into ``out``: a Work in flight, or None when done.
+        The one place a gradient bucket meets the network (ZeRO++'s qgZ reduces it another way)."""
+        group = self.unit_group(unit)
+        if group.world == 1:
+            return reduce_local(out, bucket)
+        return reduce_scatter_flat(out, bucket, group.group, self.opts["algorithm"], overlap, f"grads {unit.label}")
 
     @torch.no_grad()
     def _reduce_persistent(self) -> None:
