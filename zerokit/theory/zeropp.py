@@ -61,3 +61,133 @@ def quantized_bytes(numel: int, block_size: int, bits: int = 8) -> int:
     _check_positive("block_size", block_size)
     _check_bits(bits)
     return -(-numel * bits // 8) + SCALE_BYTES * -(-numel // block_size)
+
+
+# --- the three mechanisms' bytes per step ------------------------------------------------------------
+#
+# Notation as in :mod:`.hierarchical`: N data-parallel ranks, g ranks per node (N/g nodes), s the hpZ
+# partition, b bytes per element of the weights and gradients, A micro-batches per step, B the
+# quantization block. A unit of u elements is padded to P = N·⌈u/N⌉ (zerokit's flat buffer), a rank's
+# shard is C = P/N. Q(k, bits) = quantized_bytes(k, B, bits): codes and float32 scales of k elements.
+#
+# Per unit and micro-batch, what one rank sends (a ring all-gather or reduce-scatter sends (n−1)/n of its
+# payload, an all-to-all of equal chunks (n−1)/n of its input):
+#
+# - forward all-gather over dp: (N−1)·C·b; **qwZ**: (N−1)·Q(C, 8) — the int8 codes and the scales;
+# - backward all-gather: **hpZ** (s > 1): over the hpZ group from the secondary copy, in the weights'
+#   dtype, (s−1)·(P/s)·b (zerokit's choice and the paper's Fig. 5; DeepSpeed quantizes this one too under
+#   qwZ); without hpZ over dp like the forward one (quantized under qwZ, as DeepSpeed does);
+# - gradients: a reduce-scatter over dp, (N−1)·C·b; **qgZ**: the 2-hop all-to-all (§3.3): inside the
+#   node (g > 1) (g−1)·Q((N/g)·C, bits), across nodes (N/g > 1) (N/g − 1)·Q(C, bits).
+#
+# The paper's accounting (§3.4) counts what leaves a node, in units of M = the model's 16-bit bytes, with
+# (n−1)/n → 1 and the scales left out: forward gather M → 0.5M (int8), backward gather M → 0 (inside
+# the node), gradients M → 0.25M (int4): 3M → 0.75M. :func:`zeropp_bytes_leaving_a_node` is that
+# quantity to the byte: the (n−1)/n factors, the padding and the scales' 4 bytes per block kept.
+
+ZEROPP_AXES = ("dp", "hpz", "intra_node", "inter_node")
+PAPER_CROSS_NODE_VOLUME = {"forward_all_gather": (1, 0.5), "backward_all_gather": (1, 0),
+                           "gradient_reduce_scatter": (1, 0.25)}
+
+
+def _check_layout(n: int, ranks_per_node: int, hpz: int) -> None:
+    for name, value in (("n", n), ("ranks_per_node", ranks_per_node), ("hpz_partition_size", hpz)):
+        _check_positive(name, value)
+    if n % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the {n} data-parallel ranks")
+    if n % hpz:
+        raise ValueError(f"hpz_partition_size={hpz} does not divide the {n} data-parallel ranks")
+
+
+def hpz_secondary_numel(units: list, n: int, s: int) -> int:
+    """Elements of hpZ's secondary copy on one rank: Σ P/s, a 1/s slice of each N-padded unit (0 when s = 1)."""
+    _check_layout(n, 1, s)
+    return 0 if s == 1 else sum(n * -(-u // n) // s for u in units)
+
+
+def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, ranks_per_node: int = 1,
+                            hpz_partition_size: int = 1, quantized_weights: bool = False,
+                            quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
+                            micro_batches: int = 1) -> dict:
+    """Bytes one rank sends per step, by group and collective: ``{axis: {op: bytes}}``, axes of
+    :data:`ZEROPP_AXES` (``dp`` the global ring, ``hpz`` the secondary partition, ``intra_node`` /
+    ``inter_node`` qgZ's two hops); an axis with nothing to send is absent."""
+    g, s, b, a = ranks_per_node, hpz_partition_size, bytes_per_element, micro_batches
+    _check_layout(n, g, s)
+    _check_bits(gradient_bits)
+    out: dict = {}
+
+    def add(axis, op, value):
+        if value:
+            out.setdefault(axis, {}).setdefault(op, 0)
+            out[axis][op] += a * value
+
+    for u in units:
+        c = -(-u // n)
+        gather = (n - 1) * (quantized_bytes(c, block_size, 8) if quantized_weights else c * b)
+        add("dp", "all_gather", gather)
+        if s > 1:
+            add("hpz", "all_gather", (s - 1) * (n * c // s) * b)
+        else:
+            add("dp", "all_gather", gather)
+        if quantized_gradients:
+            nodes = n // g
+            add("intra_node", "all_to_all", (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
+            add("inter_node", "all_to_all", (nodes - 1) * quantized_bytes(c, block_size, gradient_bits))
+        else:
+            add("dp", "reduce_scatter", (n - 1) * c * b)
+    return out
+
+
+def zeropp_bytes_leaving_a_node(units: list, n: int, bytes_per_element: int, *, ranks_per_node: int,
+                                hpz_partition_size: int = 1, quantized_weights: bool = False,
+                                quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
+                                micro_batches: int = 1) -> dict:
+    """Bytes that leave one node per step, by term (the paper's accounting, to the byte).
+
+    A ring over all N ranks leaves a node once per node, on an edge carrying one rank's bytes
+    (:func:`~.hierarchical.ring_bytes_leaving_a_node`); the hpZ group and qgZ's first hop stay in the
+    node when s ≤ g; qgZ's second hop sends all its bytes across, from each of the node's g ranks.
+    ``{"forward_all_gather", "backward_all_gather", "gradient_reduce_scatter"}`` (0 on one node).
+    """
+    from .hierarchical import ring_bytes_leaving_a_node
+    g, s = ranks_per_node, hpz_partition_size
+    by = zeropp_collective_bytes(units, n, bytes_per_element, ranks_per_node=g, hpz_partition_size=s,
+                                 quantized_weights=quantized_weights, quantized_gradients=quantized_gradients,
+                                 block_size=block_size, gradient_bits=gradient_bits, micro_batches=micro_batches)
+    dp_gather = by.get("dp", {}).get("all_gather", 0)
+    forward = dp_gather if s > 1 else dp_gather / 2
+    out = {"forward_all_gather": ring_bytes_leaving_a_node(forward, n, 1, g)}
+    backward = ring_bytes_leaving_a_node(by.get("hpz", {}).get("all_gather", 0), s, 1, g) if s > 1 \
+        else ring_bytes_leaving_a_node(dp_gather - forward, n, 1, g)
+    out["backward_all_gather"] = backward
+    if quantized_gradients:
+        out["gradient_reduce_scatter"] = g * by.get("inter_node", {}).get("all_to_all", 0) if n > g else 0
+    else:
+        out["gradient_reduce_scatter"] = ring_bytes_leaving_a_node(by.get("dp", {}).get("reduce_scatter", 0), n, 1, g)
+    return out
+
+
+def paper_cross_node_volume(quantized_weights: bool, hpz: bool, quantized_gradients: bool) -> dict:
+    """The paper's cross-node volume per step in units of M (§3.4): each term 1 for ZeRO-3, or 0.5 / 0 / 0.25."""
+    on = {"forward_all_gather": quantized_weights, "backward_all_gather": hpz,
+          "gradient_reduce_scatter": quantized_gradients}
+    out = {term: PAPER_CROSS_NODE_VOLUME[term][bool(on[term])] for term in PAPER_CROSS_NODE_VOLUME}
+    if quantized_weights and not hpz:
+        out["backward_all_gather"] = 0.5  # the backward gather is quantized too
+    return out
+
+
+def qgz_error_bound(absmax: float, ranks_per_node: int, nodes: int, bits: int = 4) -> float:
+    """Largest error of one element of qgZ's reduced gradient when every rank's input has |x| ≤ ``absmax``.
+
+    Hop 1 (g > 1): each of the g pieces comes back within absmax/(2q) (q = qmax), so a node's partial
+    sum p̂ is within e₁ = g·absmax/(2q) of p and |p̂| ≤ g·absmax + e₁. Hop 2 (nodes > 1) requantizes p̂:
+    within e₂ = (g·absmax + e₁)/(2q). The owner sums ``nodes`` partials: nodes·(e₁ + e₂). A hop over
+    one rank is skipped and adds no error. Exact arithmetic; float32 sums add a few ulps.
+    """
+    q = quantization_levels(bits)
+    g = ranks_per_node
+    e1 = g * absmax / (2 * q) if g > 1 else 0.0
+    e2 = (g * absmax + e1) / (2 * q) if nodes > 1 else 0.0
+    return nodes * (e1 + e2)

@@ -138,3 +138,48 @@ def dequantize_blocks(q: Tensor, scales: Tensor, block_size: int, numel: int, bi
     values, pad = _block_view(codes.to(torch.float32), block_size)
     out = (values * scales.to(torch.float32)[:, None]).reshape(-1)
     return out[:numel].to(dtype)
+
+
+def encode(x: Tensor, block_size: int, bits: int = 8) -> Tensor:
+    """One message for the wire: the codes, then the float32 scales' bytes, as one flat int8 tensor of
+    ``quantized_bytes(numel, block_size, bits)`` bytes (one collective carries both)."""
+    q, scales = quantize_blocks(x, block_size, bits)
+    return torch.cat([q, scales.view(torch.int8)])
+
+
+def decode(message: Tensor, block_size: int, numel: int, bits: int = 8, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The inverse of :func:`encode`: the ``numel`` values a message carries, as ``dtype``."""
+    codes = numel if bits == 8 else (numel + 1) // 2
+    scales = message[codes:].clone().view(SCALE_DTYPE)  # a copy: the scales may start at any byte
+    return dequantize_blocks(message[:codes], scales, block_size, numel, bits, dtype)
+
+
+class ErrorTally:
+    """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound scale/2.
+
+    ``add(x, back, scales)`` after a round trip; :meth:`take` returns and clears ``{"max_abs", "mean_abs",
+    "max_bound", "over_bound", "elements"}`` (``over_bound``: elements past their own block's scale/2, with
+    float32's rounding of the quotient and the result dtype's rounding allowed — 0 unless the codec is wrong)."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.max_abs, self.sum_abs, self.max_bound, self.over_bound, self.elements = 0.0, 0.0, 0.0, 0, 0
+
+    @torch.no_grad()
+    def add(self, x: Tensor, back: Tensor, scales: Tensor, block_size: int) -> None:
+        err = (x.detach().reshape(-1).float() - back.reshape(-1).float()).abs()
+        bound = (scales.float() / 2).repeat_interleave(block_size)[:err.numel()]
+        self.max_abs = max(self.max_abs, float(err.max())) if err.numel() else self.max_abs
+        self.sum_abs += float(err.sum())
+        self.max_bound = max(self.max_bound, float(bound.max())) if err.numel() else self.max_bound
+        rounding = x.detach().reshape(-1).float().abs() * torch.finfo(back.dtype).eps  # the result's own rounding
+        self.over_bound += int((err > bound * (1 + 2 ** -20) + rounding).sum())
+        self.elements += err.numel()
+
+    def take(self) -> dict:
+        out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.elements, 1), "max_bound": self.max_bound,
+               "over_bound": self.over_bound, "elements": self.elements}
+        self.clear()
+        return out

@@ -1,0 +1,61 @@
+"""qgZ (ZeRO++, arXiv 2306.10209 §3.3): gradients reduced by a quantized two-hop all-to-all, not a reduce-scatter.
+
+Lifecycle of one unit's gradient bucket (N = nodes × g ranks, g per node; rank r = k·g + j is local
+rank j of node k and owns chunk r of C = P/N elements):
+
+1. **slice reordering**: the bucket, viewed as [nodes, g, C] chunks, is transposed to g pieces, piece j
+   holding chunk j of every node (nodes·C elements): what local rank j reduces for the node;
+2. **hop 1, inside the node** (g > 1): each piece quantized (``bits``: 4 by default, the paper's int4;
+   block-wise, scales in float32), one ``all_to_all_single`` over the node's group; local rank j
+   dequantizes the g pieces it received and sums them in float32: its node's partial sum for owners
+   (k', j), k' = 0 … nodes−1;
+3. **hop 2, across nodes** (nodes > 1): the partial sum requantized in ``nodes`` slices of C, one
+   all-to-all over the ranks with the same local index (one per node); the owner dequantizes and sums
+   the ``nodes`` slices: its chunk of the gradient summed over all N ranks.
+
+A hop over a group of one rank is skipped (no quantization). The result is within
+:func:`zerokit.theory.zeropp.qgz_error_bound` of the exact sum. Synchronous: each hop needs the last
+one's sum. DeepSpeed's ``all_to_all_quant_reduce`` runs the same two hops with CUDA kernels
+(``swizzle_quant``, ``quantized_reduction``); torch's gloo runs ``all_to_all_single`` on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import comm
+from .quantize import ErrorTally, decode, encode
+
+
+def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str, tally) -> torch.Tensor:
+    """Quantize each row of ``pieces``, all-to-all them over ``group`` (row i to member i), and return the
+    float32 sum of the dequantized rows received."""
+    rows, numel = pieces.shape
+    messages = torch.stack([encode(row, block_size, bits) for row in pieces])
+    if tally is not None:
+        codes = messages.shape[1] - 4 * -(-numel // block_size)
+        for row, message in zip(pieces, messages):
+            tally.add(row, decode(message, block_size, numel, bits), message[codes:].clone().view(torch.float32), block_size)
+    received = torch.empty_like(messages)
+    comm.all_to_all_single(received, messages, group=group, tag=tag)
+    total = torch.zeros(numel, dtype=torch.float32, device=pieces.device)
+    for message in received:
+        total += decode(message, block_size, numel, bits)
+    return total
+
+
+@torch.no_grad()
+def quantized_reduce_scatter(out: torch.Tensor, bucket: torch.Tensor, intra_group, inter_group, ranks_per_node: int,
+                             block_size: int, bits: int, tag: str, tally: ErrorTally = None) -> None:
+    """Sum ``bucket`` (N·C elements) over the N ranks, this rank's chunk of C into ``out``, by qgZ's two hops."""
+    g, c = ranks_per_node, out.numel()
+    nodes = bucket.numel() // (g * c)
+    if nodes * g * c != bucket.numel():
+        raise ValueError(f"qgZ: a bucket of {bucket.numel()} elements is not nodes × g × C = ? × {g} × {c}")
+    pieces = bucket.view(nodes, g, c).transpose(0, 1).reshape(g, nodes * c)  # piece j: chunk j of every node
+    if g > 1:
+        partial = _exchange(pieces, intra_group, block_size, bits, f"{tag} intra-node", tally)
+    else:
+        partial = pieces[0].float()
+    if nodes > 1:
+        partial = _exchange(partial.view(nodes, c), inter_group, block_size, bits, f"{tag} inter-node", tally)
+    out.copy_(partial)

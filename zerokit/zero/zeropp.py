@@ -1,0 +1,190 @@
+"""``zeropp``: ZeRO++ (Wang et al., arXiv 2306.10209) — ZeRO-3 with its three communication cuts.
+
+ZeRO-3's lifecycle (:mod:`.stage3`) unchanged, three of its collectives replaced, each by an option
+named as DeepSpeed names it:
+
+- ``zero_quantized_weights`` (**qwZ**, §3.1, :mod:`.qwz`): every all-gather of weights over the N
+  data-parallel ranks sends int8 blocks of ``quantization_block_size`` elements and dequantizes them on
+  arrival (forward, and backward when hpZ is off, as DeepSpeed does). Forward and backward compute with
+  ŵ, |ŵ − w| ≤ scale/2; the shards the optimizer steps stay exact.
+- ``zero_hpz_partition_size`` (**hpZ**, §3.2, :mod:`.hpz`): s > 1 keeps a secondary copy of every unit
+  sharded over groups of s consecutive ranks (one node when s = the ranks per node, DeepSpeed's
+  setting); backward gathers from it inside the group, in the compute dtype. 1 = off.
+- ``zero_quantized_gradients`` (**qgZ**, §3.3, :mod:`.qgz`): each unit's gradient reduce-scatter
+  becomes the two-hop quantized all-to-all (``gradient_bits``: 4, the paper's, or 8), inside the node
+  then across nodes. The node is :func:`zerokit.runtime.nodes.ranks_per_node` (torchrun's
+  ``LOCAL_WORLD_SIZE``, or the launcher's emulated node size; one node when neither is set).
+
+All three off is ZeRO-3 bit for bit. The ledger names the groups: ``dp`` (all N ranks), ``hpz`` (the
+secondary partition), ``intra_node`` and ``inter_node`` (qgZ's hops); the formulas they are held against
+per axis, and the paper's 3M → 0.75M cross-node accounting: :mod:`zerokit.theory.zeropp`. Not combined
+here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
+tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from .. import theory
+from ..runtime import comm
+from ..runtime.nodes import ranks_per_node
+from ..strategies.base import Option, boolean, register
+from .hpz import SecondaryPartition
+from .qgz import quantized_reduce_scatter
+from .quantize import ErrorTally, check_block_size
+from .qwz import ThenWork, quantized_all_gather
+from .stage3 import ZeroStage3
+from .stage3_options import STAGE3_OPTIONS
+from .units import in_backward
+
+#: zerokit's default block: 256 elements, one float32 scale each (1.6 % over int8's bytes). DeepSpeed's
+#: qwZ picks a group count per tensor instead (groups of at most ~8,000 elements, :mod:`.quantize`).
+DEFAULT_BLOCK_SIZE = 256
+
+
+def _block_size_ok(value) -> bool:
+    try:
+        check_block_size(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _only(value, why: str) -> Option:
+    return Option(value, lambda v, value=value: v == value and type(v) is type(value), why)
+
+
+ZEROPP_OPTIONS = {
+    **STAGE3_OPTIONS,
+    "zero_quantized_weights": Option(False, boolean, "True (qwZ: weights all-gathered as int8 blocks) or False"),
+    "zero_hpz_partition_size": Option(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                                      "1 (hpZ off) or the ranks of the secondary partition (a whole number "
+                                      "dividing dp; DeepSpeed's setting: the GPUs per node)"),
+    "zero_quantized_gradients": Option(False, boolean, "True (qgZ: gradients reduced by a quantized 2-hop "
+                                                       "all-to-all) or False"),
+    "quantization_block_size": Option(DEFAULT_BLOCK_SIZE, _block_size_ok,
+                                      "a whole number >= 1: elements per quantization block (one float32 scale each)"),
+    "gradient_bits": Option(4, lambda v: v in (4, 8) and not isinstance(v, bool), "4 (the paper's int4) or 8"),
+    "algorithm": _only("torch", "'torch': zeropp runs the backend's collectives (zerokit's ring is not combined)"),
+    "offload": _only("none", "'none': zeropp is not combined with zerokit.offload"),
+    "reshard_after_forward": _only(True, "True: hpZ and qwZ replace the backward gather, which needs it"),
+    "param_persistence_threshold": _only(0, "0: every parameter is sharded (persistent parameters are not "
+                                            "combined with ZeRO++ here)"),
+}
+
+
+@register
+class ZeroPlusPlus(ZeroStage3):
+    """ZeRO-3 with quantized weight gathers (qwZ), a node-local secondary copy (hpZ), quantized gradients (qgZ)."""
+
+    name = "zeropp"
+    axes = ("dp",)
+    options = ZEROPP_OPTIONS
+
+    def __init__(self, model, ctx, config, **options):
+        super().__init__(model, ctx, config, **options)
+        o = self.opts
+        self.block_size = o["quantization_block_size"]
+        self.hpz_size = o["zero_hpz_partition_size"]
+        if self.world % self.hpz_size:
+            raise ValueError(f"strategy 'zeropp': zero_hpz_partition_size={self.hpz_size} must divide the "
+                             f"{self.world} data-parallel ranks")
+        self.ranks_per_node = ranks_per_node(self.world)
+        #: measured round-trip errors of this rank's quantized weights and gradient pieces, since last taken
+        self.weight_error, self.gradient_error = ErrorTally(), ErrorTally()
+        self._exact = False  # True while gathering whole parameters: no quantization, no secondary copy
+        self.secondary = None
+        if self.hpz_size > 1:
+            group, _ = ctx.mesh.carve(self.hpz_size, "dp", names=("hpz", "hpz_replicate"))
+            self.secondary = SecondaryPartition([u.flat for u in self.units], group, self.hpz_size,
+                                                self.rank % self.hpz_size)
+        self.intra_node = self.inter_node = None
+        if o["zero_quantized_gradients"] and self.world > 1:
+            self.intra_node, self.inter_node = ctx.mesh.carve(self.ranks_per_node, "dp",
+                                                              names=("intra_node", "inter_node"))
+
+    # -- gathering -------------------------------------------------------------------
+    def _gather(self, unit) -> None:
+        group = self.unit_group(unit)
+        backward = in_backward()
+        if group.world == 1 or self._exact:
+            return super()._gather(unit)
+        if backward and self.secondary is not None and self.secondary.fresh[unit.index]:
+            unit.gather(lambda out, shard, tag: self.secondary.gather(unit.index, out, tag))
+            return
+        quantize = self.opts["zero_quantized_weights"]
+        keep = self.secondary is not None and not backward
+        if not (quantize or keep):
+            return super()._gather(unit)
+
+        def gather(out, shard, tag):
+            if quantize:
+                work = quantized_all_gather(out, shard, group.group, group.world, group.rank, self.block_size, tag,
+                                            self.weight_error)
+            else:
+                work = comm.all_gather(out, shard, group=group.group, async_op=True, tag=tag)
+            return ThenWork(work, lambda: self.secondary.keep(unit.index, out)) if keep else work
+
+        unit.gather(gather)
+
+    @contextmanager
+    def gathered(self):
+        """Every unit gathered exactly (no quantization, no secondary copy), freed again on exit."""
+        previous, self._exact = self._exact, True
+        try:
+            with super().gathered():
+                yield
+        finally:
+            self._exact = previous
+
+    # -- gradients -------------------------------------------------------------------
+    def _reduce_scatter(self, unit, out, bucket, overlap):
+        if not self.opts["zero_quantized_gradients"] or self.unit_group(unit).world == 1:
+            return super()._reduce_scatter(unit, out, bucket, overlap)
+        quantized_reduce_scatter(out, bucket, self.intra_node, self.inter_node, self.ranks_per_node, self.block_size,
+                                 self.opts["gradient_bits"], f"grads {unit.label}", self.gradient_error)
+        return None
+
+    def step(self):
+        super().step()
+        if self.secondary is not None:
+            self.secondary.expire()
+
+    # -- accounting ------------------------------------------------------------------
+    def track_memory(self, ledger):
+        super().track_memory(ledger)
+        if self.secondary is not None:
+            ledger.track("params", lambda: list(self.secondary.shards))
+
+    def _element_bytes(self) -> int:
+        return theory.param_bytes_per_element(self.config.precision)
+
+    def theory_secondary_bytes(self) -> int:
+        """Formula: hpZ's secondary copy on this rank, b·Σ P/s."""
+        return self._element_bytes() * theory.hpz_secondary_numel(self.flat_units(), self.world, self.hpz_size)
+
+    def theory_model_states(self, psi):
+        base = super().theory_model_states(psi)
+        return theory.ModelStates(base.params + self.theory_secondary_bytes(), base.grads, base.optimizer,
+                                  base.step_scalars)
+
+    def theory_comm_bytes_by_axis(self) -> dict:
+        """Formula: ``{axis: bytes per step}`` on ``dp``, ``hpz``, ``intra_node``, ``inter_node``."""
+        by = theory.zeropp_collective_bytes(**self._layout())
+        return {axis: sum(ops.values()) for axis, ops in by.items()}
+
+    def theory_comm_bytes(self, psi):
+        """Formula: bytes per step over every group (their split: :meth:`theory_comm_bytes_by_axis`)."""
+        return sum(self.theory_comm_bytes_by_axis().values())
+
+    def theory_bytes_leaving_a_node(self) -> dict:
+        """Formula: bytes leaving a node per step, by term (the paper's cross-node accounting, to the byte)."""
+        return theory.zeropp_bytes_leaving_a_node(**self._layout())
+
+    def _layout(self) -> dict:
+        o = self.opts
+        return dict(units=self.flat_units(), n=self.world, bytes_per_element=self._element_bytes(),
+                    ranks_per_node=self.ranks_per_node, hpz_partition_size=self.hpz_size,
+                    quantized_weights=o["zero_quantized_weights"], quantized_gradients=o["zero_quantized_gradients"],
+                    block_size=self.block_size, gradient_bits=o["gradient_bits"],
+                    micro_batches=self.config.micro_batches)
