@@ -12,7 +12,8 @@ elements is ``ceil(u / n)`` elements; pass the unit sizes to get exact figures.
 
 The formulas live in one module per subject — ``model_states``, ``deepspeed``,
 ``communication``, ``parallelism``, ``activations``, ``transformer``, ``offload``,
-``hierarchical`` (HSDP, ZeRO++ hpZ), ``parity`` (how close a parallel run may lie to one process) — and
+``hierarchical`` (HSDP, ZeRO++ hpZ), ``zeropp`` (ZeRO++'s quantizer and volumes), ``parity`` (how close a
+parallel run may lie to one process) — and
 every name is available here: ``zerokit.theory.ring_bytes_sent`` as before.
 """
 from __future__ import annotations
@@ -55,3 +56,7 @@ from .hierarchical import (  # noqa: F401
     hsdp_collective_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
     hierarchical_link_bytes)
 from .parity import ulp, sgd_parity_bound, adam_parity_ceiling  # noqa: F401
+from .zeropp import (  # noqa: F401
+    QUANTIZATION_BITS, ZEROPP_AXES, quantization_levels, block_quantization_scale, block_quantization_error_bound,
+    block_quantization_relative_bound, quantized_bytes, hpz_secondary_numel, zeropp_collective_bytes,
+    zeropp_bytes_leaving_a_node, paper_cross_node_volume, qgz_error_bound)
