@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from .hierarchical import ring_bytes_leaving_a_node
+
 QUANTIZATION_BITS = (4, 8)
 SCALE_BYTES = 4  # one float32 scale per block
 
@@ -150,7 +152,6 @@ def zeropp_bytes_leaving_a_node(units: list, n: int, bytes_per_element: int, *, 
     node when s ≤ g; qgZ's second hop sends all its bytes across, from each of the node's g ranks.
     ``{"forward_all_gather", "backward_all_gather", "gradient_reduce_scatter"}`` (0 on one node).
     """
-    from .hierarchical import ring_bytes_leaving_a_node
     g, s = ranks_per_node, hpz_partition_size
     by = zeropp_collective_bytes(units, n, bytes_per_element, ranks_per_node=g, hpz_partition_size=s,
                                  quantized_weights=quantized_weights, quantized_gradients=quantized_gradients,
