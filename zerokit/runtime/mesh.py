@@ -13,7 +13,9 @@ Lifecycle: ``parse_parallel`` checks the degrees a user asked for (before any pr
 starts); on each rank ``Mesh.build`` creates the groups with torch's ``DeviceMesh``
 (which works on CPU with gloo); strategies then take their groups from the mesh —
 ``mesh.group("dp")`` — and never from the world. The communication ledger names the
-axis of every collective with ``mesh.axis_of(group)``.
+axis of every collective with ``mesh.axis_of(group)``. A mesh knows the machines too: ``mesh.node``,
+``mesh.ranks_per_node`` (:mod:`.nodes`), ``mesh.spans_nodes(axis)`` and ``mesh.node_groups()`` (the
+ranks of one node, axis ``node``, and those holding one place on every node, ``inter_node``).
 
 A mesh holds its process groups weakly: torch (``_world``) owns them until
 ``destroy_process_group``, which then frees them and joins their gloo threads even when a
@@ -243,7 +245,7 @@ class Mesh:
 
     def _carved_ranks(self, rank: int, name: str) -> List[int]:
         axis, inner, which = self.carved[name]
-        members = axis_ranks(rank, self.shape, axis)
+        members = list(range(self.size("world"))) if axis == "world" else axis_ranks(rank, self.shape, axis)
         i = members.index(rank)
         return members[i - i % inner:i - i % inner + inner] if which == "inner" else members[i % inner::inner]
 
@@ -252,6 +254,8 @@ class Mesh:
         return coords_of(self.rank, self.shape)
 
     def size(self, axis: str) -> int:
+        if axis == "world":  # every rank (ep is carved from dp, not a factor of the world)
+            return math.prod(self.shape.get(a, 1) for a in AXES)
         if axis in self.carved:
             base, inner, which = self.carved[axis]
             return inner if which == "inner" else self.size(base) // inner
@@ -275,9 +279,40 @@ class Mesh:
         return _alive(self.groups.get(axis), axis)
 
     def ranks(self, axis: str) -> List[int]:
+        if axis == "world":
+            return list(range(self.size("world")))
         if axis in self.carved:
             return self._carved_ranks(self.rank, axis)
         return axis_ranks(self.rank, self.shape, axis)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each node (:func:`zerokit.runtime.nodes.ranks_per_node`: torchrun's, or the launcher's emulated
+        nodes; one node without either)."""
+        from . import nodes
+
+        return nodes.ranks_per_node(self.size("world"))
+
+    @property
+    def node(self) -> int:
+        """The node this rank is on (torchrun's ``GROUP_RANK``: ranks are numbered node by node)."""
+        return self.rank // self.ranks_per_node
+
+    @property
+    def nodes(self) -> int:
+        return self.size("world") // self.ranks_per_node
+
+    def spans_nodes(self, axis: str) -> bool:
+        """Whether this rank's group along ``axis`` has ranks on more than one node (its traffic leaves the node)."""
+        from . import nodes
+
+        return nodes.spans_nodes(self.ranks(axis), self.ranks_per_node)
+
+    def node_groups(self):
+        """(intra-node group, inter-node group): the ranks of this rank's node (axis ``node``), and the ranks holding
+        its place on every node (axis ``inter_node``, one per local rank) — :meth:`carve` of the world by
+        :attr:`ranks_per_node`. Collective, as :meth:`carve` is."""
+        return self.carve(self.ranks_per_node, axis="world", names=("node", "inter_node"))
 
     def add_group(self, group, axis: str) -> None:
         """Name the axis of a group made within one (the ledger then counts its traffic there)."""
