@@ -56,6 +56,10 @@ from .hierarchical import (  # noqa: F401
     hsdp_collective_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
     hierarchical_link_bytes)
 from .parity import ulp, sgd_parity_bound, adam_parity_ceiling  # noqa: F401
+from .step_time import (  # noqa: F401
+    GPU_PEAK_FLOPS, DEFAULT_COMPUTE_FRACTION, OVERLAPS, gpu_peak_flops, attention_flops_per_token,
+    model_flops_per_token, hardware_flops_per_token, compute_seconds, dp_overlap_window, exposed_seconds,
+    step_seconds, flops_utilization)
 from .zeropp import (  # noqa: F401
     QUANTIZATION_BITS, ZEROPP_AXES, quantization_levels, block_quantization_scale, block_quantization_error_bound,
     block_quantization_relative_bound, quantized_bytes, hpz_secondary_numel, zeropp_collective_bytes,
