@@ -40,7 +40,7 @@ from ..optim import OptimizerSpec
 from ..parallelize import parallelize
 from ..runtime.wrapping import broadcast_from_first, mark_wrapped, rank_context
 from ..strategies import get as get_strategy, TrainConfig
-from ..zero.config import from_deepspeed, load_deepspeed_config
+from ..zero.config import from_deepspeed, load_deepspeed_config, strategy_of
 from .engine import Engine
 from .lr_schedules import scheduler_from_config
 
@@ -200,7 +200,7 @@ def initialize(model: torch.nn.Module = None, model_parameters=None, optimizer=N
     if precision == "bf16-mixed":
         model.to(torch.bfloat16)
     broadcast_from_first(model, ctx)
-    cls = get_strategy(STRATEGY_OF_STAGE[stage])
+    cls = get_strategy(strategy_of(stage, options))  # zero3, or zeropp with a ZeRO++ key
     if stage == 0:
         options = {}
     strategy = parallelize(model, ctx, strategy=cls, config=TrainConfig(precision, spec, accumulation),

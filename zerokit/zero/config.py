@@ -18,6 +18,7 @@ DeepSpeed means them (``5e8`` is accepted for 500,000,000), never bytes (FACTS Â
 | ``stage3_prefetch_bucket_size`` | ``prefetch_bucket_size``; 0 turns ``prefetch`` off | 3 |
 | ``stage3_param_persistence_threshold`` | ``param_persistence_threshold`` | 3 |
 | ``offload_optimizer``, ``offload_param`` | ``{"device": "cpu"}``: ``offload="optimizer"`` / ``"params"`` (:mod:`zerokit.offload`); ``offload_param`` needs stage 3 | 1â€“3 / 3 |
+| ``zero_quantized_weights``, ``zero_hpz_partition_size``, ``zero_quantized_gradients`` | the same names, options of ``zeropp`` (ZeRO++, :mod:`.zeropp`); :func:`strategy_of` picks ``zeropp`` when one is given | 3 |
 
 At the top level only ``zero_optimization`` and ``"gradient_clipping": 0`` (zerokit never
 clips; DeepSpeed clips at 1.0 unless told 0) are read; precision, optimizer and batch
@@ -42,17 +43,24 @@ MAPPED = {
     "reduce_scatter": "reduce_scatter",
     "stage3_prefetch_bucket_size": "prefetch_bucket_size",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "zero_quantized_weights": "zero_quantized_weights",
+    "zero_hpz_partition_size": "zero_hpz_partition_size",
+    "zero_quantized_gradients": "zero_quantized_gradients",
 }
+#: ZeRO++'s keys (arXiv 2306.10209): options of the ``zeropp`` strategy, stage 3 only
+ZEROPP_KEYS = ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients")
 #: keys only some stages read; naming one for another stage is a contradiction
 STAGES_OF = {
     "allgather_bucket_size": (1, 2),
     "stage3_prefetch_bucket_size": (3,),
     "stage3_param_persistence_threshold": (3,),
     "offload_param": (3,),
+    **{key: (3,) for key in ZEROPP_KEYS},
 }
 SIZES = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
          "stage3_param_persistence_threshold")
-BOOLEANS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions")
+BOOLEANS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions", "zero_quantized_weights",
+            "zero_quantized_gradients")
 #: DeepSpeed keys zerokit knows but does not implement
 NOT_IMPLEMENTED = {
     "stage3_max_live_parameters": "zerokit bounds gathered parameters with prefetch_bucket_size only",
@@ -62,6 +70,7 @@ NOT_IMPLEMENTED = {
     "round_robin_gradients": "zerokit's shards are contiguous, never round-robin",
     "elastic_checkpoint": "zerokit has no checkpoint format of its own",
     "ignore_unused_parameters": "zerokit's ZeRO strategies always reduce zeros for unused parameters",
+    "zero_quantized_nontrainable_weights": "zerokit holds frozen parameters whole on every rank: none is gathered",
 }
 OFFLOAD = ("offload_optimizer", "offload_param")
 TOP_LEVEL = ("zero_optimization", "gradient_clipping")
@@ -142,6 +151,8 @@ def from_deepspeed(source: Union[str, Path, dict]) -> Dict[str, Any]:
             continue
         if key in BOOLEANS and not isinstance(value, bool):
             raise ValueError(f"zero_optimization.{key}={value!r} must be true or false")
+        if key == "zero_hpz_partition_size" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"zero_optimization.{key}={value!r} must be a whole number >= 1 (1: hpZ off)")
         if key in SIZES:
             if key == "stage3_prefetch_bucket_size" or key == "stage3_param_persistence_threshold":
                 if value == 0 and not isinstance(value, bool):
@@ -166,6 +177,13 @@ def from_deepspeed(source: Union[str, Path, dict]) -> Dict[str, Any]:
                 continue
         options[MAPPED[key]] = value
     return options
+
+
+def strategy_of(stage: int, options: Dict[str, Any]) -> str:
+    """The strategy a DeepSpeed config's stage and mapped options name: ``zeropp`` when a ZeRO++ key is given."""
+    if any(key in options for key in ZEROPP_KEYS):
+        return "zeropp"
+    return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
 
 
 def to_deepspeed(stage: int, options: Dict[str, Any]) -> Dict[str, Any]:
