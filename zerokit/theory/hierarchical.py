@@ -24,6 +24,9 @@ same shards.
   default). The reduce-scatter then all-reduce is a sum over all N ranks, as ZeRO-3's
   reduce-scatter over N is: the same gradient shard, a different route.
   (:func:`hsdp_collective_bytes`.)
+- Over ZeRO-2 (``stage=2``): the parameters stay whole on every rank, gradients and optimizer
+  states are sharded over s — ZeRO-2's memory with s for N — and the parameters are gathered
+  once per step, after it: (s−1)/s·P_s·b; the reduce-scatter and the all-reduce as above.
 
 **hpZ** (ZeRO++, Wang et al., arXiv 2306.10209 §3.2; DeepSpeed's ``zero_hpz_partition_size``):
 ZeRO-3 over all N ranks plus a **secondary copy** of the 16-bit parameters sharded s ways.
@@ -82,10 +85,17 @@ def check_shard_group(n: int, s: int) -> int:
 
 
 def hsdp_model_state_bytes(psi: int, n: int, s: int, precision: str = "bf16-mixed", optimizer: str = "adamw",
-                           units: Sequence[int] | None = None, optimizer_tensors: int = 0) -> ModelStates:
-    """HSDP's model states per rank: ZeRO-3's with the shard group ``s`` in place of N, (2b + K)·P_s/s."""
+                           units: Sequence[int] | None = None, optimizer_tensors: int = 0, frozen_numel: int = 0,
+                           stage: int = 3) -> ModelStates:
+    """HSDP's model states per rank: ZeRO-3's with the shard group ``s`` in place of N, (2b + K)·P_s/s.
+
+    ``stage=2`` (parameters whole on every rank, gradients and optimizer states sharded over s: ZeRO-2's with
+    s for N); ``frozen_numel``: parameters held whole on every rank, never sharded (as in ZeRO's formula)."""
     check_shard_group(n, s)
-    return model_state_bytes(3, psi, s, precision, optimizer, units=units, optimizer_tensors=optimizer_tensors)
+    if stage not in (2, 3):
+        raise ValueError(f"stage={stage!r}; allowed: 2, 3")
+    return model_state_bytes(stage, psi, s, precision, optimizer, units=units, optimizer_tensors=optimizer_tensors,
+                             frozen_numel=frozen_numel)
 
 
 def hpz_secondary_bytes(psi: int, s: int, precision: str = "bf16-mixed", units: Sequence[int] | None = None) -> int:
@@ -104,21 +114,28 @@ def hpz_model_state_bytes(psi: int, n: int, s: int, precision: str = "bf16-mixed
 
 
 def hsdp_collective_bytes(psi: int, n: int, s: int, bytes_per_element: int, micro_batches: int = 1,
-                          units: Sequence[int] | None = None, all_reduce_every_micro_batch: bool = False) -> dict:
+                          units: Sequence[int] | None = None, all_reduce_every_micro_batch: bool = False,
+                          stage: int = 3, reshard_after_forward: bool = True) -> dict:
     """Bytes one HSDP rank sends per step, by group and collective.
 
-    ``{"shard": {"all_gather": 2A·(s−1)/s·P_s·b, "reduce_scatter": A·(s−1)/s·P_s·b},
+    ``{"shard": {"all_gather": G·(s−1)/s·P_s·b, "reduce_scatter": A·(s−1)/s·P_s·b},
     "replicate": {"all_reduce": R·2(r−1)/r·(P_s/s)·b}}`` with R = 1 (the all-reduce once per
-    step) or A (``all_reduce_every_micro_batch``); a group of one rank sends nothing.
+    step) or A (``all_reduce_every_micro_batch``); a group of one rank sends nothing. G = 2A
+    (ZeRO-3: a gather before forward and again before backward), A with
+    ``reshard_after_forward=False`` (kept gathered from forward to backward), 1 at ``stage=2``
+    (the parameters whole between steps: one gather after the step, as ZeRO-2 over s).
     """
     check_shard_group(n, s)
+    if stage not in (2, 3):
+        raise ValueError(f"stage={stage!r}; allowed: 2, 3")
     r, a, b = n // s, micro_batches, bytes_per_element
     units = [psi] if units is None else list(units)
     full = padded_numel(units, s)
     out = {"shard": {}, "replicate": {}}
     if s > 1:
         half = Fraction((s - 1) * full * b, s)
-        out["shard"] = {"all_gather": _exact(2 * a * half), "reduce_scatter": _exact(a * half)}
+        gathers = 1 if stage == 2 else (2 * a if reshard_after_forward else a)
+        out["shard"] = {"all_gather": _exact(gathers * half), "reduce_scatter": _exact(a * half)}
     if r > 1:
         times = a if all_reduce_every_micro_batch else 1
         out["replicate"] = {"all_reduce": _exact(times * Fraction(2 * (r - 1) * (full // s) * b, r))}
