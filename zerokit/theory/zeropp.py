@@ -87,7 +87,7 @@ def quantized_bytes(numel: int, block_size: int, bits: int = 8) -> int:
 # the node), gradients M → 0.25M (int4): 3M → 0.75M. :func:`zeropp_bytes_leaving_a_node` is that
 # quantity to the byte: the (n−1)/n factors, the padding and the scales' 4 bytes per block kept.
 
-ZEROPP_AXES = ("dp", "hpz", "intra_node", "inter_node")
+ZEROPP_AXES = ("dp", "hpz", "node", "inter_node")
 PAPER_CROSS_NODE_VOLUME = {"forward_all_gather": (1, 0.5), "backward_all_gather": (1, 0),
                            "gradient_reduce_scatter": (1, 0.25)}
 
@@ -112,7 +112,7 @@ def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, rank
                             quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
                             micro_batches: int = 1) -> dict:
     """Bytes one rank sends per step, by group and collective: ``{axis: {op: bytes}}``, axes of
-    :data:`ZEROPP_AXES` (``dp`` the global ring, ``hpz`` the secondary partition, ``intra_node`` /
+    :data:`ZEROPP_AXES` (``dp`` the global ring, ``hpz`` the secondary partition, ``node`` /
     ``inter_node`` qgZ's two hops); an axis with nothing to send is absent."""
     g, s, b, a = ranks_per_node, hpz_partition_size, bytes_per_element, micro_batches
     _check_layout(n, g, s)
@@ -134,7 +134,7 @@ def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, rank
             add("dp", "all_gather", gather)
         if quantized_gradients:
             nodes = n // g
-            add("intra_node", "all_to_all", (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
+            add("node", "all_to_all", (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
             add("inter_node", "all_to_all", (nodes - 1) * quantized_bytes(c, block_size, gradient_bits))
         else:
             add("dp", "reduce_scatter", (n - 1) * c * b)

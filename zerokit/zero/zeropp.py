@@ -12,11 +12,11 @@ named as DeepSpeed names it:
   setting); backward gathers from it inside the group, in the compute dtype. 1 = off.
 - ``zero_quantized_gradients`` (**qgZ**, §3.3, :mod:`.qgz`): each unit's gradient reduce-scatter
   becomes the two-hop quantized all-to-all (``gradient_bits``: 4, the paper's, or 8), inside the node
-  then across nodes. The node is :func:`zerokit.runtime.nodes.ranks_per_node` (torchrun's
+  then across nodes. The node is :attr:`zerokit.runtime.mesh.Mesh.ranks_per_node` (torchrun's
   ``LOCAL_WORLD_SIZE``, or the launcher's emulated node size; one node when neither is set).
 
 All three off is ZeRO-3 bit for bit. The ledger names the groups: ``dp`` (all N ranks), ``hpz`` (the
-secondary partition), ``intra_node`` and ``inter_node`` (qgZ's hops); the formulas they are held against
+secondary partition), ``node`` and ``inter_node`` (qgZ's hops, :meth:`~zerokit.runtime.mesh.Mesh.node_groups`); the formulas they are held against
 per axis, and the paper's 3M → 0.75M cross-node accounting: :mod:`zerokit.theory.zeropp`. Not combined
 here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
 tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
@@ -27,7 +27,6 @@ from contextlib import contextmanager
 
 from .. import theory
 from ..runtime import comm
-from ..runtime.nodes import ranks_per_node
 from ..strategies.base import Option, boolean, register
 from .hpz import SecondaryPartition
 from .qgz import quantized_reduce_scatter
@@ -89,7 +88,7 @@ class ZeroPlusPlus(ZeroStage3):
         if self.world % self.hpz_size:
             raise ValueError(f"strategy 'zeropp': zero_hpz_partition_size={self.hpz_size} must divide the "
                              f"{self.world} data-parallel ranks")
-        self.ranks_per_node = ranks_per_node(self.world)
+        self.ranks_per_node = ctx.mesh.ranks_per_node  # dp is the world: zeropp runs on dp alone
         #: measured round-trip errors of this rank's quantized weights and gradient pieces, since last taken
         self.weight_error, self.gradient_error = ErrorTally(), ErrorTally()
         self._exact = False  # True while gathering whole parameters: no quantization, no secondary copy
@@ -100,8 +99,7 @@ class ZeroPlusPlus(ZeroStage3):
                                                 self.rank % self.hpz_size)
         self.intra_node = self.inter_node = None
         if o["zero_quantized_gradients"] and self.world > 1:
-            self.intra_node, self.inter_node = ctx.mesh.carve(self.ranks_per_node, "dp",
-                                                              names=("intra_node", "inter_node"))
+            self.intra_node, self.inter_node = ctx.mesh.node_groups()
 
     # -- gathering -------------------------------------------------------------------
     def _gather(self, unit) -> None:
@@ -169,7 +167,7 @@ class ZeroPlusPlus(ZeroStage3):
                                   base.step_scalars)
 
     def theory_comm_bytes_by_axis(self) -> dict:
-        """Formula: ``{axis: bytes per step}`` on ``dp``, ``hpz``, ``intra_node``, ``inter_node``."""
+        """Formula: ``{axis: bytes per step}`` on ``dp``, ``hpz``, ``node``, ``inter_node``."""
         by = theory.zeropp_collective_bytes(**self._layout())
         return {axis: sum(ops.values()) for axis, ops in by.items()}
 
