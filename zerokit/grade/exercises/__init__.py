@@ -26,6 +26,7 @@ MODULES = {
     "14_interleaved_1f1b": "interleaved_1f1b",
     "15_ring_attention": "ring_attention",
     "16_moe_dispatch": "moe_dispatch",
+    "17_quantized_allgather": "quantized_allgather",
 }
 KEYS = tuple(MODULES)
 
