@@ -97,7 +97,7 @@ class ShardedDataParallel(Strategy):
         params = check_trainable(model, self.name)
         check_expert_options(self)
         #: the groups units are sharded over: dense ones over dp, the experts' over edp (None without experts)
-        self.dense_group, self.expert_group = shard_groups(self)
+        self.dense_group, self.expert_group = self.make_shard_groups()
         key = is_expert if self.expert_group is not None else None
         for group, kind in ((self.dense_group, False), (self.expert_group, True)):
             if group is not None:
@@ -119,6 +119,10 @@ class ShardedDataParallel(Strategy):
         self.optimizer = self.offload.optimizer(self.param_shards, [unit.shard_layout() for unit in self.units])
         self.allgather_numel = check_elements("allgather_bucket_size",
                                               self.opts.get("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET))
+
+    def make_shard_groups(self):
+        """(dense group, expert group or None): the groups the units are sharded over (``hsdp-zero2``: a node's)."""
+        return shard_groups(self)
 
     def unit_numel(self) -> int:
         return check_elements("reduce_bucket_size", self.opts["reduce_bucket_size"])

@@ -122,6 +122,7 @@ class ZeroStage2(ShardedDataParallel):
         self._in_flight.append(flight)
 
         def done():
+            self.after_reduce_scatter(unit, out)
             if copy:
                 if first:
                     shard.copy_(out)
@@ -131,6 +132,10 @@ class ZeroStage2(ShardedDataParallel):
             self._in_flight[:] = [f for f in self._in_flight if f is not flight]  # by identity (lists of tensors)
 
         self.reducer.track(work, bucket.numel(), done)
+
+    def after_reduce_scatter(self, unit, reduced: torch.Tensor) -> None:
+        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``, before it joins the
+        step's: nothing to do here (``hsdp-zero2`` all-reduces it across the replicas)."""
 
     def _fill_missing(self) -> None:
         """End of backward: a parameter without a gradient adds zeros to its unit's bucket."""

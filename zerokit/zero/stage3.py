@@ -95,7 +95,7 @@ class ZeroStage3(Stage3Accounting, Strategy):
             raise ValueError(f"strategy {self.name!r}: every trainable parameter of this module is sharded already")
         check_expert_options(self)
         #: the groups units are sharded over: dense ones over dp, the experts' over edp (None without experts)
-        self.dense_group, self.expert_group = shard_groups(self)
+        self.dense_group, self.expert_group = self.make_shard_groups()
         if self.expert_group is None:
             check_world_size(sum(p.numel() for p in params), self.world)
         else:
@@ -157,6 +157,14 @@ class ZeroStage3(Stage3Accounting, Strategy):
                 lambda m, args, out, unit=unit: self._post_forward(unit, out)))
         for p in params:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient_ready))
+
+    def make_shard_groups(self):
+        """(dense group, expert group or None): the groups the units are sharded over (``hsdp``: a node's ranks)."""
+        return shard_groups(self)
+
+    def after_reduce_scatter(self, unit: Unit, reduced: torch.Tensor) -> None:
+        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``, before it joins the
+        step's: nothing to do here (``hsdp`` all-reduces it across the replicas)."""
 
     # -- gathering -------------------------------------------------------------------
     def unit_group(self, unit: Unit):
@@ -254,6 +262,7 @@ class ZeroStage3(Stage3Accounting, Strategy):
         self._in_flight.append(flight)
 
         def done():
+            self.after_reduce_scatter(unit, out)
             if out is not shard:
                 shard.copy_(out) if first else shard.add_(out)
             # by identity: a local reduction (a group of one) completes while older ones are still in flight
