@@ -23,7 +23,8 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "seq_len": "--seq-len", "DeepSpeed": "--deepspeed-config",
               "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
               "name": "--preset/--params/--layers", "shard_group": "--shard-group", "cp": "--cp", "ep": "--ep",
-              "cp_attention": "--cp-attention", "experts": "--experts", "top_k": "--top-k"}
+              "cp_attention": "--cp-attention", "experts": "--experts", "top_k": "--top-k", "gpu_peak": "--gpu-peak",
+              "compute_fraction": "--compute-fraction", "overlap": "--overlap", "virtual_stages": "--virtual-stages"}
 
 
 def _plan_error(message: str) -> str:
@@ -37,7 +38,8 @@ def cmd_plan(args) -> int:
     for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
                         ("--shard-group", args.shard_group), ("--cp", args.cp), ("--ep", args.ep),
                         ("--experts", args.experts), ("--top-k", args.top_k),
-                        ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches)):
+                        ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches),
+                        ("--virtual-stages", args.virtual_stages)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be a positive whole number")
     links = {name: value * scale for name, value, scale in (
@@ -51,6 +53,13 @@ def cmd_plan(args) -> int:
             from_deepspeed_config(args.deepspeed_config)
         except ValueError as e:
             raise UsageError(f"--deepspeed-config: {e}") from e
+    peak = args.gpu_peak
+    try:  # a bare number is TFLOP/s
+        peak = float(peak) * 1e12 if peak is not None else None
+    except ValueError:
+        pass
+    step = {k: v for k, v in dict(gpu_peak=peak, compute_fraction=args.compute_fraction, overlap=args.overlap,
+                                  virtual_stages=args.virtual_stages).items() if v is not None}
     shape = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
                  seq_len=args.seq_len, tied=True if args.tied else None)
     try:
@@ -62,7 +71,7 @@ def cmd_plan(args) -> int:
                       shard_group=args.shard_group, cp=args.cp, ep=args.ep, cp_attention=args.cp_attention,
                       experts=args.experts, top_k=args.top_k,
                       sequence_parallel=False if args.no_sequence_parallel else None,
-                      fused_attention=True if args.fused_attention else None, **links)
+                      fused_attention=True if args.fused_attention else None, **step, **links)
     except ValueError as e:
         message = _plan_error(str(e))
         if message.startswith("--parallel: ") and args.parallel is None:  # the degrees came from --cp / --ep
@@ -127,6 +136,17 @@ def add_plan_command(sub):
     lay.add_argument("--no-sequence-parallel", action="store_true", help="with tp > 1: plain tensor parallelism")
     lay.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON: its ZeRO stage, buckets, "
                                                                 "offload, batch and precision")
+    step = plan_.add_argument_group("step time (an estimate: compute at a share of peak, exposed traffic, bubble)")
+    step.add_argument("--gpu-peak", metavar="GPU|TFLOPS", help="a100 (default, 312), h100, h200, v100, or the dense "
+                                                               "16-bit peak in TFLOP/s per GPU")
+    step.add_argument("--compute-fraction", type=float, metavar="F",
+                      help=f"share of that peak while computing, in (0, 1] (default "
+                           f"{theory.DEFAULT_COMPUTE_FRACTION:g}: Megatron-LM on A100, within 18 %% of "
+                           f"Narayanan et al. 2021 and Korthikanti et al. 2022)")
+    step.add_argument("--overlap", choices=theory.OVERLAPS,
+                      help="dp (default): data-parallel traffic hidden behind the backward; none: every axis exposed")
+    step.add_argument("--virtual-stages", type=int, metavar="V", help="interleaved pipeline: model chunks per stage "
+                                                                      "(bubble (p − 1)/(v·m); default 1)")
     plan_.add_argument("--convention", choices=("paper", "deepspeed"), default="paper",
                        help="paper: 16Ψ, K = 12, GB; deepspeed: its estimators' 18 B per parameter, GiB")
     plan_.add_argument("--no-advice", action="store_true", help="leave out the advisor's ranking")

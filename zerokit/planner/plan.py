@@ -4,14 +4,15 @@ It resolves the model (:mod:`.models`), the cluster (:mod:`.cluster`) and the la
 (:mod:`.layout`, or a DeepSpeed config), computes every pipeline stage's memory
 (:mod:`.memory`) and answers for the fullest stage: model states by category,
 activations, buffers, total, whether it fits; its traffic per step by axis and collective
-with an estimated time on the links (:mod:`.traffic`), and the pipeline bubble. Every
-number is a :class:`~.memory.Term` or a :class:`~.traffic.Transfer` carrying its formula.
+with an estimated time on the links (:mod:`.traffic`), the pipeline bubble, and the step's
+estimated time and MFU (:mod:`.step_time`). Every number is a :class:`~.memory.Term` or a
+:class:`~.traffic.Transfer` carrying its formula.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from . import layout as layouts, memory as mem, traffic
+from . import layout as layouts, memory as mem, step_time as step_estimate, traffic
 from .advisor import advise
 from .cluster import Cluster
 from .conventions import convention as get_convention, DIFFERENCE
@@ -33,6 +34,8 @@ class Plan:
     notes: list = field(default_factory=list)
     #: the advisor may try other dp/tp/pp degrees (the caller did not fix them)
     explore_parallel: bool = False
+    #: :func:`.step_time.estimate`'s options: gpu_peak, compute_fraction, overlap, virtual_stages
+    step_time_options: dict = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> float:
@@ -66,6 +69,13 @@ class Plan:
     def bubble(self) -> dict:
         return traffic.bubble(self.layout)
 
+    @property
+    def step_time(self):
+        """The step's estimated time, term by term (:class:`.step_time.StepTimeEstimate`); None without a shape."""
+        if not self.model.has_shape:
+            return None
+        return step_estimate.estimate(self, **self.step_time_options)
+
     def per_gpu(self) -> dict:
         s = self.memory.model_states
         return {"pipeline_stage": self.memory.stage, "params_on_rank": self.memory.psi_rank,
@@ -91,6 +101,7 @@ class Plan:
                "terms": [t.as_dict() for t in self.memory.terms],
                "traffic": [t.as_dict() for t in self.transfers],
                "pipeline_bubble": self.bubble,
+               "step_time_estimate": None if self.step_time is None else self.step_time.as_dict(),
                "stages_total_bytes": [s.total for s in self.stages],
                "notes": list(self.notes), "convention_difference": DIFFERENCE}
         if advice:
@@ -102,7 +113,9 @@ class Plan:
 
     def with_layout(self, layout: layouts.Layout) -> "Plan":
         """The same model, cluster and convention under another layout (the advisor's candidates)."""
-        return build(self.model, self.cluster, layout, self.convention)
+        out = build(self.model, self.cluster, layout, self.convention)
+        out.step_time_options = dict(self.step_time_options)
+        return out
 
     def table(self, advice: bool = True) -> str:
         return render(self, advice=advice)
@@ -177,7 +190,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
          offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
          sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
-         shard_group=None, cp=None, ep=None, cp_attention=None, experts=None, top_k=None, **links) -> Plan:
+         shard_group=None, cp=None, ep=None, cp_attention=None, experts=None, top_k=None, gpu_peak=None,
+         compute_fraction=None, overlap=None, virtual_stages=None, **links) -> Plan:
     """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
 
     The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
@@ -197,6 +211,10 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     ``cp`` (or ``parallel`` "cp=…"): context parallelism, each sequence cut over cp ranks, attention by
     ``cp_attention`` "ring" (default) or "ulysses"; ``ep``: expert parallelism over ep of the dp ranks, for a model
     with experts (a preset such as "mixtral-8x7b", or ``experts=E, top_k=k`` on a shape or preset).
+    The step-time estimate (:mod:`.step_time`): ``gpu_peak`` (a100 default, h100, … or FLOP/s),
+    ``compute_fraction`` (share of peak while computing, default
+    :data:`zerokit.theory.step_time.DEFAULT_COMPUTE_FRACTION`), ``overlap`` (dp default, or none),
+    ``virtual_stages`` (v of an interleaved pipeline schedule, default 1).
     """
     conv = get_convention(convention)
     spec = resolve(model, params, preset, **{k: v for k, v in dict(
@@ -244,4 +262,11 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     base = replace(base, checkpointing=policy, segment_layers=k)
     result = build(spec, cluster, base, conv)
     result.explore_parallel = parallel is None and cp is None and ep is None and spec.has_shape
+    result.step_time_options = {k: v for k, v in dict(gpu_peak=gpu_peak, compute_fraction=compute_fraction,
+                                                      overlap=overlap, virtual_stages=virtual_stages).items()
+                                if v is not None}
+    if result.model.has_shape:  # bad options are refused here, naming the argument
+        step_estimate.estimate(result, **result.step_time_options)
+    else:
+        step_estimate.check_options(**result.step_time_options)
     return result

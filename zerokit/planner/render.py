@@ -1,4 +1,4 @@
-"""A plan as text: the per-GPU table with each term's formula and assumption, the traffic, the advisor.
+"""A plan as text: the per-GPU table with each term's formula and assumption, the traffic, the step time, the advisor.
 
 What ``zerokit plan`` prints and ``str(plan)`` returns. Sizes are in the plan's
 convention's unit (GB for ``paper``, GiB for ``deepspeed``); times are estimates and say so.
@@ -68,12 +68,35 @@ def traffic_lines(plan) -> list:
     return lines
 
 
+def step_time_lines(plan) -> list:
+    """The estimated step: compute, bubble, each axis's traffic and its exposed part, step, tokens/s, MFU."""
+    est = plan.step_time
+    if est is None:
+        return ["step time — estimated: needs a shape (layers, sequence) to count FLOPs; give a preset or a shape"]
+    lines = [f"step time — estimated, not measured ({est.assumptions[0]}; overlap {est.overlap}):"]
+    rows = [("compute", f"≈ {seconds(est.compute_seconds)}",
+             f"{est.hardware_flops_per_step:.3g} FLOPs (recomputation: {est.recompute}) over {est.gpus} GPUs")]
+    rows += [(f"{a.axis} traffic", f"≈ {seconds(a.seconds)}", f"exposed ≈ {seconds(a.exposed_seconds)}: {a.rule}")
+             for a in est.axes]
+    if est.bubble_over_ideal:
+        rows.append(("bubble", f"≈ {seconds(est.bubble_seconds)}",
+                     f"(p − 1)/(v·m) = {est.bubble_over_ideal:.3g} of the pipelined work"))
+    rows.append(("step", f"≈ {seconds(est.step_seconds)}",
+                 f"{est.tokens_per_second:,.0f} tokens/s estimated ({est.tokens_per_step:,} tokens per step)"))
+    rows.append(("MFU", f"≈ {100 * est.mfu:.1f} %", f"model FLOPs (6Ψ + attention) over step × GPUs × peak; "
+                                                  f"HFU ≈ {100 * est.hfu:.1f} %, "
+                                                  f"{est.achieved_flops_per_gpu / 1e12:.3g} TFLOP/s per GPU"))
+    lines += _rows(rows, (14, 11, 0))
+    lines += [f"  assumed: {a}" for a in est.assumptions[1:]]
+    return lines
+
+
 def render(plan, advice: bool = True) -> str:
     lines = [f"zerokit plan — {plan.model.describe()}",
              f"cluster: {plan.cluster.describe(plan.convention)}",
              f"layout: {plan.layout.describe()}",
              f"convention: {plan.convention.name} — {plan.convention.summary}", ""]
-    lines += memory_lines(plan) + [""] + traffic_lines(plan)
+    lines += memory_lines(plan) + [""] + traffic_lines(plan) + [""] + step_time_lines(plan)
     if advice:
         lines += [""] + plan.advise().lines()
     notes = list(plan.notes) + [f"assumed links: {'; '.join(plan.cluster.assumptions)}", DIFFERENCE]
