@@ -1,0 +1,168 @@
+"""``hsdp`` / ``hsdp-zero2``: hybrid sharding — ZeRO inside a shard group, replicas across the groups.
+
+FSDP2's ``fully_shard`` on a 2-D mesh (replicate, shard), torchtitan's ``dp_replicate × dp_shard``,
+DeepSpeed's MiCS (Zhang et al., arXiv 2205.00119 §3): the N data-parallel ranks are cut into
+r = N/s groups of s consecutive ranks (:meth:`zerokit.runtime.mesh.Mesh.carve`; by default s is
+one node, :func:`zerokit.runtime.nodes.ranks_per_node`). Inside a group it is ZeRO over s ranks;
+every group holds the same shards, so rank j of each group holds shard j. The ledger names the
+two groups' traffic ``dp_shard`` and ``dp_replicate``.
+
+``hsdp`` is ZeRO-3 inside the group (:class:`~.stage3.ZeroStage3`, same options); ``hsdp-zero2`` is
+ZeRO-2 (:class:`~.stage2.ZeroStage2`: the parameters whole on every rank, gathered over s after the
+step). Two strategies rather than a ``stage`` option, as ``zero2`` and ``zero3`` are two. One step:
+
+1. **forward / backward** (``hsdp``): each unit is all-gathered over its shard group before its
+   forward and again before its backward, freed after each, as in ``zero3``;
+2. **after a unit's backward**: its gradients, divided by N (not s: the all-reduce below sums the
+   replicas), are reduce-scattered inside the shard group — each rank holds its shard of the sum
+   over its s ranks;
+3. **across the replicas**: the r ranks holding shard j all-reduce it, which completes the sum over all
+   N ranks: the same shard ZeRO-3 over N would hold, by another route. Either once per optimizer step
+   (``all_reduce_every_micro_batch=False``, the default; zerokit runs it at the step, before the
+   optimizer reads the shards, so a loop that calls backward A times without ``no_sync`` still sums
+   each micro-batch once; FSDP2 runs it in the last micro-batch's backward,
+   ``set_requires_all_reduce(False)`` on the others), or after every micro-batch's reduce-scatter
+   (``True``: FSDP2's default);
+4. **step**: each rank steps its 1/s shard (``hsdp-zero2`` then all-gathers the parameters over s).
+
+Memory and traffic: ZeRO's formulas with s for N plus the replicas' all-reduce of a shard,
+:func:`zerokit.theory.hsdp_model_state_bytes` and :func:`zerokit.theory.hsdp_collective_bytes` (padding:
+each unit to a multiple of s, as the flat buffers here are). s = N is ``zero3`` (``zero2``); s = 1 is
+DDP's all-reduce. What hsdp leaves out (its formulas have no term for it): offload, the persistence
+threshold, ``reduce_scatter=False``, tensor/context/expert parallelism.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import theory
+from ..optim import GradientClipping
+from ..runtime.nodes import ranks_per_node
+from ..strategies.base import Option, boolean, register
+from .experts import ShardGroup
+from .sharded import all_reduce_flat
+from .stage2 import ZeroStage2
+from .stage3 import ZeroStage3
+
+
+def _group_size(value) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
+HSDP_OPTIONS = {
+    "shard_group_size": Option(None, _group_size,
+                               "None (one node: torchrun's LOCAL_WORLD_SIZE or the launcher's emulated node size, "
+                               "all the ranks without either; at most dp) or a whole number of ranks dividing dp: "
+                               "the ranks one parameter is sharded over"),
+    "all_reduce_every_micro_batch": Option(False, boolean,
+                                           "False (the replicas' all-reduce once per optimizer step, at the step) "
+                                           "or True (after every micro-batch's reduce-scatter: FSDP2's default)"),
+    "offload": Option("none", lambda v: v == "none", "'none': hsdp keeps its shards on the device (its formulas "
+                                                     "have no host term)"),
+}
+
+
+def shard_group_size(requested, dp: int) -> int:
+    """The shard group s for ``dp`` ranks: ``requested``, or one node (clipped to dp); it must divide dp."""
+    s = min(ranks_per_node(dp), dp) if requested is None else requested
+    if not _group_size(s) or dp % s:
+        raise ValueError(f"shard_group_size={requested!r} does not divide the {dp} data-parallel ranks; allowed: "
+                         f"a divisor of {dp} ({', '.join(str(d) for d in range(1, dp + 1) if dp % d == 0)}) or "
+                         f"None (one node)")
+    return s
+
+
+class HybridSharding:
+    """What ``hsdp`` and ``hsdp-zero2`` add to ZeRO-3 / ZeRO-2: the shard and replicate groups, the all-reduce
+    across replicas, and their formulas. A mixin: ZeRO's ``__init__`` asks :meth:`make_shard_groups`."""
+
+    axes = ("dp",)
+
+    @classmethod
+    def check_layout(cls, options: dict, shape: dict) -> None:
+        """Before any process starts: an explicit ``shard_group_size`` against dp."""
+        if options.get("shard_group_size") is not None:
+            shard_group_size(options["shard_group_size"], shape["dp"])
+
+    def make_shard_groups(self):
+        mesh, dp = self.ctx.mesh, self.world
+        s = self.shard_group_size = shard_group_size(self.opts["shard_group_size"], dp)
+        self.replicas = dp // s
+        shard, replicate = mesh.carve(s, "dp", ("dp_shard", "dp_replicate"))
+        if dp == 1:
+            self.replicate_group = ShardGroup("dp_replicate", None, 1, 0)
+            return ShardGroup("dp_shard", None, 1, 0), None
+        self.replicate_group = ShardGroup("dp_replicate", replicate, self.replicas, mesh.coord("dp_replicate"))
+        return ShardGroup("dp_shard", shard, s, mesh.coord("dp_shard")), None
+
+    # -- across the replicas ---------------------------------------------------------------
+    def _all_reduce_replicas(self, tensor: torch.Tensor, tag: str) -> None:
+        if self.replicas > 1:
+            all_reduce_flat(tensor, self.replicate_group.group, self.opts["algorithm"], False, tag)
+
+    def after_reduce_scatter(self, unit, reduced: torch.Tensor) -> None:
+        if self.opts["all_reduce_every_micro_batch"]:
+            self._all_reduce_replicas(reduced, f"grads {getattr(unit, 'label', unit.index)} replicas")
+
+    def step(self):
+        if not self.opts["all_reduce_every_micro_batch"]:
+            buffer, shards = self.shard_buffer, self.gradient_shards()
+            for grad in ([buffer] if buffer is not None else [g for g in shards if g is not None]):
+                self._all_reduce_replicas(grad, "grads replicas")
+        super().step()
+
+    def stepped_sharded(self) -> list:
+        """A shard of a group of one rank is the whole unit, held alike by every rank."""
+        return [self.shard_group_size > 1] * len(self.units)
+
+    def clip_gradients(self, max_norm: float) -> None:
+        """The norm's squares summed over the shard group: the replicas hold the same shards."""
+        self.optimizer.clipping = GradientClipping(max_norm, self.stepped_sharded(), self.dense_group.group)
+
+    # -- the formulas ----------------------------------------------------------------------
+    def theory_model_states(self, psi):
+        return theory.hsdp_model_state_bytes(psi, self.world, self.shard_group_size, self.config.precision,
+                                             self.config.optimizer.name, units=self.flat_units(),
+                                             optimizer_tensors=self.optimizer_tensors(),
+                                             frozen_numel=self.frozen_numel(), stage=self.stage)
+
+    def theory_comm_bytes_by_axis(self) -> dict:
+        """Formula: bytes per step on ``dp_shard`` (gathers, reduce-scatters) and ``dp_replicate`` (all-reduces)."""
+        by = theory.hsdp_collective_bytes(
+            None, self.world, self.shard_group_size, theory.param_bytes_per_element(self.config.precision),
+            self.config.micro_batches, units=self.flat_units(),
+            all_reduce_every_micro_batch=self.opts["all_reduce_every_micro_batch"], stage=self.stage,
+            reshard_after_forward=self.opts.get("reshard_after_forward", True))
+        return {"dp_shard": sum(by["shard"].values()), "dp_replicate": sum(by["replicate"].values())}
+
+    def theory_comm_bytes(self, psi):
+        return sum(self.theory_comm_bytes_by_axis().values())
+
+
+@register
+class HSDP(HybridSharding, ZeroStage3):
+    """ZeRO-3 inside each shard group (a node), the gradient shards all-reduced across the groups."""
+
+    name = "hsdp"
+    axes = HybridSharding.axes
+    options = {**ZeroStage3.options, **HSDP_OPTIONS,
+               "param_persistence_threshold": Option(0, lambda v: v == 0 and not isinstance(v, bool),
+                                                     "0: hsdp shards every trainable parameter (its formulas have "
+                                                     "no term for parameters kept whole)")}
+
+    def gradient_shards(self):
+        return self.grad_shards
+
+
+@register
+class HSDPZero2(HybridSharding, ZeroStage2):
+    """ZeRO-2 inside each shard group: parameters whole, gradients and optimizer states sharded over s."""
+
+    name = "hsdp-zero2"
+    axes = HybridSharding.axes
+    options = {**ZeroStage2.options, **HSDP_OPTIONS,
+               "reduce_scatter": Option(True, lambda v: v is True, "True: hsdp-zero2 reduce-scatters inside the "
+                                                                   "shard group (its formulas count that)")}
+
+    def gradient_shards(self):
+        return self.shards
