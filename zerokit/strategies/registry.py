@@ -15,7 +15,7 @@ from typing import Dict
 MODULES = ["zerokit.strategies.single", "zerokit.peers.torch_ddp",
            "zerokit.data_parallel.naive", "zerokit.data_parallel.bucketed", "zerokit.data_parallel.overlap",
            "zerokit.zero.stage1", "zerokit.zero.stage2_naive", "zerokit.zero.stage2", "zerokit.zero.stage3",
-           "zerokit.zero.zeropp",
+           "zerokit.zero.zeropp", "zerokit.zero.hsdp",
            "zerokit.api.fully_shard_strategy",
            "zerokit.tensor_parallel.strategy",
            "zerokit.peers.torch_zero", "zerokit.peers.fsdp2", "zerokit.peers.deepspeed", "zerokit.peers.torch_tp",
