@@ -108,6 +108,8 @@ def _checked(config: JobConfig) -> Job:
     if shape["pp"] > 1 and cls.pipeline_refusal:
         raise ValueError(f"strategy {cls.name!r} with parallel pp={shape['pp']}: {cls.pipeline_refusal}")
     check_built(shape, cls.axes, f"strategy {cls.name!r}")
+    if hasattr(cls, "check_layout"):  # options checked against the layout (hsdp's shard_group_size against dp)
+        cls.check_layout(options, shape)
     if "pp" in cls.axes:
         pipeline = pipeline_only or shape["pp"] > 1
         check_pipeline(options, micro_batches, shape["pp"], cls.name, workload.build_model() if pipeline else None,

@@ -93,7 +93,13 @@ def _theory_by_axis(job, ctx, strategy, model, psi: int, dtype, steps: int, plan
                                                 plan.loss == "vocab_parallel" and computes_loss)
     if pipeline is not None:
         terms["pp"] = pipeline.theory_pp_bytes(b)
-    return axes.by_axis("dp" if mesh.size("cp") == 1 else "dp_cp", strategy.theory_comm_bytes(psi), **terms)
+    dp_axis = "dp" if mesh.size("cp") == 1 else "dp_cp"
+    out = axes.by_axis(dp_axis, strategy.theory_comm_bytes(psi), **terms)
+    carved = getattr(strategy, "theory_comm_bytes_by_axis", None)  # dp carved into axes of its own (hsdp)
+    if carved is not None:
+        del out[dp_axis]
+        out.update(carved())
+    return out
 
 
 def run_rank(ctx: RankContext, job: Job) -> RankResult:
