@@ -1,4 +1,4 @@
-"""``fsdp2-zero2`` / ``fsdp2-zero3``: torch's FSDP2 (``fully_shard``) in zerokit's ledgers.
+"""``fsdp2-zero2`` / ``fsdp2-zero3`` / ``fsdp2-hsdp``: torch's FSDP2 (``fully_shard``) in zerokit's ledgers.
 
 Lifecycle:
 
@@ -26,6 +26,14 @@ the reduce-scatter. On a CPU-only machine the device *is* the host: FSDP2's copi
 ``.to("cpu")`` of CPU tensors, which copy nothing, so this peer shows the parity and the
 host/device split of the ledger, not transfers (it has no transfer formula: None).
 
+``fsdp2-hsdp`` is FSDP2's hybrid sharding, the peer of zerokit's ``hsdp``: ``fully_shard`` on a 2-D mesh
+``init_device_mesh(…, (r, s), mesh_dim_names=("dp_replicate", "dp_shard"))`` (it runs on gloo): each group is
+gathered and reduce-scattered over s, then the gradient shards are all-reduced over the r replicas. With
+``all_reduce_every_micro_batch=False`` (as ``hsdp``'s default) the micro-batches before the last run under
+``set_requires_all_reduce(False)``: still reduce-scattered, all-reduced once, at the last; with ``True``
+(FSDP2's own default) every micro-batch is. The mesh's two groups are named ``dp_shard`` and ``dp_replicate``
+in the ledger.
+
 Note what FSDP2 calls ZeRO-2: parameters are still sharded between steps; only between
 forward and backward do they stay gathered (2Ψ traffic, not 3Ψ). The traffic is counted
 by :mod:`.recording`; memory is read from the DTensors' local shards, the unsharded
@@ -43,6 +51,7 @@ import torch.nn as nn
 from .. import theory
 from ..runtime import comm
 from ..strategies.base import register
+from ..zero.hsdp import HSDP_OPTIONS, check_shard_group_option, shard_group_size
 from ..zero.stage3 import UNIT_SIZE_OPTION
 from ..zero.units import BLOCK, form_units
 from .recording import Peer, ledgered_torch_collectives
@@ -80,7 +89,7 @@ class FSDP2(Peer):
         # The workloads split a Linear's output into views (q, k, v) and never write into them
         # in place, which is the case this warning is about; silence it so each rank's output stays readable.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        mesh = self.device_mesh(init_device_mesh)
         policy = MixedPrecisionPolicy()
         if config.precision == "bf16-mixed":
             model.float()  # bf16 values, exactly: FSDP2 keeps the fp32 shards and computes in bf16
@@ -96,6 +105,10 @@ class FSDP2(Peer):
                         offload_policy=offload)
         self.params = list(model.parameters())
         self.optimizer = config.optimizer.build(self.params)
+
+    def device_mesh(self, init_device_mesh):
+        """The mesh ``fully_shard`` shards over: every rank on one dimension."""
+        return init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
 
     @contextmanager
     def no_sync(self):
@@ -181,3 +194,56 @@ class FSDP2Zero3Offload(FSDP2Zero3):
 
     name = "fsdp2-zero3-offload"
     cpu_offload = True
+
+
+@register
+class FSDP2HSDP(FSDP2Zero3):
+    """fully_shard on a 2-D mesh (replicate, shard): FSDP2's HSDP, the peer of ``hsdp``."""
+
+    name = "fsdp2-hsdp"
+    axes = ("dp",)
+    options = {"unit_size": UNIT_SIZE_OPTION, "shard_group_size": HSDP_OPTIONS["shard_group_size"],
+               "all_reduce_every_micro_batch": HSDP_OPTIONS["all_reduce_every_micro_batch"]}
+    check_layout = staticmethod(check_shard_group_option)
+
+    def device_mesh(self, init_device_mesh):
+        n = self.ctx.world_size
+        self.shard_group_size = shard_group_size(self.opts["shard_group_size"], n)
+        mesh = init_device_mesh(self.ctx.device.type, (n // self.shard_group_size, self.shard_group_size),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+        for axis in ("dp_shard", "dp_replicate"):
+            self.ctx.mesh.add_group(mesh.get_group(axis), axis)
+        return mesh
+
+    @contextmanager
+    def no_sync(self):
+        """Reduce-scatter every micro-batch; all-reduce the replicas at the last only, unless every one asks."""
+        if self.opts["all_reduce_every_micro_batch"]:
+            yield
+            return
+        self.model.set_requires_all_reduce(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_all_reduce(True)
+
+    def _padded_units(self):
+        """FSDP2 pads each parameter's first dimension to a multiple of s (no flat buffer)."""
+        s = self.shard_group_size
+        return [-(-p.shape[0] // s) * s * (p.numel() // max(p.shape[0], 1)) if p.dim() else s
+                for p in self.params if p.requires_grad]
+
+    def theory_model_states(self, psi):
+        return theory.hsdp_model_state_bytes(psi, self.ctx.world_size, self.shard_group_size, "fp32",
+                                             self.config.optimizer.name, units=self._padded_units(),
+                                             optimizer_tensors=self.optimizer_tensors())
+
+    def theory_comm_bytes_by_axis(self) -> dict:
+        by = theory.hsdp_collective_bytes(None, self.ctx.world_size, self.shard_group_size,
+                                          theory.param_bytes_per_element(self.config.precision),
+                                          self.config.micro_batches, units=self._padded_units(),
+                                          all_reduce_every_micro_batch=self.opts["all_reduce_every_micro_batch"])
+        return {"dp_shard": sum(by["shard"].values()), "dp_replicate": sum(by["replicate"].values())}
+
+    def theory_comm_bytes(self, psi):
+        return sum(self.theory_comm_bytes_by_axis().values())

@@ -72,17 +72,19 @@ def shard_group_size(requested, dp: int) -> int:
     return s
 
 
+def check_shard_group_option(options: dict, shape: dict) -> None:
+    """Before any process starts: an explicit ``shard_group_size`` against the layout's dp."""
+    if options.get("shard_group_size") is not None:
+        shard_group_size(options["shard_group_size"], shape["dp"])
+
+
 class HybridSharding:
     """What ``hsdp`` and ``hsdp-zero2`` add to ZeRO-3 / ZeRO-2: the shard and replicate groups, the all-reduce
     across replicas, and their formulas. A mixin: ZeRO's ``__init__`` asks :meth:`make_shard_groups`."""
 
     axes = ("dp",)
 
-    @classmethod
-    def check_layout(cls, options: dict, shape: dict) -> None:
-        """Before any process starts: an explicit ``shard_group_size`` against dp."""
-        if options.get("shard_group_size") is not None:
-            shard_group_size(options["shard_group_size"], shape["dp"])
+    check_layout = staticmethod(check_shard_group_option)
 
     def make_shard_groups(self):
         mesh, dp = self.ctx.mesh, self.world
