@@ -34,7 +34,8 @@ def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str,
     if tally is not None:
         codes = messages.shape[1] - 4 * -(-numel // block_size)
         for row, message in zip(pieces, messages):
-            tally.add(row, decode(message, block_size, numel, bits), message[codes:].clone().view(torch.float32), block_size)
+            scales = message[codes:].clone().view(torch.float32)
+            tally.add(row, decode(message, block_size, numel, bits), scales, block_size)
     received = torch.empty_like(messages)
     comm.all_to_all_single(received, messages, group=group, tag=tag)
     total = torch.zeros(numel, dtype=torch.float32, device=pieces.device)

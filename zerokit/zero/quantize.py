@@ -155,7 +155,8 @@ def decode(message: Tensor, block_size: int, numel: int, bits: int = 8, dtype: t
 
 
 class ErrorTally:
-    """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound scale/2.
+    """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound scale/2
+    (0 for an all-zero block, whose scale 1 is a convention and whose values come back exact).
 
     ``add(x, back, scales)`` after a round trip; :meth:`take` returns and clears ``{"max_abs", "mean_abs",
     "max_bound", "over_bound", "elements"}`` (``over_bound``: elements past their own block's scale/2, with
@@ -169,12 +170,15 @@ class ErrorTally:
 
     @torch.no_grad()
     def add(self, x: Tensor, back: Tensor, scales: Tensor, block_size: int) -> None:
-        err = (x.detach().reshape(-1).float() - back.reshape(-1).float()).abs()
-        bound = (scales.float() / 2).repeat_interleave(block_size)[:err.numel()]
+        flat = x.detach().reshape(-1).float()
+        err = (flat - back.reshape(-1).float()).abs()
+        absmax = _block_view(flat, block_size)[0].abs().amax(dim=1)
+        half = torch.where(absmax > 0, scales.float() / 2, torch.zeros_like(absmax))  # a zero block comes back exact
+        bound = half.repeat_interleave(block_size)[:err.numel()]
         self.max_abs = max(self.max_abs, float(err.max())) if err.numel() else self.max_abs
         self.sum_abs += float(err.sum())
         self.max_bound = max(self.max_bound, float(bound.max())) if err.numel() else self.max_bound
-        rounding = x.detach().reshape(-1).float().abs() * torch.finfo(back.dtype).eps  # the result's own rounding
+        rounding = flat.abs() * torch.finfo(back.dtype).eps  # the result's own rounding
         self.over_bound += int((err > bound * (1 + 2 ** -20) + rounding).sum())
         self.elements += err.numel()
 

@@ -16,8 +16,9 @@ named as DeepSpeed names it:
   ``LOCAL_WORLD_SIZE``, or the launcher's emulated node size; one node when neither is set).
 
 All three off is ZeRO-3 bit for bit. The ledger names the groups: ``dp`` (all N ranks), ``hpz`` (the
-secondary partition), ``node`` and ``inter_node`` (qgZ's hops, :meth:`~zerokit.runtime.mesh.Mesh.node_groups`); the formulas they are held against
-per axis, and the paper's 3M → 0.75M cross-node accounting: :mod:`zerokit.theory.zeropp`. Not combined
+secondary partition), ``node`` and ``inter_node`` (qgZ's hops, :meth:`~zerokit.runtime.mesh.Mesh.node_groups`);
+the formulas they are held against per axis, and the paper's 3M → 0.75M cross-node accounting:
+:mod:`zerokit.theory.zeropp`. Not combined
 here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
 tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
 """
