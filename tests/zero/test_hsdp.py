@@ -1,0 +1,168 @@
+"""HSDP (``hsdp``, ``hsdp-zero2``) against one process, its formulas and FSDP2's ``fully_shard`` on a 2-D mesh.
+
+Each run is launched once (module-scoped, one reference per workload and precision) and read by several tests:
+
+- parity with one process on SGD, within :func:`zerokit.theory.parity.sgd_parity_bound` (two ulps of the largest
+  parameter per step: fp32, and bf16's ulp under bf16-mixed), on the tiny GPT and on a tied GPT with frozen
+  parameters: 4 ranks as 2 nodes × 2, 2 ranks (s = 1 and s = 2) and 6 ranks as 3 replicas × 2;
+- the communication ledger's bytes per axis (``dp_shard``, ``dp_replicate``) equal to
+  :func:`zerokit.theory.hsdp_collective_bytes` to the byte, with 1 and 2 micro-batches and the all-reduce once
+  per step or every micro-batch; the memory ledger equal to :func:`zerokit.theory.hsdp_model_state_bytes`;
+- ``fsdp2-hsdp``'s parameters equal to ``hsdp``'s (each sum is of two fp32 terms, which no order changes, and the
+  division by 4 is exact);
+- a bad ``shard_group_size`` refused before any process starts.
+"""
+import os
+
+import pytest
+import torch
+
+import zerokit
+from zerokit import theory
+from zerokit.job import make_job
+from zerokit.report import param_difference
+from zerokit.runtime.nodes import RANKS_PER_NODE_ENV
+from zerokit.theory.parity import sgd_parity_bound, ulp
+from zerokit.train import run_job, run_reference
+
+STEPS = 3
+AXES = ("dp_shard", "dp_replicate")
+
+
+def tiny_gpt():
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=24)
+
+
+def frozen_tied_gpt():
+    """A GPT whose token embedding is its head, with its position embedding and a LayerNorm bias frozen."""
+    base = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=24, tie_weights=True)
+
+    def model():
+        m = base.model_fn()
+        m.pos.weight.requires_grad_(False)
+        m.blocks[0].ln1.bias.requires_grad_(False)
+        return m
+
+    return zerokit.Workload("tied-gpt-frozen", model, base.batch_fn, base.loss_fn)
+
+
+WORKLOADS = {"gpt": tiny_gpt, "tied-frozen": frozen_tied_gpt}
+
+#: (label, workload, world, strategy, micro_batches, precision, options)
+RUNS = [
+    ("4=2x2 hsdp", "tied-frozen", 4, "hsdp", 2, "fp32", dict(shard_group_size=2)),
+    ("4=2x2 hsdp every", "tied-frozen", 4, "hsdp", 2, "fp32", dict(shard_group_size=2,
+                                                                    all_reduce_every_micro_batch=True)),
+    ("4=2x2 hsdp-zero2", "tied-frozen", 4, "hsdp-zero2", 2, "fp32", dict(shard_group_size=2,
+                                                                          reduce_bucket_size=5000)),
+    ("4=2x2 fsdp2-hsdp", "tied-frozen", 4, "fsdp2-hsdp", 2, "fp32", dict(shard_group_size=2)),
+    ("4=2x2 hsdp bf16", "tied-frozen", 4, "hsdp", 2, "bf16-mixed", dict(shard_group_size=2)),
+    ("4=2x2 hsdp-zero2 bf16 every", "tied-frozen", 4, "hsdp-zero2", 2, "bf16-mixed",
+     dict(shard_group_size=2, all_reduce_every_micro_batch=True)),
+    ("4=2x2 gpt hsdp one node", "gpt", 4, "hsdp", 1, "fp32", dict(all_reduce_every_micro_batch=True)),
+    ("4=2x2 gpt hsdp-zero2", "gpt", 4, "hsdp-zero2", 1, "fp32", dict(shard_group_size=2)),
+    ("2 hsdp s=1", "tied-frozen", 2, "hsdp", 2, "fp32", dict(shard_group_size=1)),
+    ("2 hsdp s=2", "tied-frozen", 2, "hsdp", 2, "fp32", dict(shard_group_size=2)),
+    ("6=3x2 hsdp", "tied-frozen", 6, "hsdp", 2, "fp32", dict(shard_group_size=2)),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    """label → (result, its reference) for every run of :data:`RUNS`, one single-process reference per workload
+    and precision. The run without ``shard_group_size`` takes one node: 2 ranks, the launcher's emulated node
+    size."""
+    references, out = {}, {}
+    saved = os.environ.get(RANKS_PER_NODE_ENV)
+    os.environ[RANKS_PER_NODE_ENV] = "2"
+    try:
+        for label, work, world, name, micro_batches, precision, options in RUNS:
+            job = make_job(WORKLOADS[work](), name, world, STEPS, precision, "sgd", 0.1, micro_batches, options)
+            if (work, precision) not in references:
+                references[work, precision] = run_reference(job)
+            out[label] = run_job(job, world, references[work, precision]), references[work, precision]
+    finally:
+        if saved is None:
+            os.environ.pop(RANKS_PER_NODE_ENV)
+        else:
+            os.environ[RANKS_PER_NODE_ENV] = saved
+    return out
+
+
+@pytest.mark.parametrize("label", [run[0] for run in RUNS])
+def test_trains_like_one_process(results, label):
+    result, reference = results[label]
+    reference = reference.params
+    bound = sgd_parity_bound(reference, STEPS)
+    if result.precision == "bf16-mixed":  # the parameters round to bf16 after each step
+        bound = 2 * STEPS * ulp(max(float(t.abs().max()) for t in reference.values()), torch.bfloat16)
+    assert result.param_diff["max_abs"] <= bound, (label, result.param_diff, bound)
+
+
+@pytest.mark.parametrize("label", [run[0] for run in RUNS])
+def test_ledgers_equal_the_formulas_to_the_byte(results, label):
+    for rank in results[label][0].ranks:
+        measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
+        assert set(measured) <= set(AXES), (label, measured)  # every byte on a carved axis, none on dp
+        assert {a: measured.get(a, 0) for a in AXES} == rank.theory_comm_bytes_by_axis, (label, rank.rank)
+        assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
+
+
+def test_the_formulas_are_hierarchical_ones_on_the_units(results):
+    """The strategy's formula is theory.hsdp_collective_bytes on its flat units: re-derived here by hand for one
+    run (s = 2, r = 2, A = 2, once per step): per unit of u elements ⌈u/2⌉·2 padded, b = 4."""
+    rank = results["4=2x2 hsdp"][0].ranks[0]
+    by_axis = rank.theory_comm_bytes_by_axis
+    padded_bytes = by_axis["dp_replicate"] * 2  # 2(r−1)/r·(P_s/s)·b with r = 2 is P_s/2·b; so P_s·b is twice it
+    assert by_axis["dp_shard"] == (2 * 2 + 2) * padded_bytes // 2  # 2A gathers + A reduce-scatters of (1/2)·P_s·b
+    every = results["4=2x2 hsdp every"][0].ranks[0].theory_comm_bytes_by_axis
+    assert every == {"dp_shard": by_axis["dp_shard"], "dp_replicate": 2 * by_axis["dp_replicate"]}
+    zero2 = results["4=2x2 hsdp-zero2"][0].ranks[0].theory_comm_bytes_by_axis
+    assert zero2["dp_shard"] == (1 + 2) * padded_bytes // 2  # one gather per step, A reduce-scatters
+
+
+def test_shard_groups_of_one_and_of_all(results):
+    """s = 1: no gather, the whole gradient all-reduced over the 2 replicas (DDP); s = N: nothing across."""
+    alone = results["2 hsdp s=1"][0].ranks[0].comm_bytes_by_axis
+    assert set(alone) == {"dp_replicate"}
+    whole = results["2 hsdp s=2"][0].ranks[0].comm_bytes_by_axis
+    assert set(whole) == {"dp_shard"}
+
+
+def test_the_default_shard_group_is_one_node(results):
+    """Without shard_group_size, 4 ranks on emulated nodes of 2 shard over 2 and replicate over 2: traffic on both
+    axes (s = 1 would send nothing on dp_shard, s = 4 nothing on dp_replicate)."""
+    for rank in results["4=2x2 gpt hsdp one node"][0].ranks:
+        assert rank.comm_bytes_by_axis["dp_shard"]["calls"] > 0, rank.rank
+        assert rank.comm_bytes_by_axis["dp_replicate"]["calls"] > 0, rank.rank
+
+
+def test_fsdp2_hsdp_equals_ours(results):
+    ours, peer = results["4=2x2 hsdp"][0], results["4=2x2 fsdp2-hsdp"][0]
+    assert param_difference(peer.ranks[0].params, ours.ranks[0].params)["max_abs"] == 0
+    measured = {axis: row["ring_cost_bytes"] for axis, row in peer.ranks[0].comm_bytes_by_axis.items()}
+    assert set(measured) == set(AXES)  # the peer's 2-D mesh groups are named in the ledger
+
+
+@pytest.mark.parametrize("name", ["hsdp", "hsdp-zero2", "fsdp2-hsdp"])
+@pytest.mark.parametrize("size, message", [(3, "does not divide the 4 data-parallel ranks"),
+                                           (8, "does not divide the 4 data-parallel ranks"),
+                                           (0, "option shard_group_size=0 is not allowed"),
+                                           (True, "option shard_group_size=True is not allowed")])
+def test_a_bad_shard_group_size_is_refused_before_any_process_starts(name, size, message):
+    with pytest.raises(ValueError, match=message):
+        make_job(tiny_gpt(), name, 4, 1, "fp32", "sgd", 0.1, 1, {"shard_group_size": size})
+
+
+@pytest.mark.parametrize("options, message", [({"offload": "optimizer"}, "offload"),
+                                              ({"param_persistence_threshold": 10}, "param_persistence_threshold")])
+def test_what_hsdp_leaves_out_is_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        make_job(tiny_gpt(), "hsdp", 4, 1, "fp32", "sgd", 0.1, 1, options)
+
+
+def test_the_formula_matches_zero3_at_s_equal_n():
+    units = [1000, 2051]
+    hsdp = theory.hsdp_collective_bytes(None, 4, 4, 2, 2, units=units)
+    assert sum(hsdp["shard"].values()) == theory.comm_bytes_per_step(3, sum(units), 4, 2, 2, units=units)
+    assert hsdp["replicate"] == {}
