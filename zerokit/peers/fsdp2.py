@@ -227,23 +227,31 @@ class FSDP2HSDP(FSDP2Zero3):
         finally:
             self.model.set_requires_all_reduce(True)
 
-    def _padded_units(self):
-        """FSDP2 pads each parameter's first dimension to a multiple of s (no flat buffer)."""
+    def _padded_units(self, trainable: bool):
+        """FSDP2 pads each parameter's first dimension to a multiple of s (no flat buffer); it shards the frozen
+        parameters too (gathered, never reduced)."""
         s = self.shard_group_size
         return [-(-p.shape[0] // s) * s * (p.numel() // max(p.shape[0], 1)) if p.dim() else s
-                for p in self.params if p.requires_grad]
+                for p in self.params if p.requires_grad == trainable]
 
     def theory_model_states(self, psi):
-        return theory.hsdp_model_state_bytes(psi, self.ctx.world_size, self.shard_group_size, "fp32",
-                                             self.config.optimizer.name, units=self._padded_units(),
-                                             optimizer_tensors=self.optimizer_tensors())
+        states = theory.hsdp_model_state_bytes(psi, self.ctx.world_size, self.shard_group_size, "fp32",
+                                               self.config.optimizer.name, units=self._padded_units(True),
+                                               optimizer_tensors=self.optimizer_tensors())
+        frozen = theory.param_bytes_per_element("fp32") * theory.shard_numel(self._padded_units(False),
+                                                                              self.shard_group_size)
+        return theory.ModelStates(states.params + frozen, states.grads, states.optimizer, states.step_scalars)
 
     def theory_comm_bytes_by_axis(self) -> dict:
-        by = theory.hsdp_collective_bytes(None, self.ctx.world_size, self.shard_group_size,
-                                          theory.param_bytes_per_element(self.config.precision),
-                                          self.config.micro_batches, units=self._padded_units(),
-                                          all_reduce_every_micro_batch=self.opts["all_reduce_every_micro_batch"])
-        return {"dp_shard": sum(by["shard"].values()), "dp_replicate": sum(by["replicate"].values())}
+        def formula(trainable):
+            return theory.hsdp_collective_bytes(
+                None, self.ctx.world_size, self.shard_group_size, theory.param_bytes_per_element(self.config.precision),
+                self.config.micro_batches, units=self._padded_units(trainable) or [0],
+                all_reduce_every_micro_batch=self.opts["all_reduce_every_micro_batch"])
+
+        by, frozen = formula(True), formula(False)
+        return {"dp_shard": sum(by["shard"].values()) + frozen["shard"].get("all_gather", 0),
+                "dp_replicate": sum(by["replicate"].values())}
 
     def theory_comm_bytes(self, psi):
         return sum(self.theory_comm_bytes_by_axis().values())
