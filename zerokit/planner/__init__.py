@@ -9,7 +9,8 @@ One concern per module: :mod:`.models` (presets, shapes, bare counts), :mod:`.cl
 (GPUs, memory, links), :mod:`.layout` (strategy, offload, dp/cp/ep/tp/pp, micro-batches,
 checkpointing, precision, DeepSpeed configs), :mod:`.conventions` (the ZeRO paper's
 counting and DeepSpeed's estimators'), :mod:`.memory` (bytes per GPU), :mod:`.traffic`
-(bytes and estimated seconds per step, the bubble), :mod:`.plan` (``plan()``),
+(bytes and estimated seconds per step, the bubble), :mod:`.step_time` (the step's
+estimated time: compute, exposed traffic, bubble, MFU), :mod:`.plan` (``plan()``),
 :mod:`.advisor` (layouts ranked) and :mod:`.render` (the text). Every formula is
 :mod:`zerokit.theory`'s; the planner only composes them.
 """
