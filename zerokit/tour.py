@@ -8,7 +8,7 @@ Lifecycle:
    pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
    ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
    micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2;
-   context parallelism at cp=2 (ring and Ulysses), dp=2×cp=2 under zero3 and cp=2×tp=2; expert
+   HSDP at 4 ranks in shard groups of 2; context parallelism at cp=2 (ring and Ulysses), dp=2×cp=2 under zero3 and cp=2×tp=2; expert
    parallelism at dp=2×ep=2, dp=4×ep=2 and dp=2×ep=2×tp=2 (zero1) on the tour's GPT with a
    mixture of experts.
 2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
@@ -50,6 +50,8 @@ NOT_IN_TOUR = {
     "zero2-naive": "the seed's misreading of ZeRO-2 (all-reduce, then drop), lesson 05",
     "torch-pp-gpipe": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
     "torch-pp-interleaved": "another of torch's schedules; the tour's pipeline row is 1F1B (lesson 08 has them all)",
+    "hsdp-zero2": "HSDP over ZeRO-2; the HSDP row (over ZeRO-3) shows the split into dp_shard and dp_replicate, "
+                  "tests/zero/test_hsdp.py holds both to their formulas",
     "deepspeed-moe": "DeepSpeed's layer computes the same function only at top-1 dropless (its top-2 renormalises and "
                      "samples the gates); the tour's experts are top-2 — `zerokit bench cp_ep` pairs it at top-1",
 }
@@ -108,6 +110,9 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
         for n in world_sizes:
             add(section, ours, peers, n)
     add("ZeRO-3", "fully-shard", [], world_sizes[0])  # zero3 behind FSDP2's face (its peer is in the rows above)
+    # ZeRO-3 inside groups of 2 ranks (a node each), the gradient shards all-reduced across the 2 groups
+    add("HSDP", "hsdp", ["fsdp2-hsdp"], 4, options={"shard_group_size": 2},
+        peer_options={"fsdp2-hsdp": {"shard_group_size": 2}})
     add("tensor parallel", "tp", ["torch-tp"], 2, parallel={"tp": 2})
     p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
     add("pipeline", "pp", [f"torch-pp-{PIPELINE['schedule']}"], p, parallel={"pp": p},
@@ -179,7 +184,7 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
         return (f"bubble {bubble:.2f} measured (a rank waiting for a CPU core counts as idle), "
                 f"{simulate(sched).bubble_fraction:.2f} simulated (t_b = 2·t_f), (p−1)/(m+p−1) = "
                 f"{theory.bubble_fraction(p, m):.2f}")
-    if row.section in ("dp×tp grid", "context parallel", "expert parallel") and rank0.comm_bytes_by_axis:
+    if row.section in ("dp×tp grid", "HSDP", "context parallel", "expert parallel") and rank0.comm_bytes_by_axis:
         theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
         routed = ""
         if rank0.routing:  # the last forward's slots per expert on rank 0's tokens (layer 0), and what was dropped
