@@ -57,7 +57,7 @@ def _at_least_zero(name: str, value) -> float:
 def check_compute_fraction(fraction) -> float:
     """The share of peak while computing: a number in (0, 1]."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"compute_fraction={fraction!r} must be a share of the GPU's peak, in (0, 1] (e.g. 0.55)")
+        raise ValueError(f"compute_fraction={fraction!r} must be a share of the GPU's peak, in (0, 1] (e.g. 0.57)")
     return float(fraction)
 
 
@@ -124,7 +124,10 @@ def dp_overlap_window(backward_seconds: float, forward_seconds: float, micro_bat
     DDP and ZeRO-1 reduce once, during the last micro-batch's backward (``no_sync`` before it):
     backward/m. ZeRO-2 reduce-scatters during every micro-batch's backward: the whole backward.
     ZeRO-3 (and HSDP, hpZ) also gathers ahead of every forward and backward (prefetch): all of
-    the compute. Anything longer than the window is exposed (:func:`exposed_seconds`).
+    the compute. Anything longer than the window is exposed (:func:`exposed_seconds`). ZeRO-1's
+    all-gather of the updated parameters, which runs after the optimizer step, is counted in the
+    same window: optimistic unless the next forward's first layers hide it (Megatron's
+    ``overlap_param_gather``).
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches!r} must be a positive whole number")
