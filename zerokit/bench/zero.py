@@ -11,6 +11,8 @@ GPT at each world size:
   (zerokit's ``zero3`` units get ``fully_shard``; DeepSpeed gathers per module anyway);
 - ``fully-shard`` (``zerokit.fully_shard`` on every block and the root, a torch optimizer on
   its shard parameters) against ``fsdp2-zero3``: FSDP2's own convention on both sides;
+- ``hsdp`` against ``fsdp2-hsdp`` (``fully_shard`` on a 2-D mesh) at 4 ranks and above, in shard
+  groups of half the ranks (2 replicas), on the same units;
 - ``zero3`` with ``prefetch=False``: the exposed communication per step (seconds the
   compute thread was blocked on collectives, from the ledger) with and without prefetch.
 
@@ -37,16 +39,22 @@ from .table import conditions, load_average, machine, mib, ms, progress_log, tab
 
 #: (zerokit's strategy, its peers)
 PAIRS = [("zero1", ["torch-zero1"]), ("zero2", ["fsdp2-zero2", "deepspeed-zero2"]),
-         ("zero3", ["fsdp2-zero3", "deepspeed-zero3"]), ("fully-shard", ["fsdp2-zero3"])]
+         ("zero3", ["fsdp2-zero3", "deepspeed-zero3"]), ("fully-shard", ["fsdp2-zero3"]), ("hsdp", ["fsdp2-hsdp"])]
+#: HSDP runs at this many ranks and above (below, its shard group would be one rank or all of them)
+HSDP_FROM = 4
 
 
-def configs(with_deepspeed: bool, unit_size="block", only=None):
-    """(label, strategy, options, note) for every run of one round; ``unit_size`` goes to zero3 and FSDP2."""
+def configs(with_deepspeed: bool, unit_size="block", only=None, world_size=None):
+    """(label, strategy, options, note) for every run of one round at ``world_size`` ranks; ``unit_size`` goes to
+    zero3, hsdp and FSDP2; hsdp and fsdp2-hsdp shard over half the ranks, from :data:`HSDP_FROM` ranks on."""
     def options(name):
-        return {"unit_size": unit_size} if name == "zero3" or name.startswith("fsdp2") else {}
+        out = {"unit_size": unit_size} if name in ("zero3", "hsdp") or name.startswith("fsdp2") else {}
+        return {**out, "shard_group_size": world_size // 2} if name in ("hsdp", "fsdp2-hsdp") else out
 
     out = []
     for ours, peers in PAIRS:  # a peer in two pairs (fsdp2-zero3) runs once
+        if ours == "hsdp" and (world_size is None or world_size < HSDP_FROM):
+            continue
         out += [(name, name, options(name), None) for name in [ours, *peers]
                 if (with_deepspeed or not name.startswith("deepspeed")) and name not in [c[0] for c in out]]
     out.append(("zero3 prefetch=off", "zero3", {**options("zero3"), "prefetch": False}, None))
@@ -116,7 +124,7 @@ def main(argv=None) -> int:
     log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     work = tiny_gpt(**SWEEP_GPT)
-    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only), args.steps,
+    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only, n), args.steps,
                       args.rounds, args.timeout, log, peak=lambda e: e.label != "zero3 prefetch=off")
     ratios = add_ratios(rows)
     print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds, "
