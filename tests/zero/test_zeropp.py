@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 import zerokit
 from zerokit import theory
+from zerokit.cli import compare
 from zerokit.optim import OptimizerSpec
 from zerokit.runtime import comm
 from zerokit.runtime.memory import MemoryLedger
@@ -337,3 +338,22 @@ def test_deepspeed_config_keys_select_zeropp():
         from_deepspeed({"zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True}})
     with pytest.raises(ValueError, match="zero_hpz_partition_size"):
         from_deepspeed({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 0}})
+
+
+# --- the DeepSpeed peer ----------------------------------------------------------------------------
+
+def test_deepspeed_refuses_qwz_and_qgz_on_the_cpu_with_the_reason():
+    pytest.importorskip("deepspeed")
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU DeepSpeed's quantizer kernels load")
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        with pytest.raises(ValueError, match="This op had not been implemented on CPU backend"):
+            get("deepspeed-zeropp").resolve_options({key: True})
+
+
+def test_deepspeed_hpz_trains_like_zeropp_hpz():
+    pytest.importorskip("deepspeed")
+    options = {"zero_hpz_partition_size": 2}
+    report = compare(_work(), 2, ["zeropp", "deepspeed-zeropp"], steps=2, optimizer="sgd", lr=LR,
+                     options_for=lambda name: options)
+    assert report["deepspeed-zeropp"].ranks[0].losses == pytest.approx(report["zeropp"].ranks[0].losses, abs=1e-5)

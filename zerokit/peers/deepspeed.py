@@ -26,6 +26,10 @@ buffers DeepSpeed keeps privately are not seen.
 optimizer steps the fp32 partitions on the host (``"zero_force_ds_cpu_optimizer": false``:
 DeepSpeed would otherwise insist on its own DeepSpeedCPUAdam, a C++ op compiled on first
 use); the optimizer's states are counted as host memory.
+
+``deepspeed-zeropp``: stage 3 with ZeRO++'s keys, the peer of ``zeropp``. On the CPU only hpZ
+(``zero_hpz_partition_size``) runs; qwZ and qgZ are refused before any process starts with
+:data:`NO_CPU_QUANTIZER` (DeepSpeed's quantizer kernels are CUDA only).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import importlib.util
 import os
 import warnings
 
+import torch
 import torch.distributed as dist
 
 from .. import theory
@@ -131,6 +136,8 @@ class DeepSpeedPeer(Peer):
                 yield p
                 if hasattr(p, "ds_tensor"):
                     yield p.ds_tensor
+                if getattr(p, "ds_secondary_tensor", None) is not None:  # hpZ's secondary partition
+                    yield p.ds_secondary_tensor
 
         ledger.track("params", params)
         ledger.track("grads", lambda: [p.grad for p in self.params if p.grad is not None])
@@ -157,6 +164,58 @@ class DeepSpeedPeer(Peer):
         return theory.comm_bytes_per_step(self.stage, psi, self.ctx.world_size, b, self.config.micro_batches)
 
 
+#: why DeepSpeed's qwZ and qgZ do not run here: both call its quantizer kernels, CUDA only
+NO_CPU_QUANTIZER = ("DeepSpeed 0.19.8's qwZ (zero_quantized_weights) and qgZ (zero_quantized_gradients) call its "
+                    "quantizer kernels (csrc/quantization through QuantizerBuilder), which are CUDA only: on the CPU "
+                    "accelerator QuantizerBuilder().load() raises 'This op had not been implemented on CPU backend.' "
+                    "Its hpZ (zero_hpz_partition_size) runs on the CPU; zerokit's zeropp runs all three")
+
+
+def _zeropp_options() -> dict:
+    options = _deepspeed_options(3)
+    options["zero_quantized_weights"] = Option(False, boolean, "True (needs a GPU: DeepSpeed's CUDA quantizer) or "
+                                                               "False")
+    options["zero_hpz_partition_size"] = Option(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                                                "1 (off) or the ranks of the secondary partition, dividing dp")
+    options["zero_quantized_gradients"] = Option(False, boolean, "True (needs a GPU: DeepSpeed's CUDA quantizer) or "
+                                                                 "False")
+    return options
+
+
+class DeepSpeedZeroPlusPlus(DeepSpeedPeer):
+    """DeepSpeed ZeRO++: stage 3 with ``zero_quantized_weights``, ``zero_hpz_partition_size``,
+    ``zero_quantized_gradients`` (arXiv 2306.10209), the peer of zerokit's ``zeropp``."""
+
+    name = "deepspeed-zeropp"
+    stage = 3
+    options = _zeropp_options()
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> dict:
+        resolved = super().resolve_options(options)
+        quantized = resolved["zero_quantized_weights"] or resolved["zero_quantized_gradients"]
+        if quantized and not torch.cuda.is_available():
+            raise ValueError(f"strategy {cls.name!r}: {NO_CPU_QUANTIZER}")
+        return resolved
+
+    def _secondary(self) -> int:
+        return self.opts["zero_hpz_partition_size"]
+
+    def theory_model_states(self, psi):
+        base = super().theory_model_states(psi)
+        s = self._secondary()
+        extra = theory.hpz_secondary_bytes(psi, s, self.config.precision) if s > 1 else 0
+        return theory.ModelStates(base.params + extra, base.grads, base.optimizer, base.step_scalars)
+
+    def theory_comm_bytes(self, psi):
+        """Formula: zerokit's ZeRO++ bytes for one unit of Ψ (DeepSpeed pads and buckets its own way)."""
+        by = theory.zeropp_collective_bytes(
+            [psi], self.ctx.world_size, theory.param_bytes_per_element(self.config.precision),
+            hpz_partition_size=self._secondary(), quantized_weights=self.opts["zero_quantized_weights"],
+            quantized_gradients=self.opts["zero_quantized_gradients"], micro_batches=self.config.micro_batches)
+        return sum(sum(ops.values()) for ops in by.values())
+
+
 if deepspeed_available():
     for _stage in (1, 2, 3):
         register(type(f"DeepSpeedZero{_stage}", (DeepSpeedPeer,), {
@@ -165,3 +224,4 @@ if deepspeed_available():
     register(type("DeepSpeedZero2Offload", (DeepSpeedPeer,), {
         "__doc__": "DeepSpeed ZeRO stage 2 with offload_optimizer to the CPU (ZeRO-Offload).",
         "name": "deepspeed-zero2-offload", "stage": 2, "options": _deepspeed_options(2), "cpu_offload": True}))
+    register(DeepSpeedZeroPlusPlus)
