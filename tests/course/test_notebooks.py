@@ -25,7 +25,7 @@ NOTEBOOKS = ROOT / "notebooks"
 LESSONS = ["00_first_ranks", "01_collectives", "02_training_memory", "03_data_parallel", "04_zero1", "05_zero2",
            "06_zero3", "07_tensor_parallel", "08_pipeline_parallel", "09_offload", "10_activation_checkpointing",
            "11_putting_it_together", "12_the_interview", "13_own_model", "14_failure_labs",
-           "15_context_parallel", "16_mixture_of_experts"]
+           "15_context_parallel", "16_mixture_of_experts", "17_beyond_one_node"]
 #: a committed notebook stays small enough to read in a diff and to clone
 MAX_NOTEBOOK_BYTES = 600_000
 
@@ -234,7 +234,7 @@ def _map_rows() -> dict:
 
 def test_the_map_counts_every_lesson_with_its_needs_and_run_time():
     readme = (NOTEBOOKS / "README.md").read_text()
-    words = {17: "Seventeen"}
+    words = {17: "Seventeen", 18: "Eighteen"}
     assert f"{words[len(LESSONS)]} lessons" in readme
     rows = _map_rows()
     assert sorted(rows) == LESSONS, "a lesson without its row in the path table"

@@ -31,6 +31,8 @@ per thing a lesson shows:
   for real and zerokit's diagnosis of it: rank, op, call, phase) and :func:`run_lab`;
 - :mod:`.latency_bandwidth`: timing the ring all-reduce, fitting the α-β model, and
   extrapolating a link's α and β to many ranks, ring against tree;
+- :mod:`.quantization_panel`: :class:`QuantizationPanel` (block size, bits → each element's
+  error against its block's scale/2 and the bytes against bf16, ZeRO++'s codec on real weights);
 - :mod:`.saved_tensors`: what autograd saves for backward, tensor by tensor, by module;
 - :mod:`.tables`, :mod:`.figures`, :mod:`.machine`: tables, figure plumbing, and what
   this machine gives each world size;
@@ -61,6 +63,7 @@ from .timeline_figure import timeline_figure, timeline_stats  # noqa: E402 - run
 from .context_panel import ContextPanel  # noqa: E402 - context parallelism (lesson 15)
 from .ring_overlap import ring_overlap_figure, ring_overlap_rows  # noqa: E402 - lesson 15
 from .moe_panel import MoEPanel  # noqa: E402 - mixture of experts (lesson 16)
+from .quantization_panel import QuantizationPanel, measure_quantization  # noqa: E402 - ZeRO++'s codec (lesson 17)
 
 __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", "table", "model_state_rows",
            "summary_rows", "timeline_rows", "comm_launch_positions", "max_in_flight", "peak_bars",
@@ -72,3 +75,4 @@ __all__ = ["MemoryPanel", "TimelinePanel", "CollectivePanel", "Panel", "Table", 
 __all__ += ["timeline_figure", "timeline_stats", "speed_sentence", "share_words", "show", "CLAIMS"]
 __all__ += ["ContextPanel", "ring_overlap_figure", "ring_overlap_rows"]
 __all__ += ["MoEPanel"]
+__all__ += ["QuantizationPanel", "measure_quantization"]
