@@ -20,8 +20,10 @@ import torch
 import zerokit
 from zerokit import theory
 from zerokit.job import make_job
+from zerokit.optim import OptimizerSpec
 from zerokit.report import param_difference
 from zerokit.runtime.nodes import RANKS_PER_NODE_ENV
+from zerokit.strategies import TrainConfig, get as get_strategy
 from zerokit.theory.parity import sgd_parity_bound, ulp
 from zerokit.train import run_job, run_reference
 
@@ -142,6 +144,38 @@ def test_fsdp2_hsdp_equals_ours(results):
     assert param_difference(peer.ranks[0].params, ours.ranks[0].params)["max_abs"] == 0
     measured = {axis: row["ring_cost_bytes"] for axis, row in peer.ranks[0].comm_bytes_by_axis.items()}
     assert set(measured) == set(AXES)  # the peer's 2-D mesh groups are named in the ledger
+
+
+def _clipped_norms(ctx):
+    """One step of each HSDP strategy on 2 × 2 ranks with clipping on: the gradient norm it measured."""
+    torch.set_num_threads(1)
+    work, norms = tiny_gpt(), {}
+    x, y = work.batch(0)
+    per = x.shape[0] // ctx.world_size
+    x, y = x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]
+    for name in ("hsdp", "hsdp-zero2"):
+        strategy = get_strategy(name)(work.build_model(), ctx, TrainConfig(optimizer=OptimizerSpec("sgd", lr=0.1)),
+                                      shard_group_size=2)
+        strategy.clip_gradients(1e9)
+        strategy.backward(work.loss(strategy.forward(x), y))
+        strategy.step()
+        norms[name] = strategy.optimizer.clipping.last_norm
+    return norms
+
+
+def test_the_gradient_norm_is_summed_over_the_shard_group_only():
+    """The replicas hold the same shards: summing the squares over all 4 ranks would double the norm's square."""
+    work = tiny_gpt()
+    model = work.build_model()
+    x, y = work.batch(0)
+    work.loss(model(x), y).backward()
+    expected = float(torch.stack([p.grad.square().sum() for p in model.parameters()]).sum().sqrt())
+    # a sum of Ψ positive fp32 terms in another order: within Ψ·2⁻²⁴ relative (the standard bound); the square of
+    # a norm summed over all 4 ranks would be twice the right one, √2 off
+    bound = work.param_count() * 2.0 ** -24
+    for norms in zerokit.launch(_clipped_norms, 4):
+        for name, norm in norms.items():
+            assert norm == pytest.approx(expected, rel=bound), name
 
 
 @pytest.mark.parametrize("name", ["hsdp", "hsdp-zero2", "fsdp2-hsdp"])

@@ -146,7 +146,6 @@ class HSDP(HybridSharding, ZeroStage3):
     """ZeRO-3 inside each shard group (a node), the gradient shards all-reduced across the groups."""
 
     name = "hsdp"
-    axes = HybridSharding.axes
     options = {**ZeroStage3.options, **HSDP_OPTIONS,
                "param_persistence_threshold": Option(0, lambda v: v == 0 and not isinstance(v, bool),
                                                      "0: hsdp shards every trainable parameter (its formulas have "
@@ -161,7 +160,6 @@ class HSDPZero2(HybridSharding, ZeroStage2):
     """ZeRO-2 inside each shard group: parameters whole, gradients and optimizer states sharded over s."""
 
     name = "hsdp-zero2"
-    axes = HybridSharding.axes
     options = {**ZeroStage2.options, **HSDP_OPTIONS,
                "reduce_scatter": Option(True, lambda v: v is True, "True: hsdp-zero2 reduce-scatters inside the "
                                                                    "shard group (its formulas count that)")}
