@@ -170,8 +170,8 @@ def test_the_gradient_norm_is_summed_over_the_shard_group_only():
     x, y = work.batch(0)
     work.loss(model(x), y).backward()
     expected = float(torch.stack([p.grad.square().sum() for p in model.parameters()]).sum().sqrt())
-    # a sum of Ψ positive fp32 terms in another order: within Ψ·2⁻²⁴ relative (the standard bound); the square of
-    # a norm summed over all 4 ranks would be twice the right one, √2 off
+    # a sum of Ψ positive fp32 terms in another order: within Ψ·2⁻²⁴ relative (the standard bound); the square
+    # of a norm summed over all 4 ranks would be twice the right one, √2 off
     bound = work.param_count() * 2.0 ** -24
     for norms in zerokit.launch(_clipped_norms, 4):
         for name, norm in norms.items():

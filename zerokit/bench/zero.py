@@ -124,8 +124,8 @@ def main(argv=None) -> int:
     log = progress_log(args.quiet)
     start, start_machine, start_load = time.perf_counter(), machine(), load_average()
     work = tiny_gpt(**SWEEP_GPT)
-    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only, n), args.steps,
-                      args.rounds, args.timeout, log, peak=lambda e: e.label != "zero3 prefetch=off")
+    rows = run_rounds(work, args.world_sizes, lambda n: configs(with_deepspeed, args.unit_size, args.only, n),
+                      args.steps, args.rounds, args.timeout, log, peak=lambda e: e.label != "zero3 prefetch=off")
     ratios = add_ratios(rows)
     print(f"zerokit bench zero — fp32 AdamW, {args.steps} steps × {args.rounds} interleaved rounds, "
           f"unit_size {args.unit_size}; {start_machine}" + ("" if with_deepspeed else "; DeepSpeed not installed"))
