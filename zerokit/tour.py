@@ -8,7 +8,8 @@ Lifecycle:
    pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
    ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
    micro-batches; the dp×tp grid at 2×2; offload and activation checkpointing at dp=2;
-   HSDP at 4 ranks in shard groups of 2; context parallelism at cp=2 (ring and Ulysses), dp=2×cp=2 under zero3 and cp=2×tp=2; expert
+   HSDP at 4 ranks in shard groups of 2; ZeRO++ (qwZ, hpZ over 2, qgZ) at 4 ranks; context
+   parallelism at cp=2 (ring and Ulysses), dp=2×cp=2 under zero3 and cp=2×tp=2; expert
    parallelism at dp=2×ep=2, dp=4×ep=2 and dp=2×ep=2×tp=2 (zero1) on the tour's GPT with a
    mixture of experts.
 2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
@@ -71,6 +72,8 @@ class Row:
     peer: bool = False
     #: the row's model when it is not the tour's GPT: "experts" (:data:`TOUR_EXPERTS`)
     model: str = "gpt"
+    #: what the strategy column shows in place of its options, when they are too long to read ("" : the options)
+    short: str = ""
 
     @property
     def layout(self) -> str:
@@ -83,6 +86,7 @@ class Row:
     def label(self) -> str:
         extra = [str(v) if k == "schedule" else f"{k}={v}" for k, v in self.options.items()]
         extra += [f"{self.micro_batches} micro-batches"] if self.micro_batches > 1 else []
+        extra = [self.short] if self.short else extra
         name = f"{self.strategy} ({', '.join(extra)})" if extra else self.strategy
         return f"  ↳ {name}" if self.peer else name
 
@@ -110,6 +114,13 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
         for n in world_sizes:
             add(section, ours, peers, n)
     add("ZeRO-3", "fully-shard", [], world_sizes[0])  # zero3 behind FSDP2's face (its peer is in the rows above)
+    # ZeRO++ at 4 ranks: int8 weight gathers, a secondary copy over groups of 2, int4 gradients by all-to-all; on
+    # the CPU DeepSpeed runs its hpZ alone (its quantizer kernels are CUDA only: zerokit.peers.deepspeed)
+    rows.append(Row("ZeRO++", "zeropp", 4, options={"zero_quantized_weights": True, "zero_hpz_partition_size": 2,
+                                                    "zero_quantized_gradients": True}, short="qwZ, hpZ 2, qgZ"))
+    if _have("deepspeed-zeropp"):
+        rows.append(Row("ZeRO++", "deepspeed-zeropp", 4, options={"zero_hpz_partition_size": 2}, peer=True,
+                        short="hpZ 2"))
     # ZeRO-3 inside groups of 2 ranks (a node each), the gradient shards all-reduced across the 2 groups
     add("HSDP", "hsdp", ["fsdp2-hsdp"], 4, options={"shard_group_size": 2},
         peer_options={"fsdp2-hsdp": {"shard_group_size": 2}})
@@ -184,7 +195,8 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
         return (f"bubble {bubble:.2f} measured (a rank waiting for a CPU core counts as idle), "
                 f"{simulate(sched).bubble_fraction:.2f} simulated (t_b = 2·t_f), (p−1)/(m+p−1) = "
                 f"{theory.bubble_fraction(p, m):.2f}")
-    if row.section in ("dp×tp grid", "HSDP", "context parallel", "expert parallel") and rank0.comm_bytes_by_axis:
+    if row.section in ("dp×tp grid", "HSDP", "ZeRO++", "context parallel", "expert parallel") and \
+            rank0.comm_bytes_by_axis:
         theory_by_axis = rank0.theory_comm_bytes_by_axis or {}
         routed = ""
         if rank0.routing:  # the last forward's slots per expert on rank 0's tokens (layer 0), and what was dropped
