@@ -66,6 +66,8 @@ RUNS = [
     ("2 hsdp s=1", "tied-frozen", 2, "hsdp", 2, "fp32", dict(shard_group_size=1)),
     ("2 hsdp s=2", "tied-frozen", 2, "hsdp", 2, "fp32", dict(shard_group_size=2)),
     ("6=3x2 hsdp", "tied-frozen", 6, "hsdp", 2, "fp32", dict(shard_group_size=2)),
+    ("6=3x2 hsdp-zero2 every", "tied-frozen", 6, "hsdp-zero2", 2, "fp32",
+     dict(shard_group_size=2, all_reduce_every_micro_batch=True)),
 ]
 
 
@@ -106,7 +108,10 @@ def test_ledgers_equal_the_formulas_to_the_byte(results, label):
     for rank in results[label][0].ranks:
         measured = {axis: row["ring_cost_bytes"] for axis, row in rank.comm_bytes_by_axis.items()}
         assert set(measured) <= set(AXES), (label, measured)  # every byte on a carved axis, none on dp
-        assert {a: measured.get(a, 0) for a in AXES} == rank.theory_comm_bytes_by_axis, (label, rank.rank)
+        # to the byte: over r = 3 replicas a ring all-reduce sends 4/3 of its payload, a fraction the ledger sums
+        # call by call in floating point, so equal to far below a byte rather than bit for bit
+        assert {a: measured.get(a, 0) for a in AXES} == pytest.approx(rank.theory_comm_bytes_by_axis, abs=1e-6), \
+            (label, rank.rank)
         assert rank.model_state_bytes == {k: rank.theory_model_states[k] for k in ("params", "grads", "optimizer")}
 
 
