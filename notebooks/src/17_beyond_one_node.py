@@ -98,15 +98,17 @@ assert hs[1]["leaving_node"] == hs[0]["leaving_node"] and z3[1]["leaving_node"] 
 assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quarter, the paper's 0.75M of 3M
 
 # %% [markdown]
-# HSDP's cross-node bytes are the replicas' all-reduce: about 2Ψb leave each node, against
-# ZeRO-3's 3Ψb — a third less, not a tenfold cut. Its larger gain is in the last column:
+# HSDP's cross-node bytes are the replicas' all-reduce: 2(r−1)/r·Ψb leave each node,
+# against ZeRO-3's 3(N−1)/N·Ψb — about half here with r = 4 replicas, two thirds with
+# many: a cut, not a tenfold one. Its larger gain is in the last column:
 # ZeRO-3 gathers and reduce-scatters across the nodes for every micro-batch, while HSDP's
 # all-reduce waits for the step's last one (FSDP2's `set_requires_all_reduce(False)` on the
 # others). ZeRO++ cuts the per-micro-batch bytes themselves, to about a quarter.
 
 # %% [markdown]
 # The rest of the lesson measures these ratios on the tiny GPT: 4 ranks, each pair of them an
-# **emulated node** (`ranks_per_node=2`: ranks 0–1 on node 0, ranks 2–3 on node 1; the ledger
+# **emulated node** (the launcher's node size, `ZEROKIT_RANKS_PER_NODE=2`: ranks 0–1 on
+# node 0, ranks 2–3 on node 1; the ledger
 # names each group by where it runs). The links here are this machine's loopback, so the
 # lesson counts bytes, not seconds.
 #
@@ -183,8 +185,8 @@ assert states["hsdp"] > 1.9 * states["zero3"]  # 1/s of the states, not 1/N: twi
 
 # %% [markdown]
 # HSDP's gathers and reduce-scatters now run on `dp_shard`, inside the node, and what
-# leaves a node is the replicas' all-reduce of one shard (on two nodes, half of ZeRO-3's
-# bytes; on many, two thirds, as the 7 B table showed). Its memory is
+# leaves a node is the replicas' all-reduce of one shard (on two nodes, under half of
+# ZeRO-3's bytes; toward two thirds with many nodes, as the 7 B table showed). Its memory is
 # ZeRO-3's over s ranks: the model states ÷ 8 on a node of 8 GPUs, whatever the number of
 # nodes — fine while a node's memory holds the model's 16Ψ/s, out of reach once it does not.
 #
@@ -234,7 +236,8 @@ zpp = {name: (zero3 if name == "zero3" else run(strategy, **options)) for name, 
 course.table([row for name, result in zpp.items() for row in axis_rows(name, result) if name != "zero3"])
 
 # %%
-def paper_terms(name):
+def zerokit_terms(name):
+    """zerokit's count of the bytes leaving a node per step, by term, to the byte (scales and (n−1)/n kept)."""
     options = PIECES[name][1]
     return theory.zeropp_bytes_leaving_a_node(UNITS, N, B, ranks_per_node=G,
                                               hpz_partition_size=options.get("zero_hpz_partition_size", 1),
@@ -250,8 +253,8 @@ def paper_m(name):
 
 base = leaving(zpp["zero3"])
 cross = [{"run": name, "leaving a node, B/step (formula on measured)": leaving(result),
-          "leaving a node, B/step (formula)": sum(paper_terms(name).values()),
-          "÷ ZeRO-3's (measured)": f"{leaving(result) / base:.3f}",
+          "leaving a node, B/step (formula)": sum(zerokit_terms(name).values()),
+          "÷ ZeRO-3's (formula on measured)": f"{leaving(result) / base:.3f}",
           "÷ ZeRO-3's (paper, in M)": f"{sum(paper_m(name).values()) / 3:.3f}",
           "model states B (measured)": sum(result.ranks[0].model_state_bytes.values())}
          for name, result in zpp.items()]
@@ -262,7 +265,7 @@ for name, result in zpp.items():
     for rank in result.ranks:
         for axis, row in rank.comm_bytes_by_axis.items():
             assert row["ring_cost_bytes"] == rank.theory_comm_bytes_by_axis[axis], (name, axis)
-    assert leaving(result) == sum(paper_terms(name).values()), name  # bytes leaving a node: to the byte
+    assert leaving(result) == sum(zerokit_terms(name).values()), name  # bytes leaving a node: to the byte
 third = zero3.ranks[0].theory_comm_bytes_by_axis["dp"] / 3  # ZeRO-3: forward gather, backward gather, reduce-scatter
 qw_gathers = zpp["qwZ"].ranks[0].comm_bytes_by_axis["dp"]["ring_cost_bytes"] - third  # both gathers quantized
 assert 0.5 < qw_gathers / (2 * third) < 0.53  # int8 + a float32 scale per 256: a little over half of bf16
