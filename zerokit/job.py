@@ -110,6 +110,9 @@ def _checked(config: JobConfig) -> Job:
     check_built(shape, cls.axes, f"strategy {cls.name!r}")
     if hasattr(cls, "check_layout"):  # options checked against the layout (hsdp's shard_group_size against dp)
         cls.check_layout(options, shape)
+    refusal = getattr(cls, "checkpoint_refusal", "")
+    if refusal and (saving["save_dir"] is not None or saving["resume_from"] is not None):
+        raise ValueError(f"strategy {cls.name!r} with save_dir or resume_from: {refusal}")
     if "pp" in cls.axes:
         pipeline = pipeline_only or shape["pp"] > 1
         check_pipeline(options, micro_batches, shape["pp"], cls.name, workload.build_model() if pipeline else None,

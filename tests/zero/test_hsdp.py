@@ -200,6 +200,12 @@ def test_what_hsdp_leaves_out_is_refused(options, message):
         make_job(tiny_gpt(), "hsdp", 4, 1, "fp32", "sgd", 0.1, 1, options)
 
 
+@pytest.mark.parametrize("name", ["hsdp", "hsdp-zero2"])
+def test_checkpointing_is_refused_before_any_process_starts(name, tmp_path):
+    with pytest.raises(ValueError, match="does not save hsdp's shards"):
+        zerokit.train(tiny_gpt(), name, world_size=4, steps=1, save_dir=str(tmp_path), reference=False)
+
+
 def test_the_formula_matches_zero3_at_s_equal_n():
     units = [1000, 2051]
     hsdp = theory.hsdp_collective_bytes(None, 4, 4, 2, 2, units=units)

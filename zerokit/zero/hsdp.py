@@ -83,6 +83,10 @@ class HybridSharding:
     across replicas, and their formulas. A mixin: ZeRO's ``__init__`` asks :meth:`make_shard_groups`."""
 
     axes = ("dp",)
+    #: zerokit.checkpoint lays shards out over dp; hsdp's are over the shard group, held by every replica
+    checkpoint_refusal = ("zerokit.checkpoint does not save hsdp's shards yet (they are sharded over the shard "
+                          "group, not dp); save the whole weights instead (Report.ranks[0].params, "
+                          "strategy.full_parameters()) or checkpoint with zero3")
 
     check_layout = staticmethod(check_shard_group_option)
 
