@@ -15,6 +15,8 @@ from zerokit.theory.zeropp import block_quantization_error_bound, quantized_byte
 from zerokit.zero.config import from_deepspeed, strategy_of
 from zerokit.zero.qgz import quantized_reduce_scatter
 from zerokit.zero.quantize import dequantize_blocks, quantize_blocks
+from zerokit.zero.zeropp_accounting import measured_bytes_leaving_a_node
+from zerokit.zero.zeropp_error import zeropp_loss_effect
 
 
 # --- the block quantizer --------------------------------------------------------------------------
@@ -140,6 +142,8 @@ def _train(ctx, work, name, options, steps, precision):
     out = {"losses": losses, "params": params, "measured_by_axis": measured, "tallies": tallies,
            "measured_params_bytes": memory.current()["params"]}
     if name == "zeropp":
+        out["measured_leaving_node"] = measured_bytes_leaving_a_node(ledger.summary(), steps, ctx.world_size,
+                                                                     strategy.ranks_per_node, strategy.hpz_size)
         out.update(theory_by_axis=strategy.theory_comm_bytes_by_axis(),
                    theory_secondary_bytes=strategy.theory_secondary_bytes(),
                    theory_leaving_node=strategy.theory_bytes_leaving_a_node())
@@ -255,8 +259,21 @@ def test_ledger_per_axis_equals_the_formulas_to_the_byte_at_four_ranks(four_rank
     for label in ("hpz", "all"):
         extra = rank[label]["measured_params_bytes"] - rank["zero3"]["measured_params_bytes"]
         assert extra == rank[label]["theory_secondary_bytes"] > 0, label
-    leaving = rank["all"]["theory_leaving_node"]
+    for label in ("off", "hpz", "qwz", "qgz", "all"):  # the paper's cross-node terms, ledger and formula
+        assert rank[label]["measured_leaving_node"] == rank[label]["theory_leaving_node"], label
+    leaving, zero3 = rank["all"]["theory_leaving_node"], rank["off"]["theory_leaving_node"]
     assert leaving["backward_all_gather"] == 0 and leaving["gradient_reduce_scatter"] > 0
+    assert sum(leaving.values()) < 0.3 * sum(zero3.values())  # 3M → 0.75M, plus scales and (n−1)/n
+
+
+def test_the_loss_effect_runs_both_in_one_launch():
+    effect = zeropp_loss_effect(_work(), world_size=2, steps=3, ranks_per_node=1, optimizer="sgd", lr=LR)
+    assert len(effect["losses"]["zero3"]) == len(effect["losses"]["zeropp"]) == 3
+    assert effect["loss_difference"][0] != 0
+    for step in effect["weight_error"] + effect["gradient_error"]:
+        assert step["over_bound"] == 0 and 0 < step["max_abs"] <= step["max_bound"] * (1 + 2 ** -20)
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        zeropp_loss_effect(_work(), world_size=2, steps=1, ranks_per_node=3)
 
 
 @pytest.fixture(scope="module")

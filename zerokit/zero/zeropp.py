@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .. import theory
 from ..runtime import comm
 from ..strategies.base import Option, boolean, register
 from .hpz import SecondaryPartition
@@ -36,6 +35,7 @@ from .qwz import ThenWork, quantized_all_gather
 from .stage3 import ZeroStage3
 from .stage3_options import STAGE3_OPTIONS
 from .units import in_backward
+from .zeropp_accounting import ZeroPlusPlusAccounting
 
 #: zerokit's default block: 256 elements, one float32 scale each (1.6 % over int8's bytes). DeepSpeed's
 #: qwZ picks a group count per tensor instead (groups of at most ~8,000 elements, :mod:`.quantize`).
@@ -74,7 +74,7 @@ ZEROPP_OPTIONS = {
 
 
 @register
-class ZeroPlusPlus(ZeroStage3):
+class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
     """ZeRO-3 with quantized weight gathers (qwZ), a node-local secondary copy (hpZ), quantized gradients (qgZ)."""
 
     name = "zeropp"
@@ -148,42 +148,3 @@ class ZeroPlusPlus(ZeroStage3):
         super().step()
         if self.secondary is not None:
             self.secondary.expire()
-
-    # -- accounting ------------------------------------------------------------------
-    def track_memory(self, ledger):
-        super().track_memory(ledger)
-        if self.secondary is not None:
-            ledger.track("params", lambda: list(self.secondary.shards))
-
-    def _element_bytes(self) -> int:
-        return theory.param_bytes_per_element(self.config.precision)
-
-    def theory_secondary_bytes(self) -> int:
-        """Formula: hpZ's secondary copy on this rank, b·Σ P/s."""
-        return self._element_bytes() * theory.hpz_secondary_numel(self.flat_units(), self.world, self.hpz_size)
-
-    def theory_model_states(self, psi):
-        base = super().theory_model_states(psi)
-        return theory.ModelStates(base.params + self.theory_secondary_bytes(), base.grads, base.optimizer,
-                                  base.step_scalars)
-
-    def theory_comm_bytes_by_axis(self) -> dict:
-        """Formula: ``{axis: bytes per step}`` on ``dp``, ``hpz``, ``node``, ``inter_node``."""
-        by = theory.zeropp_collective_bytes(**self._layout())
-        return {axis: sum(ops.values()) for axis, ops in by.items()}
-
-    def theory_comm_bytes(self, psi):
-        """Formula: bytes per step over every group (their split: :meth:`theory_comm_bytes_by_axis`)."""
-        return sum(self.theory_comm_bytes_by_axis().values())
-
-    def theory_bytes_leaving_a_node(self) -> dict:
-        """Formula: bytes leaving a node per step, by term (the paper's cross-node accounting, to the byte)."""
-        return theory.zeropp_bytes_leaving_a_node(**self._layout())
-
-    def _layout(self) -> dict:
-        o = self.opts
-        return dict(units=self.flat_units(), n=self.world, bytes_per_element=self._element_bytes(),
-                    ranks_per_node=self.ranks_per_node, hpz_partition_size=self.hpz_size,
-                    quantized_weights=o["zero_quantized_weights"], quantized_gradients=o["zero_quantized_gradients"],
-                    block_size=self.block_size, gradient_bits=o["gradient_bits"],
-                    micro_batches=self.config.micro_batches)
