@@ -28,8 +28,10 @@ step). Two strategies rather than a ``stage`` option, as ``zero2`` and ``zero3``
 Memory and traffic: ZeRO's formulas with s for N plus the replicas' all-reduce of a shard,
 :func:`zerokit.theory.hsdp_model_state_bytes` and :func:`zerokit.theory.hsdp_collective_bytes` (padding:
 each unit to a multiple of s, as the flat buffers here are). s = N is ``zero3`` (``zero2``); s = 1 is
-DDP's all-reduce. What hsdp leaves out (its formulas have no term for it): offload, the persistence
-threshold, ``reduce_scatter=False``, tensor/context/expert parallelism.
+DDP's all-reduce. A clipped gradient's norm sums its squares over the shard group only (the replicas
+hold the same shards). What hsdp leaves out, refused before any process starts: offload, the persistence
+threshold, ``reduce_scatter=False`` (its formulas have no term for them), tensor/context/expert
+parallelism, and ``zerokit.checkpoint`` (which lays shards out over dp).
 """
 from __future__ import annotations
 
