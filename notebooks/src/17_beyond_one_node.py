@@ -124,7 +124,9 @@ assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quar
 # Per rank and step (ring formulas, `theory.hsdp_collective_bytes`):
 # `3(s−1)/s·Ψb` inside, `2(r−1)/r·(Ψ/s)·b` across. The price: each rank holds 1/s of the
 # model states, not 1/N. zerokit's choice, as FSDP2 with `set_requires_all_reduce(False)`: the
-# replicas' all-reduce runs once per optimizer step, not after every micro-batch.
+# replicas' all-reduce runs once per optimizer step, not after every micro-batch. Next to
+# zerokit's `hsdp`, torch's own: FSDP2's `fully_shard` on that 2-D mesh, run on gloo
+# through zerokit's peer `fsdp2-hsdp`, its groups named on the same ledger.
 
 # %%
 def run(strategy, **options):
@@ -153,8 +155,9 @@ def axis_rows(name, result):
             for axis, row in rank.comm_bytes_by_axis.items()]
 
 
-zero3, hsdp = run("zero3"), run("hsdp", shard_group_size=G)
-course.table(axis_rows("zero3", zero3) + axis_rows(f"hsdp (s = {G})", hsdp))
+zero3, hsdp, fsdp2 = run("zero3"), run("hsdp", shard_group_size=G), run("fsdp2-hsdp", shard_group_size=G)
+HSDP_RUNS = {"zero3": (zero3, "zero3"), f"hsdp (s = {G})": (hsdp, "hsdp"), f"fsdp2-hsdp (s = {G})": (fsdp2, "hsdp")}
+course.table([row for name, (result, _) in HSDP_RUNS.items() for row in axis_rows(name, result)])
 
 # %%
 def leaving(result):
@@ -163,14 +166,13 @@ def leaving(result):
 
 course.table([{"run": name, "leaving a node, B/step (formula on measured)": leaving(result),
                "leaving a node, B/step (formula)": theory.hierarchical_link_bytes(
-                   name.split()[0], PSI, N, G, B, s=G, units=UNITS)["leaving_node"],
-               "model states B (measured)": result.ranks[0].model_state_bytes["params"]
-               + result.ranks[0].model_state_bytes["grads"] + result.ranks[0].model_state_bytes["optimizer"],
+                   strategy, PSI, N, G, B, s=G, units=UNITS)["leaving_node"],
+               "model states B (measured)": sum(result.ranks[0].model_state_bytes.values()),
                "model states B (formula)": result.ranks[0].theory_model_states["total"]}
-              for name, result in (("zero3", zero3), (f"hsdp (s = {G})", hsdp))])
+              for name, (result, strategy) in HSDP_RUNS.items()])
 
 # %% [checks]
-for result in (zero3, hsdp):
+for result in (zero3, hsdp, fsdp2):
     for rank in result.ranks:
         for axis, row in rank.comm_bytes_by_axis.items():
             assert row["ring_cost_bytes"] == rank.theory_comm_bytes_by_axis[axis]  # each axis = its formula
@@ -180,6 +182,10 @@ assert hsdp.ranks[0].comm_bytes_by_axis["dp_replicate"]["ring_cost_bytes"] == su
 assert leaving(hsdp) == theory.hierarchical_link_bytes("hsdp", PSI, N, G, B, s=G, units=UNITS)["leaving_node"]
 assert leaving(zero3) == theory.hierarchical_link_bytes("zero3", PSI, N, G, B, units=UNITS)["leaving_node"]
 assert leaving(hsdp) < leaving(zero3)
+for a, b in zip(hsdp.ranks, fsdp2.ranks):  # torch's HSDP moves the same bytes on each axis
+    assert {k: v["ring_cost_bytes"] for k, v in a.comm_bytes_by_axis.items()} == \
+        {k: v["ring_cost_bytes"] for k, v in b.comm_bytes_by_axis.items()}
+assert sum(fsdp2.ranks[0].model_state_bytes.values()) == fsdp2.ranks[0].theory_model_states["total"]
 states = {name: r.ranks[0].theory_model_states["total"] for name, r in (("zero3", zero3), ("hsdp", hsdp))}
 assert states["hsdp"] > 1.9 * states["zero3"]  # 1/s of the states, not 1/N: twice ZeRO-3's at s = N/2
 
@@ -189,6 +195,9 @@ assert states["hsdp"] > 1.9 * states["zero3"]  # 1/s of the states, not 1/N: twi
 # ZeRO-3's bytes; toward two thirds with many nodes, as the 7 B table showed). Its memory is
 # ZeRO-3's over s ranks: the model states ÷ 8 on a node of 8 GPUs, whatever the number of
 # nodes — fine while a node's memory holds the model's 16Ψ/s, out of reach once it does not.
+# FSDP2 moves the same bytes on each axis; its states split differently (it keeps the
+# sharded parameters in fp32 and casts them for compute, where zerokit keeps bf16
+# parameters and fp32 masters in the optimizer), each total equal to its own formula.
 #
 # ## ZeRO++: ZeRO-3's three collectives, each cut
 #
