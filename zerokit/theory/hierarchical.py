@@ -38,7 +38,7 @@ ZeRO-3 over all N ranks plus a **secondary copy** of the 16-bit parameters shard
   The backward all-gather reads the secondary copy inside the group, (s−1)/s·P_s·b. The
   gradient reduce-scatter stays over N, (N−1)/N·P_N·b. So 2A·(N−1)/N·P_N·b cross the group
   boundary and A·(s−1)/s·P_s·b stay inside it: ZeRO-3's backward gather moved into the node
-  (ZeRO++'s 3M → 2M cross-node; its qwZ and qgZ quantisation are not modelled).
+  (ZeRO++'s 3M → 2M cross-node; its qwZ and qgZ, and all three together: :mod:`.zeropp`).
   (:func:`hpz_collective_bytes`.)
 
 **Which link.** A collective over a group of ``size`` ranks, each ``stride`` ranks apart
