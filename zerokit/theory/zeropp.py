@@ -102,7 +102,11 @@ def _check_layout(n: int, ranks_per_node: int, hpz: int) -> None:
 
 
 def hpz_secondary_numel(units: list, n: int, s: int) -> int:
-    """Elements of hpZ's secondary copy on one rank: Σ P/s, a 1/s slice of each N-padded unit (0 when s = 1)."""
+    """Elements of hpZ's secondary copy on one rank: Σ P/s, a 1/s slice of each N-padded unit (0 when s = 1).
+
+    The slice of the buffer the forward gather filled (zerokit's flat unit, and DeepSpeed's
+    ``ds_secondary_tensor``): padded to N. :func:`~.hierarchical.hpz_secondary_bytes` pads each unit to s
+    (the planner's count); the two agree when N divides every unit."""
     _check_layout(n, 1, s)
     return 0 if s == 1 else sum(n * -(-u // n) // s for u in units)
 
