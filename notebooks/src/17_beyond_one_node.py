@@ -310,7 +310,7 @@ assert hpz_extra == theory.hpz_secondary_bytes(PSI, G, "bf16-mixed", units=[N * 
 # ZeRO++'s, and records each step's measured round-trip error next to its bound:
 
 # %%
-STEPS = 300
+STEPS = 200
 effect = zeropp_loss_effect(work, 2, STEPS, options=dict(zero_quantized_weights=True, zero_quantized_gradients=True),
                             ranks_per_node=1, precision="fp32")
 weights, grads = effect["weight_error"], effect["gradient_error"]
