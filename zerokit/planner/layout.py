@@ -299,6 +299,9 @@ def from_deepspeed_config(source) -> dict:
     for key in [k for k in zero if k in NOT_IMPLEMENTED]:
         notes.append(f"zero_optimization.{key} not modelled")
         zero.pop(key)
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):  # ZeRO++'s qwZ and qgZ (zerokit's zeropp)
+        if zero.pop(key, False):
+            notes.append(f"zero_optimization.{key} not modelled (the planner counts 16-bit traffic)")
     hierarchical = {}
     for key, strategy in (("zero_hpz_partition_size", "hpz"), ("mics_shard_size", "hsdp")):
         if key in zero:
