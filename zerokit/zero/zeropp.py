@@ -18,7 +18,8 @@ named as DeepSpeed names it:
 All three off is ZeRO-3 bit for bit. The ledger names the groups: ``dp`` (all N ranks), ``hpz`` (the
 secondary partition), ``node`` and ``inter_node`` (qgZ's hops, :meth:`~zerokit.runtime.mesh.Mesh.node_groups`);
 the formulas they are held against per axis, and the paper's 3M → 0.75M cross-node accounting:
-:mod:`zerokit.theory.zeropp`. Not combined
+:mod:`zerokit.theory.zeropp`; the ledger read into the paper's terms, and the memory ledger's secondary
+copy: :mod:`.zeropp_accounting`; the loss curves and measured errors: :mod:`.zeropp_error`. Not combined
 here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
 tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
 """
