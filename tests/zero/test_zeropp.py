@@ -6,6 +6,7 @@ import torch.distributed as dist
 import zerokit
 from zerokit import theory
 from zerokit.cli import compare
+from zerokit.job import make_job
 from zerokit.optim import OptimizerSpec
 from zerokit.runtime import comm
 from zerokit.runtime.memory import MemoryLedger
@@ -337,6 +338,8 @@ def test_bad_options_are_refused_before_any_process_starts(options, name):
 
 
 def test_an_hpz_partition_that_does_not_divide_dp_is_refused():
+    with pytest.raises(ValueError, match="zero_hpz_partition_size=2 must divide the 3"):
+        make_job(_work(), "zeropp", 3, 1, "fp32", "sgd", LR, 1, {"zero_hpz_partition_size": 2})
     ctx = zerokit.RankContext(0, 1, torch.device("cpu"), "none")
     with pytest.raises(ValueError, match="zero_hpz_partition_size=2 must divide"):
         get("zeropp")(_model(_work(), torch.float32), ctx, TrainConfig(optimizer=OptimizerSpec("sgd", lr=LR)),

@@ -82,6 +82,14 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
     axes = ("dp",)
     options = ZEROPP_OPTIONS
 
+    @staticmethod
+    def check_layout(options: dict, shape: dict) -> None:
+        """Before any process starts: the hpZ partition divides dp."""
+        s, dp = options.get("zero_hpz_partition_size", 1), shape["dp"]
+        if dp % s:
+            raise ValueError(f"strategy 'zeropp': zero_hpz_partition_size={s} must divide the {dp} data-parallel "
+                             f"ranks (1, or a divisor of dp: DeepSpeed's setting is the GPUs per node)")
+
     def __init__(self, model, ctx, config, **options):
         super().__init__(model, ctx, config, **options)
         o = self.opts
