@@ -65,7 +65,7 @@ def quantize(x, block_size):
 
 def dequantize(q, scales, block_size, numel):
     """The ``numel`` float32 values that (q, scales) encode: each code times its own block's scale."""
-    raise NotImplementedError('element i belongs to block i // block_size: each scale repeated block_size times, in place (repeat_interleave), cut to numel')
+    raise NotImplementedError("element i belongs to block i // block_size: each code times its own block's scale, cut to numel")
 
 
 def quantized_all_gather(shard, block_size, group=None):

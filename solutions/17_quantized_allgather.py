@@ -73,7 +73,7 @@ def quantize(x, block_size):
 
 def dequantize(q, scales, block_size, numel):
     """The ``numel`` float32 values that (q, scales) encode: each code times its own block's scale."""
-    # BEGIN SOLUTION: element i belongs to block i // block_size: each scale repeated block_size times, in place (repeat_interleave), cut to numel
+    # BEGIN SOLUTION: element i belongs to block i // block_size: each code times its own block's scale, cut to numel
     return q.reshape(-1)[:numel].to(torch.float32) * scales.repeat_interleave(block_size)[:numel]
     # END SOLUTION
 

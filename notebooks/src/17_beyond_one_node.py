@@ -283,13 +283,13 @@ assert {"node", "inter_node"} <= set(zpp["qgZ"].ranks[0].comm_bytes_by_axis)
 all3 = leaving(zpp["qwZ + hpZ + qgZ"]) / base
 assert 0.2 < all3 < 0.3  # the paper's 0.75M / 3M = 0.25, plus the scales and the (n−1)/n
 hpz_extra = sum(zpp["hpZ"].ranks[0].model_state_bytes.values()) - sum(zero3.ranks[0].model_state_bytes.values())
-assert hpz_extra == theory.hpz_secondary_bytes(PSI, G, "bf16-mixed", units=[N * -(-u // N) for u in UNITS])
+assert hpz_extra == B * theory.hpz_secondary_numel(UNITS, N, G)  # the secondary copy: b·Σ P/s
 
 # %% [markdown]
 # Read the table from the paper's side: qwZ halves the forward term (a little over half:
 # the scales), hpZ removes the backward term from the network (its gather is on `hpz`,
 # inside the node) at the price of the secondary copy — the "model states" column's growth
-# over `zero3` is exactly `theory.hpz_secondary_bytes` — and qgZ sends the gradients as
+# over `zero3` is exactly b·`theory.hpz_secondary_numel` — and qgZ sends the gradients as
 # int4 across, a quarter of bf16, after a first hop inside the node. All three: about a
 # quarter of ZeRO-3's bytes leave each node, the paper's 0.75M of 3M. Two choices to name.
 # zerokit's hpZ gathers the secondary copy in bf16, as the paper's Fig. 5 draws it;
