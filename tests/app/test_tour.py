@@ -11,8 +11,8 @@ from zerokit import cli, strategies, tour, tour_results
 STEPS = 4  # `zerokit tour`'s default: the runs `make tour` just made are read back when the code is the same
 WORLD_SIZES = [2, 4]
 LR = 1e-3  # the tour's AdamW learning rate
-SECTIONS = ["data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO++", "HSDP", "tensor parallel", "pipeline", "dp×tp grid", "offload",
-            "checkpointing", "context parallel", "expert parallel"]
+SECTIONS = ["data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO++", "HSDP", "tensor parallel", "pipeline",
+            "dp×tp grid", "offload", "checkpointing", "context parallel", "expert parallel"]
 
 
 @pytest.fixture(scope="module")
