@@ -93,6 +93,9 @@ MULTI_RANK = [
     # persistence: parameters under 1,024 elements (LayerNorms, most biases) stay gathered; the matrices do not
     ("zero3 offload params persistence", multi("zero3", offload="params", param_persistence_threshold=1024)),
     ("zerokit.fully_shard", multi("fully-shard")),
+    # two groups of 2: on one node of 4 GPUs its "nodes" are pairs of GPUs (the bytes per axis are the same)
+    ("hsdp 2×2", multi("hsdp", 4, shard_group_size=2)),
+    ("ZeRO++ hpZ 2 of 4", multi("zeropp", 4, zero_hpz_partition_size=2)),  # exact: qwZ and qgZ quantize
     ("dp on every rank of the node", multi("ddp", "node", reference=True)),
     ("tp=2 sequence parallel", multi("tp", parallel={"tp": 2}, sequence_parallel=True)),
     *[(f"pp=2 {s}", pipeline(s)) for s in ("gpipe", "1f1b", "interleaved", "zb-h1")],
@@ -112,6 +115,7 @@ MULTI_RANK = [
     ("peer torch ZeroRedundancyOptimizer", multi("torch-zero1")),
     ("peer FSDP2 zero2", multi("fsdp2-zero2")),
     ("peer FSDP2 zero3", multi("fsdp2-zero3")),
+    ("peer FSDP2 HSDP 2×2", multi("fsdp2-hsdp", 4, shard_group_size=2)),
     *[(f"peer DeepSpeed zero{k}", multi(f"deepspeed-zero{k}")) for k in (1, 2, 3)],
     ("peer torch TP", multi("torch-tp", parallel={"tp": 2})),
     *[(f"peer torch pipelining {s}", pipeline(None, f"torch-pp-{s}")) for s in ("gpipe", "1f1b", "interleaved")],
