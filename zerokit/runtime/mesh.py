@@ -32,6 +32,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from . import nodes as node_layout
+
 AXES = ("pp", "dp", "cp", "tp")
 #: what each axis is for, in error messages and tables
 AXIS_MEANING = {"dp": "data parallelism (ddp, zero1/2/3)", "tp": "tensor parallelism",
@@ -289,9 +291,7 @@ class Mesh:
     def ranks_per_node(self) -> int:
         """Ranks on each node (:func:`zerokit.runtime.nodes.ranks_per_node`: torchrun's, or the launcher's emulated
         nodes; one node without either)."""
-        from . import nodes
-
-        return nodes.ranks_per_node(self.size("world"))
+        return node_layout.ranks_per_node(self.size("world"))
 
     @property
     def node(self) -> int:
@@ -304,9 +304,7 @@ class Mesh:
 
     def spans_nodes(self, axis: str) -> bool:
         """Whether this rank's group along ``axis`` has ranks on more than one node (its traffic leaves the node)."""
-        from . import nodes
-
-        return nodes.spans_nodes(self.ranks(axis), self.ranks_per_node)
+        return node_layout.spans_nodes(self.ranks(axis), self.ranks_per_node)
 
     def node_groups(self):
         """(intra-node group, inter-node group): the ranks of this rank's node (axis ``node``), and the ranks holding
