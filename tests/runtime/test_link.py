@@ -1,4 +1,5 @@
-"""The emulated link: collectives run on gloo and complete when an α-β link has carried their bytes."""
+"""The emulated link: collectives run on gloo and complete when an α-β link has carried their bytes; two tiers, one
+inside a node and one between nodes."""
 import statistics
 import time
 
@@ -6,10 +7,11 @@ import pytest
 import zerokit
 from zerokit import theory
 from zerokit.runtime import comm
-from zerokit.runtime.link import LINKS, Link, resolve
+from zerokit.runtime.link import LINKS, Link, TieredLink, resolve
 from zerokit.runtime.timeline import exposed_comm_s, held_comm_s, rank_timeline
 
-pytestmark = pytest.mark.serial  # wall-clock bounds (or machine-wide counts): run alone, see pyproject.toml
+#: the tests that hold wall-clock bounds run alone (see pyproject.toml); the tiers' tests compare formulas
+serial = pytest.mark.serial
 
 #: a slow link, so its time stands far above this machine's noise: 1 ms per round, 50 MB/s
 SLOW = Link("slow", 1e-3, 50e6)
@@ -43,6 +45,7 @@ def _time_all_reduce(ctx, link, sizes, repeats):
     return out, records
 
 
+@serial
 def test_a_sync_all_reduce_takes_rounds_alpha_plus_bytes_beta():
     sizes = [400_000, 1_600_000]  # 10 ms and 34 ms on the slow link: far above a busy machine's jitter
     per_rank = zerokit.launch(_time_all_reduce, 2, SLOW, sizes, 3)
@@ -74,6 +77,7 @@ def _time_ring_all_reduce(ctx, link, nbytes):
     return took, comm.ledger().to_list()[-1]
 
 
+@serial
 def test_zerokits_own_ring_is_held_by_the_link_too():
     nbytes = 200_000
     model = SLOW.seconds("all_reduce", theory.ring_bytes_sent("all_reduce", nbytes, 2), 2)
@@ -83,6 +87,7 @@ def test_zerokits_own_ring_is_held_by_the_link_too():
         assert took >= model and record["sent_bytes"] == theory.ring_bytes_sent("all_reduce", nbytes, 2)
 
 
+@serial
 def test_overlap_hides_emulated_communication_behind_backward():
     """Bucketed-after-backward waits for all of it; overlapped DDP only for what backward did not cover."""
     work = zerokit.mlp((64, 256, 256, 256, 256, 256, 10), batch_size=4096)
@@ -108,6 +113,7 @@ def test_overlap_hides_emulated_communication_behind_backward():
     assert exposed["ddp-bucketed"] >= 0.8 * emulated
 
 
+@serial
 def test_no_link_books_nothing_and_the_ledger_matches_a_linked_run():
     work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12)
     runs = {link: zerokit.train(work, "ddp", world_size=2, steps=2, bucket_mb=0.02, keep_records=True,
@@ -144,10 +150,12 @@ def _sleeps_without_link(ctx):
     return calls
 
 
+@serial
 def test_without_a_link_nothing_sleeps():
     assert zerokit.launch(_sleeps_without_link, 2) == [[], []]
 
 
+@serial
 def test_presets_and_bad_input():
     assert set(LINKS) == {"nvlink", "pcie", "ib-100g", "10gbe", "1gbe"}
     assert resolve("this machine") is None and resolve(None) is None
@@ -163,3 +171,78 @@ def test_presets_and_bad_input():
         zerokit.Link("bad", 1e-6, 0)
     with pytest.raises(ValueError, match=r"link=3"):
         zerokit.train(work, "ddp", link=3, reference=False)
+
+
+# --- two tiers: inside a node, between nodes --------------------------------------------------------------------
+
+def test_two_tiers_are_named_and_bad_tiers_refused(no_children_left):
+    tiered = resolve("nvlink/10gbe")
+    assert isinstance(tiered, TieredLink) and tiered.name == "nvlink/10gbe"
+    assert (tiered.intra, tiered.inter) == (LINKS["nvlink"], LINKS["10gbe"])
+    assert tiered.tier([0, 1], 2) is LINKS["nvlink"] and tiered.tier([1, 2], 2) is LINKS["10gbe"]
+    assert tiered.tier([0, 1, 2, 3], 4) is LINKS["nvlink"]  # one node of four
+    assert TieredLink("pcie", SLOW).name == "pcie/slow" and resolve(tiered) is tiered
+    for bad, why in (("nvlink/infiniband", r"unknown tier 'infiniband'"), ("nvlink/", r"unknown tier ''"),
+                     ("nvlink/pcie/10gbe", r"3 tiers, two wanted"), ("this machine/10gbe", r"unknown tier")):
+        with pytest.raises(ValueError, match=rf"link={bad!r}.*'intra/inter'.*{why}"):
+            resolve(bad)
+    with pytest.raises(ValueError, match=r"TieredLink: inter=3"):
+        TieredLink("nvlink", 3)
+    work = zerokit.mlp()
+    with pytest.raises(ValueError, match=r"link='nvlink/warp'.*unknown tier 'warp'"):  # before any rank starts
+        zerokit.train(work, "ddp", world_size=4, link="nvlink/warp", reference=False)
+    with pytest.raises(ValueError, match=r"ranks_per_node=3 does not divide world_size=4"):
+        zerokit.train(work, "ddp", world_size=4, link="nvlink/10gbe", ranks_per_node=3)
+    with pytest.raises(ValueError, match=r"ranks_per_node=0 must be None"):
+        zerokit.launch(_book_tiers, 2, ranks_per_node=0)
+    no_children_left()
+
+
+def _book_tiers(ctx, link):
+    """Sums over this rank's node, across the nodes, over the world; then an inter-node transfer on the slow tier
+    and, launched just after it, an intra-node one: the records of each."""
+    import torch
+
+    intra, inter = ctx.mesh.node_groups()
+    comm.set_link(link)
+    for group in (intra, inter, None):
+        comm.all_reduce(torch.ones(1000), group=group)
+    slow = comm.all_reduce(torch.ones(25_000), group=inter, async_op=True)
+    fast = comm.all_reduce(torch.ones(25_000), group=intra, async_op=True)
+    queued = comm.all_reduce(torch.ones(25_000), group=inter, async_op=True)
+    for work in (slow, fast, queued):
+        work.wait()
+    comm.set_link(None)
+    return ctx.mesh.ranks_per_node, comm.ledger().to_list()[-6:]
+
+
+def test_a_collective_books_the_tier_of_its_group():
+    """On emulated nodes of two ranks (ranks_per_node=2), a group inside a node books the fast tier and one across
+    nodes the slow tier, each the α-β formula of its ring; each tier queues its own transfers."""
+    link = TieredLink("nvlink", SLOW)
+    for per_node, records in zerokit.launch(_book_tiers, 4, link, ranks_per_node=2):
+        assert per_node == 2
+        assert [(r["axis"], r["link"]) for r in records] == [
+            ("node", "nvlink"), ("inter_node", "slow"), ("dp", "slow"),
+            ("inter_node", "slow"), ("node", "nvlink"), ("inter_node", "slow")]
+        for r in records:
+            tier = LINKS["nvlink"] if r["link"] == "nvlink" else SLOW
+            assert r["emulated_s"] == pytest.approx(theory.link_seconds(
+                theory.ring_bytes_sent("all_reduce", r["payload_bytes"], r["group_size"]),
+                theory.ring_steps("all_reduce", r["group_size"]), tier.bandwidth_Bps, tier.alpha_s))
+        slow, fast, queued = records[3:]
+        assert slow["emulated_s"] > 0.002  # 1 ms per round, 100 kB at 50 MB/s
+        # the intra-node transfer did not wait behind the slow one; the second slow one did
+        assert fast["emulated_end"] == pytest.approx(fast["t_launch"] + fast["emulated_s"])
+        assert queued["emulated_end"] == pytest.approx(slow["emulated_end"] + queued["emulated_s"])
+
+
+def test_train_runs_tensor_parallel_inside_a_node_and_data_parallel_across():
+    """zerokit.train(link="nvlink/10gbe", ranks_per_node=2) at dp=2 × tp=2: the tp pairs are consecutive ranks, one
+    node each, so tp's collectives book NVLink; dp's pairs span the nodes and book 10 GbE."""
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=8)
+    report = zerokit.train(work, "ddp", world_size=4, steps=1, parallel={"dp": 2, "tp": 2}, ranks_per_node=2,
+                           link="nvlink/10gbe", keep_records=True, reference=False, track_peak=False)
+    for rank in report.result.ranks:
+        booked = {(r["axis"], r["link"]) for r in rank.comm_records if r["phase"] != "setup"}
+        assert booked == {("tp", "nvlink"), ("dp", "10gbe")}, booked

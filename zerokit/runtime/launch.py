@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .context import set_check_collectives
 from .errors import RankFailed, RankTimeout
+from .nodes import RANKS_PER_NODE_ENV
 from .supervise import Supervisor
 from .torchrun import BACKENDS, check_backend, launch_under_torchrun, under_torchrun
 
@@ -45,7 +46,8 @@ def max_world_size(backend: Optional[str] = None) -> int:
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str] = None,
            timeout_s: float = 300.0, threads_per_rank: int = 1, start_method: Optional[str] = None,
-           heartbeat_s: Optional[float] = None, check_collectives: Optional[bool] = None, **kwargs) -> list:
+           heartbeat_s: Optional[float] = None, check_collectives: Optional[bool] = None,
+           ranks_per_node: Optional[int] = None, **kwargs) -> list:
     """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks and return their results by rank.
 
     ``ctx`` is the rank's :class:`~zerokit.context.RankContext`. ``backend`` None picks
@@ -58,7 +60,10 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
     or left a collective for that long (it must exceed the longest stretch of a rank's
     work between collectives). ``check_collectives``: before each collective, compare its
     op, element count and dtype across the group and fail fast on a mismatch (None: on
-    when ``ZEROKIT_DEBUG_COLLECTIVES=1``).
+    when ``ZEROKIT_DEBUG_COLLECTIVES=1``). ``ranks_per_node``: emulate nodes of that many ranks on this
+    machine (ranks 0…k−1 on node 0, and so on; it must divide ``world_size``): each rank's
+    ``ZEROKIT_RANKS_PER_NODE`` says so, and the mesh's ``node`` axis and a two-tier link
+    (``"nvlink/10gbe"``) follow it (:mod:`.nodes`); None: one node, unless the environment says otherwise.
     Under torchrun (its agent's TORCHELASTIC_RUN_ID, GROUP_RANK, LOCAL_RANK... set, not a
     mere RANK and WORLD_SIZE) ``fn`` runs here, as this process's rank.
     """
@@ -74,24 +79,53 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: Optional[str
     if check_collectives is not None and not isinstance(check_collectives, bool):
         raise ValueError(f"check_collectives={check_collectives!r} must be True, False or None "
                          f"(None: as ZEROKIT_DEBUG_COLLECTIVES says)")
+    check_ranks_per_node(ranks_per_node, world_size)
     if under_torchrun():
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+        if ranks_per_node is not None and ranks_per_node != local:
+            raise ValueError(f"ranks_per_node={ranks_per_node} but torchrun started {local} ranks on each node "
+                             f"(--nproc-per-node): under torchrun the nodes are real; leave ranks_per_node=None")
         if check_collectives is not None:  # fn runs in this process: its collectives read the flag here
 
             set_check_collectives(check_collectives)
         return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s)
     backend = choose_backend(backend, world_size)
     method = _choose_start_method(start_method, backend)
+    if ranks_per_node is not None:  # every rank learns its emulated node size first thing
+        args, fn_run = (fn, ranks_per_node, *args), _on_node
+    else:
+        fn_run = fn
     if method == "fork":
         _import_before_fork()
-        job: Any = (fn, args, kwargs)  # inherited by the fork as it is: nothing is pickled
+        job: Any = (fn_run, args, kwargs)  # inherited by the fork as it is: nothing is pickled
     else:
         try:
-            job = cloudpickle.dumps((fn, args, kwargs))
+            job = cloudpickle.dumps((fn_run, args, kwargs))
         except Exception as exc:
             raise TypeError(f"start_method='spawn' sends fn and its arguments to the ranks with cloudpickle, "
                             f"which failed: {type(exc).__name__}: {exc}") from exc
     return Supervisor(mp.get_context(method), fn, job, world_size, backend, float(timeout_s), threads_per_rank,
                       None if heartbeat_s is None else float(heartbeat_s), check_collectives).run()
+
+
+def check_ranks_per_node(ranks_per_node, world_size) -> None:
+    """``ranks_per_node`` is None or a whole number of ranks dividing ``world_size`` (checked before any rank
+    starts)."""
+    if ranks_per_node is None:
+        return
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node={ranks_per_node!r} must be None (one node) or a positive integer: the "
+                         f"ranks on each emulated node")
+    if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1 \
+            and world_size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} does not divide world_size={world_size}: nodes must "
+                         f"hold equal numbers of ranks")
+
+
+def _on_node(ctx, fn, ranks_per_node: int, *args, **kwargs):
+    """Run ``fn`` as this rank of emulated nodes of ``ranks_per_node`` ranks (:mod:`.nodes` reads it)."""
+    os.environ[RANKS_PER_NODE_ENV] = str(ranks_per_node)
+    return fn(ctx, *args, **kwargs)
 
 
 def _import_before_fork() -> None:

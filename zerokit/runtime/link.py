@@ -47,6 +47,19 @@ CUDA stream the collective runs on, so it is refused there (:func:`check_backend
 A link only ever delays: completion is the later of the backend's and the link's, so a
 link faster than the backend itself (10 GbE against gloo on two busy shared cores, for
 megabytes) holds nothing — ``held_s`` stays 0.
+
+Two tiers, as a cluster has them: ``link="nvlink/10gbe"`` (or ``TieredLink("nvlink", "10gbe")``,
+each tier a preset name or a :class:`Link`) is fast inside a node and slow between nodes. The
+nodes are :mod:`.nodes`' (torchrun's ``LOCAL_WORLD_SIZE``, or ``zerokit.launch(...,
+ranks_per_node=k)`` / ``zerokit.train(..., ranks_per_node=k)`` on one machine). Each
+collective books the tier of its group: the intra-node tier when every rank of the group is on
+this rank's node, else the inter-node one (:func:`.nodes.spans_nodes` of the group's ranks, read
+from the mesh axis the ledger names the group by; a group the mesh does not name counts as the
+world). Each tier is a link of its own, with its own queue: an all-reduce inside the node does
+not wait behind one between nodes. A record's ``link`` names the tier's link (``"nvlink"`` or
+``"10gbe"``). A send or a receive books its group's tier too: the booking sees the group, not
+the peer, so a pipeline's point-to-point group that spans nodes books the inter-node tier for
+every neighbour.
 """
 from __future__ import annotations
 
@@ -56,6 +69,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .. import theory
+from . import context, nodes
 
 
 @dataclass(frozen=True)
@@ -102,17 +116,57 @@ NO_LINK = ("this machine", "none")
 PRESETS = (*LINKS, "this machine")
 
 
-def resolve(link: Union[str, Link, None]) -> Optional[Link]:
-    """``link=`` as given → a :class:`Link` (None for none), or a ValueError naming the allowed presets."""
-    if link is None or isinstance(link, Link):
+@dataclass(frozen=True)
+class TieredLink:
+    """Two links: ``intra`` between ranks of one node, ``inter`` between nodes (each a preset name or a
+    :class:`Link`); named ``"intra/inter"``, as ``link=`` takes it."""
+
+    intra: Union[str, Link]
+    inter: Union[str, Link]
+
+    def __post_init__(self):
+        for field, value in (("intra", self.intra), ("inter", self.inter)):
+            tier = LINKS.get(value) if isinstance(value, str) else value
+            if not isinstance(tier, Link):
+                raise ValueError(f"TieredLink: {field}={value!r}; each tier is one of "
+                                 f"{', '.join(map(repr, LINKS))} or a zerokit.Link")
+            object.__setattr__(self, field, tier)
+
+    @property
+    def name(self) -> str:
+        return f"{self.intra.name}/{self.inter.name}"
+
+    def tier(self, ranks, per_node: int) -> Link:
+        """The link a collective over global ``ranks`` runs on: ``inter`` when they span nodes, else ``intra``."""
+        return self.inter if nodes.spans_nodes(ranks, per_node) else self.intra
+
+
+def _allowed(link) -> str:
+    return (f"link={link!r}; allowed: one of {', '.join(repr(p) for p in PRESETS)}, None, "
+            f"zerokit.Link(name, alpha_s, bandwidth_Bps) with alpha_s >= 0 and bandwidth_Bps > 0, or two tiers "
+            f"'intra/inter' (e.g. 'nvlink/10gbe': fast inside a node, slow between nodes) or "
+            f"zerokit.links.TieredLink(intra, inter)")
+
+
+def resolve(link: Union[str, Link, TieredLink, None]) -> Union[Link, TieredLink, None]:
+    """``link=`` as given → a :class:`Link` or :class:`TieredLink` (None for none), or a ValueError naming what is
+    allowed."""
+    if link is None or isinstance(link, (Link, TieredLink)):
         return link
     if isinstance(link, str):
         if link in LINKS:
             return LINKS[link]
         if link in NO_LINK:
             return None
-    raise ValueError(f"link={link!r}; allowed: one of {', '.join(repr(p) for p in PRESETS)}, None, or "
-                     f"zerokit.Link(name, alpha_s, bandwidth_Bps) with alpha_s >= 0 and bandwidth_Bps > 0")
+        if "/" in link:
+            tiers = link.split("/")
+            unknown = [t for t in tiers if t not in LINKS]
+            if len(tiers) != 2 or unknown:
+                why = (f"{len(tiers)} tiers, two wanted (intra-node/inter-node)" if len(tiers) != 2 else
+                       f"unknown tier {', '.join(map(repr, unknown))}")
+                raise ValueError(f"{_allowed(link)}: {why}; a tier is one of {', '.join(map(repr, LINKS))}")
+            return TieredLink(*tiers)
+    raise ValueError(_allowed(link))
 
 
 def custom(alpha_s: float, bandwidth_Bps: float, name: str = "custom") -> Link:
@@ -121,20 +175,38 @@ def custom(alpha_s: float, bandwidth_Bps: float, name: str = "custom") -> Link:
 
 
 class LinkClock:
-    """This rank's link: books each transfer after the previous one, and holds completions until due."""
+    """This rank's link: books each transfer after the previous one on its link, and holds completions until due.
+    With a :class:`TieredLink` each tier is a link of its own, with its own queue."""
 
-    def __init__(self, link: Link):
+    def __init__(self, link: Union[Link, TieredLink]):
         self.link = link
-        #: perf_counter time at which the link finishes what is booked
-        self.free_at = 0.0
+        #: perf_counter time at which each tier (by its link's name) finishes what is booked on it
+        self.free: dict = {}
+        #: ranks per node, read at the first booking (the world's size is known then)
+        self._per_node: Optional[int] = None
+
+    @property
+    def free_at(self) -> float:
+        """When the last tier to finish is free (one tier: its link's queue)."""
+        return max(self.free.values(), default=0.0)
+
+    def tier(self, record) -> Link:
+        """The link ``record``'s transfer runs on: the link itself, or the tier of the record's group."""
+        if isinstance(self.link, Link):
+            return self.link
+        ranks, world = _group_ranks(record.axis)
+        if self._per_node is None:
+            self._per_node = nodes.ranks_per_node(world)
+        return self.link.tier(ranks, self._per_node)
 
     def book(self, record, start: Optional[float] = None) -> None:
-        """Book ``record``'s transfer from ``start`` (default: its launch) or when the link frees up."""
+        """Book ``record``'s transfer from ``start`` (default: its launch) or when its link frees up."""
+        link = self.tier(record)
         nbytes = record.payload_bytes if record.op == "recv" else record.ring_cost_bytes
-        record.emulated_s = self.link.seconds(record.op, nbytes, record.group_size)
-        begin = max(record.t_launch if start is None else start, self.free_at)
-        self.free_at = record.emulated_end = begin + record.emulated_s
-        record.link = self.link.name
+        record.emulated_s = link.seconds(record.op, nbytes, record.group_size)
+        begin = max(record.t_launch if start is None else start, self.free.get(link.name, 0.0))
+        self.free[link.name] = record.emulated_end = begin + record.emulated_s
+        record.link = link.name
 
     @staticmethod
     def hold(record) -> float:
@@ -151,6 +223,21 @@ class LinkClock:
         return slept
 
 
+def _group_ranks(axis: str):
+    """(the global ranks of this rank's group along mesh ``axis``, the world's size); the world's ranks for "world"
+    or outside a rank context."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    ctx = context._current
+    if ctx is None or axis == "world" or ctx._mesh is None:
+        return range(world), world
+    try:
+        return ctx.mesh.ranks(axis), world
+    except (ValueError, KeyError):  # not an axis of this mesh: counted as the world
+        return range(world), world
+
+
 _clock: Optional[LinkClock] = None
 
 
@@ -160,14 +247,14 @@ NCCL_REASON = ("an emulated link holds a collective's completion by sleeping the
                "link's speed while the ledger reported the emulated one")
 
 
-def check_backend(link: Optional[Link], backend: str) -> None:
+def check_backend(link: Union[Link, TieredLink, None], backend: str) -> None:
     """Refuse an emulated link on NCCL, with the reason and what to do instead."""
     if link is not None and "nccl" in backend:
         raise ValueError(f"link={link.name!r} cannot be emulated on backend 'nccl': {NCCL_REASON}. On GPUs measure "
                          f"the real link (link=None); to see an emulated one, run on CPU ranks with backend='gloo'")
 
 
-def set_link(link: Union[str, Link, None]) -> Optional[Link]:
+def set_link(link: Union[str, Link, TieredLink, None]) -> Union[Link, TieredLink, None]:
     """Put this process's collectives behind ``link`` (None: the backend's own speed); a fresh clock.
     Refused when this process's group runs on NCCL (:func:`check_backend`)."""
     global _clock
