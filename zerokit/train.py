@@ -42,7 +42,7 @@ from .context_parallel.apply import theory_bytes as cp_theory_bytes
 from .runtime.timeline import Tracer
 from .expert_parallel import gather_experts
 from .expert_parallel.apply import moe_layers, routing
-from .runtime.launch import choose_backend, launch
+from .runtime.launch import check_ranks_per_node, choose_backend, launch
 from .runtime.torchrun import rank_device, under_torchrun
 from .runtime.link import check_backend
 
@@ -272,7 +272,7 @@ def run_reference(job: Job, device: Optional[torch.device] = None) -> RankResult
 
 def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
             backend: Optional[str] = None, timeout_s: float = 300.0,
-            heartbeat_s: Optional[float] = None) -> StrategyResult:
+            heartbeat_s: Optional[float] = None, ranks_per_node: Optional[int] = None) -> StrategyResult:
     if job.strategy == "single":
         ranks = [run_reference(job, reference_device(backend, world_size))]
     else:
@@ -282,7 +282,8 @@ def run_job(job: Job, world_size: int, reference: Optional[RankResult] = None,
                 importlib.import_module(module)
         if job.link is not None:  # refused on NCCL before any rank starts
             check_backend(job.link, choose_backend(backend, world_size))
-        ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
+        ranks = launch(run_rank, world_size, job, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s,
+                       ranks_per_node=ranks_per_node)
     return StrategyResult.from_ranks(job, ranks, reference)
 
 
@@ -292,7 +293,8 @@ def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_siz
           track_peak: bool = True, keep_records: bool = False, parallel: Optional[Dict[str, int]] = None,
           sequence_parallel: bool = False, checkpointing: str = "none", checkpoint_every: Optional[int] = None,
           link=None, save_dir: Optional[str] = None, save_every: Optional[int] = None,
-          resume_from: Optional[str] = None, heartbeat_s: Optional[float] = None, **options) -> Report:
+          resume_from: Optional[str] = None, heartbeat_s: Optional[float] = None,
+          ranks_per_node: Optional[int] = None, **options) -> Report:
     """Train ``workload`` with ``strategy`` on ``world_size`` ranks; measure ledgers and parity.
 
     ``parallel={"dp": …, "cp": …, "tp": …, "pp": …}`` lays the ranks out on a device mesh (degrees
@@ -306,7 +308,9 @@ def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_siz
     backward (:mod:`zerokit.activation_checkpointing`); the reference checkpoints the same way.
     ``link`` (``"nvlink"``, ``"pcie"``, ``"ib-100g"``, ``"10gbe"``, ``"1gbe"``, ``"this machine"``/None, or a
     :class:`zerokit.Link`) holds each collective's completion until an emulated α-β link has
-    carried its bytes (:mod:`zerokit.runtime.link`); the collectives still run for real.
+    carried its bytes (:mod:`zerokit.runtime.link`); the collectives still run for real. Two tiers,
+    ``"nvlink/10gbe"``: a collective inside a node on the first, one across nodes on the second; the
+    nodes are torchrun's, or ``ranks_per_node`` ranks each (ranks 0…k−1 on node 0, …) emulated here.
     ``save_dir`` (with ``save_every``: after every k-th step, and after the last) writes sharded
     checkpoints ``save_dir/step-NNNNNN``; ``resume_from`` (a checkpoint, or a ``save_dir``: its
     latest) continues one in this run's layout, which may differ, up to ``steps`` counted from
@@ -315,8 +319,8 @@ def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_siz
     ``timeout_s`` on a deadlock.
 
     ``train(config)`` takes the same settings as one :class:`zerokit.config.JobConfig` (parallel dims,
-    precision, schedule, memory savers); only ``reference``, ``backend``, ``timeout_s`` and
-    ``heartbeat_s`` go beside it.
+    precision, schedule, memory savers); only ``reference``, ``backend``, ``timeout_s``,
+    ``heartbeat_s`` and ``ranks_per_node`` go beside it.
 
     Returns a :class:`Report` with per-rank memory and communication ledgers, losses,
     step times and the largest parameter difference from the single-process reference.
@@ -331,12 +335,14 @@ def train(workload: Union[Workload, JobConfig], strategy: str = "ddp", world_siz
         given = [k for k, v in keywords.items() if v != defaults[k].default] + list(options)
         if given:
             raise TypeError(f"train(config, …): the JobConfig holds the job's settings; {', '.join(given)} given "
-                            f"too (only reference, backend, timeout_s and heartbeat_s go beside it)")
+                            f"too (only reference, backend, timeout_s, heartbeat_s and ranks_per_node go beside it)")
         config = workload
     else:
         config = JobConfig.from_keywords(workload, options=options, **keywords)
     job = make_job(config)
     world_size = config.parallel.world_size
+    check_ranks_per_node(ranks_per_node, world_size)  # before the reference and any rank start
     ref = run_reference(job, reference_device(backend, world_size)) if reference else None
-    result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
+    result = run_job(job, world_size, ref, backend=backend, timeout_s=timeout_s, heartbeat_s=heartbeat_s,
+                     ranks_per_node=ranks_per_node)
     return Report([result], reference=ref)
