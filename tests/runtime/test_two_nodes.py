@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from zerokit import theory
 from zerokit.runtime.link import LINKS
-from zerokit.runtime.torchrun import TORCHRUN_VARIABLES
+from zerokit.runtime.nodes import NodeLost, describe_gone
+from zerokit.runtime.torchrun import TORCHRUN_VARIABLES, knock
 
 pytestmark = pytest.mark.slow
 
@@ -209,8 +210,36 @@ def test_a_lost_node_ends_the_others_with_its_name(tmp_path):
     assert not left, left
     assert codes[lost] == -signal.SIGKILL and codes[1 - lost] == 1, codes
     err = launch.err(1 - lost)
-    for rank in (0, 1):  # each rank left says which node is gone, and why it stopped
-        line = next((x for x in err.splitlines() if x.startswith(f"[rank{rank}]: zerokit.runtime.nodes.NodeLost")),
-                    None)
-        assert line is not None and "node 1 (ranks 2, 3) is gone" in line and "This rank" in line, err[-4000:]
+    # the first rank left to find the loss says which node is gone and where it stopped (its agent then stops
+    # the other one, SIGTERM, which may not have said so yet); torchrun's summary gives it as the root cause
+    said = [x for x in err.splitlines() if x.startswith(("[rank0]: ", "[rank1]: ")) and "NodeLost: " in x]
+    assert said and all("NodeLost: node 1 (ranks 2, 3) is gone" in x and "This rank" in x for x in said), err[-4000:]
+    cause = err[err.index("Root Cause"):]
+    assert "NodeLost: node 1 (ranks 2, 3) is gone" in cause, cause
     assert took < 60, took  # the process group's timeout is 30 s; a lost peer shows at once
+
+
+def test_lost_ranks_are_named_by_node():
+    assert describe_gone([3, 2], 2) == "node 1 (ranks 2, 3) is gone"
+    assert describe_gone([3], 2) == "rank 3 of node 1 is gone"
+    assert describe_gone([0, 4, 5, 6], 2) == ("rank 0 of node 0 is gone; node 2 (ranks 4, 5) is gone; "
+                                              "rank 6 of node 3 is gone")
+    error = NodeLost("node 1 (ranks 2, 3) is gone", [3, 2], 2)
+    assert (error.gone, error.nodes) == ([2, 3], [1])
+
+
+def test_a_knock_tells_a_live_process_from_a_gone_one():
+    """A listening socket nobody reads answers (the kernel accepts into its backlog); a closed one refuses."""
+    import socket
+
+    live, dead = socket.socket(), socket.socket()
+    for sock in (live, dead):
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+    addresses = [("127.0.0.1", live.getsockname()[1]), ("127.0.0.1", dead.getsockname()[1]), ("127.0.0.1", 1)]
+    dead.close()
+    try:
+        assert knock(addresses, me=2) == [1]  # itself (rank 2) is never knocked on
+        assert knock(addresses, me=0) == [1, 2]
+    finally:
+        live.close()

@@ -25,8 +25,9 @@ lost, two things make it end cleanly:
   exchange their addresses. When ``fn`` raises — a collective whose peer died fails with
   gloo's "Connection closed by peer", or times out — this rank knocks on every other rank's
   socket, and if some no longer answer it raises :class:`.nodes.NodeLost` naming them by
-  node (``node 1 (ranks 2, 3) is gone``), chained to the torch error. torchrun's agent then
-  ends the node's other workers; with ``--max-restarts`` it starts them again, and
+  node (``node 1 (ranks 2, 3) is gone``), chained to the torch error, and writes it to the
+  agent's error file (the agent's summary gives it as the root cause). The agent then ends
+  the node's other workers; with ``--max-restarts`` it starts them again, and
   ``zerokit.train(..., resume_from=save_dir)`` continues from the last checkpoint.
 """
 from __future__ import annotations
@@ -35,12 +36,14 @@ import atexit
 import ctypes
 import datetime
 import errno
+import json
 import os
 import selectors
 import signal
 import socket
 import sys
 import time
+import traceback
 import uuid
 from typing import List, Optional, Sequence, Tuple
 
@@ -126,6 +129,8 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         lost = lost_ranks_error(exc, rank, world_size)
         if lost is None:
             raise
+        lost.__cause__ = exc
+        _record_for_agent(lost)
         raise lost from exc
     finally:
         set_current(None)
@@ -299,6 +304,23 @@ def _stopped(ranks: Sequence[int]) -> List[int]:
         return [r for r in ranks if _agent_store.check([_stopped_key(r)])]
     except Exception:  # noqa: BLE001 - the store is unreachable
         return []
+
+
+def _record_for_agent(error: BaseException) -> None:
+    """Write ``error`` where torchrun's agent reads a worker's failure (``TORCHELASTIC_ERROR_FILE``): the agent's
+    summary then gives it as the root cause. The first rank left to find the loss fails first; its agent then
+    stops the node's other workers (SIGTERM) before they have said anything."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    text = "".join(traceback.format_exception(error))  # the torch error's stack, then this one's line
+    data = {"message": {"message": f"{type(error).__name__}: {error}",  # torch's ErrorHandler.record_exception format
+                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # the message is printed anyway; the summary is a convenience
+        pass
 
 
 def _from_communication(exc: BaseException) -> bool:
