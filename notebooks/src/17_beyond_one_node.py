@@ -26,15 +26,12 @@
 
 # %%
 %matplotlib inline
-import os
-
 import matplotlib
 import torch
 
 import zerokit
 from zerokit import course, theory
 from zerokit.runtime.link import LINKS
-from zerokit.runtime.nodes import RANKS_PER_NODE_ENV
 from zerokit.zero.units import form_units
 from zerokit.zero.zeropp_error import zeropp_loss_effect
 
@@ -107,10 +104,9 @@ assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quar
 
 # %% [markdown]
 # The rest of the lesson measures these ratios on the tiny GPT: 4 ranks, each pair of them an
-# **emulated node** (the launcher's node size, `ZEROKIT_RANKS_PER_NODE=2`: ranks 0–1 on
-# node 0, ranks 2–3 on node 1; the ledger
-# names each group by where it runs). The links here are this machine's loopback, so the
-# lesson counts bytes, not seconds.
+# **emulated node** (`zerokit.train(..., ranks_per_node=2)`: ranks 0–1 on node 0, ranks 2–3
+# on node 1; the ledger names each group by where it runs). The links here are this
+# machine's loopback, so the lesson counts bytes, not seconds.
 #
 # ## HSDP: ZeRO-3 inside the node, replicas across
 #
@@ -130,13 +126,9 @@ assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quar
 
 # %%
 def run(strategy, **options):
-    """Two bf16-mixed steps of the tiny GPT on N ranks in nodes of G, the ledger kept."""
-    os.environ[RANKS_PER_NODE_ENV] = str(G)  # the launcher's emulated node size, read by every rank
-    try:
-        return zerokit.train(work, strategy, world_size=N, steps=2, precision="bf16-mixed", keep_records=True,
-                             reference=False, **options).result
-    finally:
-        os.environ.pop(RANKS_PER_NODE_ENV)
+    """Two bf16-mixed steps of the tiny GPT on N ranks in emulated nodes of G, the ledger kept."""
+    return zerokit.train(work, strategy, world_size=N, steps=2, precision="bf16-mixed", keep_records=True,
+                         reference=False, ranks_per_node=G, **options).result
 
 
 #: each ledger axis: (its group size, the stride between its ranks) — which says whether it leaves the node
