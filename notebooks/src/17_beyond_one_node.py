@@ -10,12 +10,12 @@
 #
 # **What you will see.** The two tiers' links, and for a 7 B model on 4 nodes of 8 GPUs the
 # bytes each layout sends inside and across nodes, from `zerokit.theory`; the tiny GPT on
-# 4 ranks laid out as 2 emulated nodes of 2, trained under `zero3`, `hsdp` and `zeropp`
-# (each of ZeRO++'s three pieces alone, then all three), every group's bytes read off the
-# ledger next to its formula, the bytes leaving a node next to the paper's 3M → 0.75M, and
-# the memory each layout holds; ZeRO++'s quantization error per step and its loss curve
-# over a couple of hundred steps next to exact ZeRO-3; and a panel over the quantizer's block
-# size and bits.
+# 4 ranks laid out as 2 emulated nodes of 2, trained under `zero3`, `hsdp` (and torch's own
+# HSDP, FSDP2 on a 2-D mesh) and `zeropp` (each of ZeRO++'s three pieces alone, then all
+# three), every group's bytes read off the ledger next to its formula, the bytes leaving a
+# node next to the paper's 3M → 0.75M, and the memory each layout holds; ZeRO++'s
+# quantization error per step and its loss curve over a couple of hundred steps next to
+# exact ZeRO-3; and a panel over the quantizer's block size and bits.
 #
 # **Time:** about 30 min to read and run (the run itself: about 20 s on a 2-core laptop) ·
 # **Needs:** lesson 06 (ZeRO-3); lesson 11's first look at HSDP helps ·
