@@ -66,7 +66,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 from .. import theory
 from . import context, nodes
@@ -180,7 +180,7 @@ class LinkClock:
 
     def __init__(self, link: Union[Link, TieredLink]):
         self.link = link
-        #: perf_counter time at which each tier (by its link's name) finishes what is booked on it
+        #: perf_counter time at which each tier ("intra", "inter"; "link" for one link) finishes what is booked on it
         self.free: dict = {}
         #: ranks per node, read at the first booking (the world's size is known then)
         self._per_node: Optional[int] = None
@@ -190,22 +190,24 @@ class LinkClock:
         """When the last tier to finish is free (one tier: its link's queue)."""
         return max(self.free.values(), default=0.0)
 
-    def tier(self, record) -> Link:
-        """The link ``record``'s transfer runs on: the link itself, or the tier of the record's group."""
+    def tier(self, record) -> Tuple[str, Link]:
+        """(which tier, its link) ``record``'s transfer runs on: the link itself, or the tier of the record's group."""
         if isinstance(self.link, Link):
-            return self.link
+            return "link", self.link
         ranks, world = _group_ranks(record.axis)
         if self._per_node is None:
             self._per_node = nodes.ranks_per_node(world)
-        return self.link.tier(ranks, self._per_node)
+        if nodes.spans_nodes(ranks, self._per_node):
+            return "inter", self.link.inter
+        return "intra", self.link.intra
 
     def book(self, record, start: Optional[float] = None) -> None:
-        """Book ``record``'s transfer from ``start`` (default: its launch) or when its link frees up."""
-        link = self.tier(record)
+        """Book ``record``'s transfer from ``start`` (default: its launch) or when its tier frees up."""
+        tier, link = self.tier(record)
         nbytes = record.payload_bytes if record.op == "recv" else record.ring_cost_bytes
         record.emulated_s = link.seconds(record.op, nbytes, record.group_size)
-        begin = max(record.t_launch if start is None else start, self.free.get(link.name, 0.0))
-        self.free[link.name] = record.emulated_end = begin + record.emulated_s
+        begin = max(record.t_launch if start is None else start, self.free.get(tier, 0.0))
+        self.free[tier] = record.emulated_end = begin + record.emulated_s
         record.link = link.name
 
     @staticmethod
