@@ -74,6 +74,8 @@ class Row:
     model: str = "gpt"
     #: what the strategy column shows in place of its options, when they are too long to read ("" : the options)
     short: str = ""
+    #: ranks per emulated node (``zerokit.train``'s ``ranks_per_node``); None: one node
+    ranks_per_node: Optional[int] = None
 
     @property
     def layout(self) -> str:
@@ -87,6 +89,8 @@ class Row:
         extra = [str(v) if k == "schedule" else f"{k}={v}" for k, v in self.options.items()]
         extra += [f"{self.micro_batches} micro-batches"] if self.micro_batches > 1 else []
         extra = [self.short] if self.short else extra
+        if self.ranks_per_node:
+            extra.append(f"{self.world_size // self.ranks_per_node} nodes of {self.ranks_per_node}")
         name = f"{self.strategy} ({', '.join(extra)})" if extra else self.strategy
         return f"  ↳ {name}" if self.peer else name
 
@@ -99,12 +103,14 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
     """Every parallelism's rows, zerokit's strategy first and its peers under it (those installed)."""
     rows: List[Row] = []
 
-    def add(section, ours, peers, n, parallel=None, options=None, micro_batches=1, peer_options=None):
-        rows.append(Row(section, ours, n, parallel, dict(options or {}), micro_batches))
+    def add(section, ours, peers, n, parallel=None, options=None, micro_batches=1, peer_options=None,
+            ranks_per_node=None):
+        rows.append(Row(section, ours, n, parallel, dict(options or {}), micro_batches,
+                        ranks_per_node=ranks_per_node))
         for peer in peers:
             if _have(peer):
                 rows.append(Row(section, peer, n, parallel, dict((peer_options or {}).get(peer, {})),
-                                micro_batches, peer=True))
+                                micro_batches, peer=True, ranks_per_node=ranks_per_node))
 
     data_parallel = [("data parallel", "ddp", ["torch-ddp"]),
                      ("ZeRO-1", "zero1", ["torch-zero1", "deepspeed-zero1"]),
@@ -114,16 +120,18 @@ def tour_rows(world_sizes=(2, 4)) -> List[Row]:
         for n in world_sizes:
             add(section, ours, peers, n)
     add("ZeRO-3", "fully-shard", [], world_sizes[0])  # zero3 behind FSDP2's face (its peer is in the rows above)
-    # ZeRO++ at 4 ranks: int8 weight gathers, a secondary copy over groups of 2, int4 gradients by all-to-all; on
-    # the CPU DeepSpeed runs its hpZ alone (its quantizer kernels are CUDA only: zerokit.peers.deepspeed)
+    # ZeRO++ at 4 ranks as 2 emulated nodes of 2: int8 weight gathers, a secondary copy inside each node, int4
+    # gradients by an all-to-all inside the node then across; on the CPU DeepSpeed runs its hpZ alone (its
+    # quantizer kernels are CUDA only: zerokit.peers.deepspeed)
     rows.append(Row("ZeRO++", "zeropp", 4, options={"zero_quantized_weights": True, "zero_hpz_partition_size": 2,
-                                                    "zero_quantized_gradients": True}, short="qwZ, hpZ 2, qgZ"))
+                                                    "zero_quantized_gradients": True}, short="qwZ, hpZ 2, qgZ",
+                    ranks_per_node=2))
     if _have("deepspeed-zeropp"):
         rows.append(Row("ZeRO++", "deepspeed-zeropp", 4, options={"zero_hpz_partition_size": 2}, peer=True,
-                        short="hpZ 2"))
-    # ZeRO-3 inside groups of 2 ranks (a node each), the gradient shards all-reduced across the 2 groups
-    add("HSDP", "hsdp", ["fsdp2-hsdp"], 4, options={"shard_group_size": 2},
-        peer_options={"fsdp2-hsdp": {"shard_group_size": 2}})
+                        short="hpZ 2", ranks_per_node=2))
+    # ZeRO-3 inside each of 2 emulated nodes of 2 ranks (the default shard group: one node), the gradient shards
+    # all-reduced across the nodes
+    add("HSDP", "hsdp", ["fsdp2-hsdp"], 4, ranks_per_node=2)
     add("tensor parallel", "tp", ["torch-tp"], 2, parallel={"tp": 2})
     p, m = PIPELINE["stages"], PIPELINE["micro_batches"]
     add("pipeline", "pp", [f"torch-pp-{PIPELINE['schedule']}"], p, parallel={"pp": p},
@@ -170,7 +178,8 @@ def run(jobs: list, timeout_s: float, progress=None) -> tuple:
     results = []
     for row, job in jobs:
         try:
-            result = run_job(job, row.world_size, references[row.model], timeout_s=timeout_s)
+            result = run_job(job, row.world_size, references[row.model], timeout_s=timeout_s,
+                             ranks_per_node=row.ranks_per_node)
         except (RankFailed, RankTimeout) as e:
             e.strategy, e.world_size = f"tour row {row.section} / {row.strategy} on {row.layout}", row.world_size
             raise
