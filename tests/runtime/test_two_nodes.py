@@ -229,17 +229,18 @@ def test_lost_ranks_are_named_by_node():
 
 
 def test_a_knock_tells_a_live_process_from_a_gone_one():
-    """A listening socket nobody reads answers (the kernel accepts into its backlog); a closed one refuses."""
+    """A listening socket nobody reads answers (the kernel accepts into its backlog); a port nothing listens on
+    refuses. The gone ones here stay bound, not listening, so that no other process can take their ports meanwhile."""
     import socket
 
-    live, dead = socket.socket(), socket.socket()
-    for sock in (live, dead):
+    live, *gone = socket.socket(), socket.socket(), socket.socket()
+    for sock in (live, *gone):
         sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-    addresses = [("127.0.0.1", live.getsockname()[1]), ("127.0.0.1", dead.getsockname()[1]), ("127.0.0.1", 1)]
-    dead.close()
+    live.listen(8)
+    addresses = [sock.getsockname() for sock in (live, *gone)]
     try:
         assert knock(addresses, me=2) == [1]  # itself (rank 2) is never knocked on
         assert knock(addresses, me=0) == [1, 2]
     finally:
-        live.close()
+        for sock in (live, *gone):
+            sock.close()
