@@ -22,7 +22,7 @@ from .train import train
 from .workloads import Workload, mlp, tiny_gpt
 from . import checkpoint  # zerokit.checkpoint.save / load / export_full_state_dict
 from .runtime import link as links  # zerokit.links.LINKS: the emulated links by name
-from .runtime.link import Link
+from .runtime.link import Link, TieredLink
 from .runtime.replicas import ReplicasDiverged, check_replicas
 from .activation_checkpointing import apply_checkpointing, remove_checkpointing  # activation checkpointing on any model
 from .tensor_parallel import parallelize_module  # tensor parallelism on any model, torch's convention
@@ -30,7 +30,7 @@ from .tensor_parallel import parallelize_module  # tensor parallelism on any mod
 __all__ = ["launch", "ring", "timeline", "RankFailed", "RankTimeout", "RankContext", "current", "comm", "theory",
            "MemoryLedger", "Workload", "tiny_gpt", "mlp", "train", "Report", "plan", "schedule", "simulate",
            "DistributedDataParallel", "ShardedOptimizer", "Engine", "initialize", "measure", "fully_shard", "grade",
-           "checkpoint", "Link", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
+           "checkpoint", "Link", "TieredLink", "links", "check_replicas", "ReplicasDiverged", "apply_checkpointing",
            "remove_checkpointing", "parallelize_module", "pipeline"]
 __version__ = "0.1.0"
 

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from zerokit import theory
 from zerokit.runtime.link import LINKS
 from zerokit.runtime.nodes import NodeLost, describe_gone
-from zerokit.runtime.torchrun import TORCHRUN_VARIABLES, knock
+from zerokit.runtime.node_loss import knock
+from zerokit.runtime.torchrun import TORCHRUN_VARIABLES
 
 pytestmark = pytest.mark.slow
 

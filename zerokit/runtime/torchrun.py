@@ -12,46 +12,24 @@ from a spawned launch. Failures propagate as ordinary exceptions: torchrun itsel
 watches the ranks.
 
 Nodes (:mod:`.nodes`): torchrun starts ``LOCAL_WORLD_SIZE`` workers on each node, node
-``GROUP_RANK`` holding global ranks ``GROUP_RANK·LOCAL_WORLD_SIZE`` onward. When a node is
-lost, two things make it end cleanly:
-
-- a worker dies with its agent: the first join asks Linux to SIGKILL this worker when the
-  process that started it (its torchrun agent) dies (``PR_SET_PDEATHSIG``), as the spawn
-  launcher's ranks die with theirs; a worker whose agent was killed could neither be
-  restarted nor stopped by anyone, and would hold its peers in their collectives;
-- the ranks left name what they lost: at the first join every rank opens an answering
-  socket (listening on its host's address, never read: while the process lives the kernel
-  answers a connection to it, once it has died the connection is refused) and the ranks
-  exchange their addresses. When ``fn`` raises — a collective whose peer died fails with
-  gloo's "Connection closed by peer", or times out — this rank knocks on every other rank's
-  socket, and if some no longer answer it raises :class:`.nodes.NodeLost` naming them by
-  node (``node 1 (ranks 2, 3) is gone``), chained to the torch error, and writes it to the
-  agent's error file (the agent's summary gives it as the root cause). The agent then ends
-  the node's other workers; with ``--max-restarts`` it starts them again, and
-  ``zerokit.train(..., resume_from=save_dir)`` continues from the last checkpoint.
+``GROUP_RANK`` holding global ranks ``GROUP_RANK·LOCAL_WORLD_SIZE`` onward. A lost node ends
+cleanly (:mod:`.node_loss`): its workers die with their agent, and the ranks left raise
+:class:`.nodes.NodeLost` naming it, written where the agent reads a worker's failure.
 """
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
-import errno
-import json
 import os
-import selectors
-import signal
-import socket
-import sys
 import time
-import traceback
 import uuid
-from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .context import RankContext, set_current
-from .nodes import NodeLost, describe_gone, node_of, ranks_per_node
+from .node_loss import (close_answering_socket, die_with_agent, lost_ranks_error, mark_stopped, open_answering_socket,
+                        record_for_agent)
 
 BACKENDS = ("gloo", "nccl")
 
@@ -117,7 +95,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         else:
             dist.init_process_group(backend, init_method="env://", timeout=timeout, **bound)
         atexit.register(_leave_group)
-        _open_answering_socket(rank, world_size)
+        open_answering_socket(rank, world_size, _agent_store, _round_id)
     ctx = RankContext(rank, world_size, device, backend, torchrun=True)
     set_current(ctx)
     try:
@@ -125,12 +103,12 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, value)
     except Exception as exc:
-        _mark_stopped(rank, exc)
+        mark_stopped(rank, exc)
         lost = lost_ranks_error(exc, rank, world_size)
         if lost is None:
             raise
         lost.__cause__ = exc
-        _record_for_agent(lost)
+        record_for_agent(lost)
         raise lost from exc
     finally:
         set_current(None)
@@ -183,187 +161,7 @@ def _round_store(rank: int, timeout: datetime.timedelta):
         return own
 
 
-# --- a worker dies with its agent ---------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_agent() -> None:
-    """Have Linux SIGKILL this worker when its torchrun agent (the process that started it) dies, however hard.
-
-    Called before joining: a worker whose agent died first (its parent is then init) exits at once."""
-    if not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the agent died before the request took effect: this worker is an orphan already
-        os._exit(1)
-
-
-# --- the ranks left name the ranks gone ---------------------------------------------------
-
-#: this rank's answering socket (listening, never read) and every rank's (host, port), by rank
-_answering: Optional[socket.socket] = None
-_addresses: List[Tuple[str, int]] = []
-#: how long a knock waits for an answer from another machine (a refused one on a live machine comes at once)
-KNOCK_TIMEOUT_S = 3.0
-#: how long the ranks left keep knocking until two knocks agree (the ranks of a lost node die a moment apart), or,
-#: when every rank answers yet a collective failed, for a peer whose gloo connection closed before its socket did
-SETTLE_S = 2.0
-
-
-def _host_address() -> str:
-    """The address the other ranks reach this host at: its hostname's, as gloo's default device uses."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1")
-
-
-def _open_answering_socket(rank: int, world_size: int) -> None:
-    """Open this rank's answering socket and learn every rank's (a collective: every rank joins)."""
-    global _answering, _addresses
-    host = _host_address()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-    except OSError:  # the hostname's address is not this machine's own: listen on every interface
-        sock.bind(("", 0))
-    sock.listen(socket.SOMAXCONN)  # connections are never accepted: the backlog takes the knocks
-    sock.setblocking(False)
-    _answering = sock
-    gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (host, sock.getsockname()[1]))
-    _addresses = [tuple(a) for a in gathered]
-
-
-def _drain() -> None:
-    """Accept and close the knocks waiting on this rank's socket, so that its backlog never fills."""
-    while _answering is not None:
-        try:
-            conn, _ = _answering.accept()
-        except OSError:  # none waiting (BlockingIOError), or the socket is closed
-            return
-        conn.close()
-
-
-def knock(addresses: Sequence[Tuple[str, int]], me: int, timeout_s: float = KNOCK_TIMEOUT_S) -> List[int]:
-    """The ranks whose answering socket refuses a connection, or does not answer within ``timeout_s``."""
-    _drain()
-    gone, pending = [], {}
-    selector = selectors.DefaultSelector()
-    for rank, (host, port) in enumerate(addresses):
-        if rank == me:
-            continue
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        code = sock.connect_ex((host, port))
-        if code in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
-            pending[sock] = rank
-            selector.register(sock, selectors.EVENT_WRITE)
-            continue
-        sock.close()
-        if code != 0:  # refused (the process is gone), or no route to its host
-            gone.append(rank)
-    deadline = time.monotonic() + timeout_s
-    while pending and (left := deadline - time.monotonic()) > 0:
-        for key, _ in selector.select(left):
-            sock = key.fileobj
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                gone.append(pending[sock])
-            selector.unregister(sock)
-            sock.close()
-            del pending[sock]
-    for sock, rank in pending.items():  # no answer in time: its machine is down or unreachable
-        gone.append(rank)
-        sock.close()
-    selector.close()
-    return sorted(gone)
-
-
-def _stopped_key(rank: int) -> str:
-    return f"zerokit/{_round_id}/stopped/{rank}"
-
-
-def _mark_stopped(rank: int, exc: BaseException) -> None:
-    """Tell the other ranks, in the agent's store, that this rank stops on an error (so that it is not counted as
-    lost when it has gone by the time they look). Best effort: the store may be gone with node 0."""
-    if _agent_store is None:
-        return
-    try:
-        _agent_store.set_timeout(datetime.timedelta(seconds=2))
-        _agent_store.set(_stopped_key(rank), f"{type(exc).__name__}: {exc}"[:500])
-    except Exception:  # noqa: BLE001 - the store is unreachable: the others count this rank as lost
-        pass
-
-
-def _stopped(ranks: Sequence[int]) -> List[int]:
-    """Those of ``ranks`` that said they stop on an error (:func:`_mark_stopped`)."""
-    if _agent_store is None:
-        return []
-    try:
-        return [r for r in ranks if _agent_store.check([_stopped_key(r)])]
-    except Exception:  # noqa: BLE001 - the store is unreachable
-        return []
-
-
-def _record_for_agent(error: BaseException) -> None:
-    """Write ``error`` where torchrun's agent reads a worker's failure (``TORCHELASTIC_ERROR_FILE``): the agent's
-    summary then gives it as the root cause. The first rank left to find the loss fails first; its agent then
-    stops the node's other workers (SIGTERM) before they have said anything."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    text = "".join(traceback.format_exception(error))  # the torch error's stack, then this one's line
-    data = {"message": {"message": f"{type(error).__name__}: {error}",  # torch's ErrorHandler.record_exception format
-                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f)
-    except OSError:  # the message is printed anyway; the summary is a convenience
-        pass
-
-
-def _from_communication(exc: BaseException) -> bool:
-    """Whether ``exc`` is how torch reports a peer lost: a distributed error, or gloo's / NCCL's RuntimeError."""
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(
-        word in text for word in ("connection", "closed by peer", "timed out", "timeout", "gloo", "nccl", "socket"))
-
-
-def lost_ranks_error(exc: BaseException, rank: int, world_size: int) -> Optional[NodeLost]:
-    """A :class:`NodeLost` naming the ranks that no longer answer, or None when every rank does (``exc`` is then
-    this rank's own error)."""
-    if not _addresses or len(_addresses) != world_size:
-        return None
-    settle = time.monotonic() + SETTLE_S
-    lost, seen = [], None
-    while True:
-        gone = knock(_addresses, rank)
-        stopped = _stopped(gone)
-        lost = [r for r in gone if r not in stopped]
-        if lost and lost == seen:  # two knocks agree: a node's ranks die a moment apart, all of them are counted
-            break
-        if (not lost and not _from_communication(exc)) or time.monotonic() >= settle:
-            break
-        seen = lost
-        time.sleep(0.1)
-    if not lost:
-        return None
-    per_node = ranks_per_node(world_size)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    also = (f" (stopped too, each on its own error: rank{'s' if len(stopped) > 1 else ''} "
-            f"{', '.join(map(str, stopped))})" if stopped else "")
-    return NodeLost(f"{describe_gone(lost, per_node)}: no answer from {'its rank' if len(lost) == 1 else 'them'} "
-                    f"(a machine down, a torchrun agent killed, or ranks crashed). This rank ({rank}, node "
-                    f"{node_of(rank, per_node)}) stopped at {type(exc).__name__}: {first}{also}", lost, per_node)
-
-
 def _leave_group() -> None:
-    global _answering
-    if _answering is not None:
-        _answering.close()
-        _answering = None
+    close_answering_socket()
     if dist.is_initialized():
         dist.destroy_process_group()
