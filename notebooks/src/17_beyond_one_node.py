@@ -77,13 +77,23 @@ layouts = {name: [theory.hierarchical_link_bytes(strategy, P7, N7, G7, B, micro_
            for name, (strategy, kw) in LAYOUTS7.items()}
 zpp7 = [theory.zeropp_bytes_leaving_a_node([P7], N7, B, ranks_per_node=G7, hpz_partition_size=G7, micro_batches=a,
                                            quantized_weights=True, quantized_gradients=True) for a in (1, A)]
+
+
+def link_s(v):
+    """A rank's seconds on the links per step: its bytes inside the node at the fast tier's bandwidth, those on
+    rings across nodes at the slow tier's (one rail per GPU, the planner's assumption; latency left out)."""
+    return (theory.link_seconds(v["intra_node"], 0, fast.bandwidth_Bps, 0)
+            + theory.link_seconds(v["inter_node"], 0, slow.bandwidth_Bps, 0))
+
+
 course.table([{"layout": name, "a rank sends in its node, GB (formula)": round(v[0]["intra_node"] / 1e9, 2),
                "a rank sends across, GB (formula)": round(v[0]["inter_node"] / 1e9, 2),
+               f"a rank's time on {fast.name} + {slow.name}, s (estimate)": round(link_s(v[0]), 2),
                "leaving each node, GB (formula)": round(v[0]["leaving_node"] / 1e9, 2),
                f"… with {A} micro-batches, GB (formula)": round(v[1]["leaving_node"] / 1e9, 2)}
               for name, v in layouts.items()]
              + [{"layout": "ZeRO++: qwZ + hpZ (8) + qgZ", "a rank sends in its node, GB (formula)": "",
-                 "a rank sends across, GB (formula)": "",
+                 "a rank sends across, GB (formula)": "", f"a rank's time on {fast.name} + {slow.name}, s (estimate)": "",
                  "leaving each node, GB (formula)": round(sum(zpp7[0].values()) / 1e9, 2),
                  f"… with {A} micro-batches, GB (formula)": round(sum(zpp7[1].values()) / 1e9, 2)}])
 
@@ -93,8 +103,14 @@ assert z3[0]["intra_node"] == 0 and z3[0]["leaving_node"] == z3[0]["inter_node"]
 assert hs[0]["leaving_node"] < z3[0]["leaving_node"] * 2 / 3  # 2(r−1)/r·Ψb against 3(N−1)/N·Ψb
 assert hs[1]["leaving_node"] == hs[0]["leaving_node"] and z3[1]["leaving_node"] == A * z3[0]["leaving_node"]
 assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quarter, the paper's 0.75M of 3M
+assert link_s(hs[0]) < link_s(z3[0]) / 5  # the same traffic, mostly moved onto the fast tier
 
 # %% [markdown]
+# The time column is why layouts care: it prices each rank's bytes at its tier's bandwidth,
+# and HSDP, sending about as many bytes in all as ZeRO-3, spends a fraction of ZeRO-3's
+# time on the links, because most of its bytes move onto the fast tier. (An estimate on the
+# presets' bandwidths, one link per GPU; the runs below count bytes.)
+#
 # HSDP's cross-node bytes are the replicas' all-reduce: 2(r−1)/r·Ψb leave each node,
 # against ZeRO-3's 3(N−1)/N·Ψb — about half here with r = 4 replicas, two thirds with
 # many: a cut, not a tenfold one. Its larger gain is in the last column:
