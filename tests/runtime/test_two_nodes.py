@@ -35,7 +35,7 @@ import torch.distributed as dist
 from zerokit import theory
 from zerokit.runtime.link import LINKS
 from zerokit.runtime.nodes import NodeLost, describe_gone
-from zerokit.runtime.node_loss import knock
+from zerokit.runtime.node_loss import _started, alive_here, knock, machine
 from zerokit.runtime.torchrun import TORCHRUN_VARIABLES
 
 pytestmark = pytest.mark.slow
@@ -245,3 +245,19 @@ def test_a_knock_tells_a_live_process_from_a_gone_one():
     finally:
         for sock in (live, *gone):
             sock.close()
+
+
+def test_a_rank_on_this_machine_is_asked_after_by_its_process_not_knocked_on():
+    """On the knocker's own machine a gone rank's port may already serve another program (another job's gloo
+    listener, mid-handshake), so a rank there is judged by its process: alive while that process (its id and start
+    time) runs; gone once it exited, or when a later process took its id."""
+    import subprocess
+    import sys
+
+    me = os.getpid()
+    assert machine() and alive_here(me, _started(me))
+    assert not alive_here(me, str(int(_started(me)) + 1))  # the same id, another start: a later process
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = _started(child.pid)
+    child.wait()
+    assert not alive_here(child.pid, started) and not alive_here(child.pid, "")

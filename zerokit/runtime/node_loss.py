@@ -9,10 +9,13 @@ Lifecycle (driven by :func:`zerokit.runtime.torchrun.launch_under_torchrun`):
 2. after joining, :func:`open_answering_socket` opens this rank's answering socket
    (listening on its host's address, never read: while the process lives the kernel answers
    a connection to it, once it has died the connection is refused) and the ranks exchange
-   their addresses;
+   their addresses, with which machine each runs on and its process id;
 3. when ``fn`` raises, :func:`mark_stopped` says so in the agent's store (a rank that stops on
-   its own error is not counted lost), and :func:`lost_ranks_error` knocks on every other
-   rank's socket until two knocks agree: if some no longer answer it returns a
+   its own error is not counted lost), and :func:`lost_ranks_error` asks after every other
+   rank until two rounds agree — a rank on this machine by its process (:func:`alive_here`),
+   one on another machine by a knock on its socket (:func:`knock`): a gone rank's port on this
+   machine may already serve another program (gloo's listener of another job, say), which a
+   knock would disturb mid-handshake — if some no longer answer it returns a
    :class:`.nodes.NodeLost` naming them by node (``node 1 (ranks 2, 3) is gone``), which the
    caller chains to the torch error and :func:`record_for_agent` writes to the agent's error
    file (the agent's summary gives it as the root cause). The agent then ends the node's other
@@ -55,6 +58,8 @@ def die_with_agent() -> None:
 #: this rank's answering socket (listening, never read) and every rank's (host, port), by rank
 _answering: Optional[socket.socket] = None
 _addresses: List[Tuple[str, int]] = []
+#: every rank's (machine, process id, process start time), by rank
+_processes: List[Tuple[str, int, str]] = []
 #: the agent's store (where each rank says it stops on its own error) and this rendezvous round's id
 _agent_store = None
 _round_id = ""
@@ -76,7 +81,7 @@ def _host_address() -> str:
 def open_answering_socket(rank: int, world_size: int, agent_store=None, round_id: str = "") -> None:
     """Open this rank's answering socket and learn every rank's (a collective: every rank joins); ``agent_store``
     and ``round_id``: where the ranks say they stop on their own error (None: nowhere)."""
-    global _answering, _addresses, _agent_store, _round_id
+    global _answering, _addresses, _processes, _agent_store, _round_id
     _agent_store, _round_id = agent_store, round_id
     host = _host_address()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -88,8 +93,37 @@ def open_answering_socket(rank: int, world_size: int, agent_store=None, round_id
     sock.setblocking(False)
     _answering = sock
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (host, sock.getsockname()[1]))
-    _addresses = [tuple(a) for a in gathered]
+    dist.all_gather_object(gathered, ((host, sock.getsockname()[1]), (machine(), os.getpid(), _started(os.getpid()))))
+    _addresses = [tuple(a) for a, _ in gathered]
+    _processes = [tuple(p) for _, p in gathered]
+
+
+def machine() -> str:
+    """Which machine (and process namespace) this is: the hostname, the kernel's boot id and the pid namespace —
+    process ids compare only under one key ("" where /proc cannot say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{socket.gethostname()} {boot} {os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str:
+    """A process's start time in clock ticks since boot (/proc/PID/stat's 22nd field), "" when it is gone; a zombie
+    counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except OSError:
+        return ""
+    return "" if fields[0] in ("Z", "X") else fields[19]
+
+
+def alive_here(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs on this machine (not a later one that
+    took its id)."""
+    return bool(started) and _started(pid) == started
 
 
 def _drain() -> None:
@@ -102,14 +136,16 @@ def _drain() -> None:
         conn.close()
 
 
-def knock(addresses: Sequence[Tuple[str, int]], me: int, timeout_s: float = KNOCK_TIMEOUT_S) -> List[int]:
-    """The ranks whose answering socket refuses a connection, or does not answer within ``timeout_s``."""
+def knock(addresses: Sequence[Optional[Tuple[str, int]]], me: int, timeout_s: float = KNOCK_TIMEOUT_S) -> List[int]:
+    """The ranks whose answering socket refuses a connection, or does not answer within ``timeout_s`` (an address
+    None is skipped)."""
     _drain()
     gone, pending = [], {}
     selector = selectors.DefaultSelector()
-    for rank, (host, port) in enumerate(addresses):
-        if rank == me:
+    for rank, address in enumerate(addresses):
+        if rank == me or address is None:  # None: asked after otherwise
             continue
+        host, port = address
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         code = sock.connect_ex((host, port))
@@ -133,6 +169,16 @@ def knock(addresses: Sequence[Tuple[str, int]], me: int, timeout_s: float = KNOC
         gone.append(rank)
         sock.close()
     selector.close()
+    return sorted(gone)
+
+
+def _gone(me: int) -> List[int]:
+    """The ranks gone: those on this machine by their process, the others by a knock on their socket."""
+    here = machine()
+    local = [r for r, (where, _, _) in enumerate(_processes) if here and where == here]
+    gone = [r for r in local if r != me and not alive_here(*_processes[r][1:])]
+    remote = [a if r not in local else None for r, a in enumerate(_addresses)]
+    gone += [r for r in knock(remote, me) if remote[r] is not None]
     return sorted(gone)
 
 
@@ -196,7 +242,7 @@ def lost_ranks_error(exc: BaseException, rank: int, world_size: int) -> Optional
     settle = time.monotonic() + SETTLE_S
     lost, seen = [], None
     while True:
-        gone = knock(_addresses, rank)
+        gone = _gone(rank)
         stopped = _stopped(gone)
         lost = [r for r in gone if r not in stopped]
         if lost and lost == seen:  # two knocks agree: a node's ranks die a moment apart, all of them are counted
