@@ -56,11 +56,11 @@ from torch.utils._pytree import tree_flatten
 from ..data_parallel.base import check_replicas_match
 from ..data_parallel.reducer import Reducer
 from ..offload.zero_hooks import Offload
-from ..runtime import comm
 from ..strategies.base import Strategy, register
 from .experts import (check_expert_options, check_expert_replicas, gather_local, group_of, is_expert, reduce_local,
                       shard_groups, split_experts)
 from .flat_buffer import FlatUnit, all_gather_flat, check_trainable, check_world_size
+from .persistent import PersistentParameters
 from .prefetch import Prefetcher
 from .sharded import REFUSED, reduce_scatter_flat
 from .stage3_accounting import Stage3Accounting
@@ -71,7 +71,7 @@ from .units import UNIT_SIZE_OPTION, State, Unit, form_units, in_backward, non_n
 
 
 @register
-class ZeroStage3(Stage3Accounting, Strategy):
+class ZeroStage3(PersistentParameters, Stage3Accounting, Strategy):
     """ZeRO-3: parameters sharded at rest, gathered unit by unit for forward and for backward."""
 
     #: data parallelism over the tensor-parallel shards when the mesh has tp > 1 (2-D parallelism); with expert
@@ -277,26 +277,6 @@ class ZeroStage3(Stage3Accounting, Strategy):
         if group.world == 1:
             return reduce_local(out, bucket)
         return reduce_scatter_flat(out, bucket, group.group, self.opts["algorithm"], overlap, f"grads {unit.label}")
-
-    @torch.no_grad()
-    def _reduce_persistent(self) -> None:
-        """All-reduce the persistent parameters' gradients of this micro-batch and add them to the step's."""
-        unit = self.persistent
-        flat = unit.new_flat()
-        for p, view in zip(unit.params, unit.views(flat)):
-            if p.grad is not None:
-                view.copy_(p.grad)
-            p.grad = None
-        flat.div_(self.world)
-        comm.all_reduce(flat, group=self.group, tag="persistent grads")
-        flat = flat.to(self.persistent_master.dtype)
-        self.persistent_grad = flat if self.persistent_grad is None else self.persistent_grad.add_(flat)
-
-    @torch.no_grad()
-    def refresh_persistent(self) -> None:
-        """Under a 16-bit compute dtype: the persistent parameters' compute copy, cast from what was stepped."""
-        if self.persistent is not None and self.persistent_master is not self.persistent.data:
-            self.persistent.data.copy_(self.persistent_master)
 
     def _close_backward(self) -> None:
         """End of backward, after every reduce-scatter landed."""
