@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import zerokit
+
+import test_zero as zero_tests
 from zerokit import theory
 from zerokit.job import make_job
 from zerokit.optim import OptimizerSpec
@@ -36,16 +38,9 @@ def tiny_gpt():
 
 
 def frozen_tied_gpt():
-    """A GPT whose token embedding is its head, with its position embedding and a LayerNorm bias frozen."""
-    base = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=24, tie_weights=True)
-
-    def model():
-        m = base.model_fn()
-        m.pos.weight.requires_grad_(False)
-        m.blocks[0].ln1.bias.requires_grad_(False)
-        return m
-
-    return zerokit.Workload("tied-gpt-frozen", model, base.batch_fn, base.loss_fn)
+    """test_zero's GPT whose token embedding is its head, position embedding and a LayerNorm bias frozen; a batch
+    of 24 rows divides over 2, 3, 4 and 6 ranks."""
+    return zero_tests.frozen_tied_gpt(batch_size=24)
 
 
 WORKLOADS = {"gpt": tiny_gpt, "tied-frozen": frozen_tied_gpt}

@@ -317,9 +317,10 @@ def test_bench_zero_quick_run_writes_ratios(tmp_path):
         bench.main("zero", ["--unit-size", "blocks"])
 
 
-def frozen_tied_gpt():
+def frozen_tied_gpt(batch_size=12):
     """A tied GPT whose position embedding and first LayerNorm bias are frozen."""
-    base = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12, tie_weights=True)
+    base = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=batch_size,
+                            tie_weights=True)
 
     def model():
         m = base.model_fn()
