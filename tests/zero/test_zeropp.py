@@ -362,15 +362,6 @@ def test_deepspeed_config_keys_select_zeropp():
 
 # --- the DeepSpeed peer ----------------------------------------------------------------------------
 
-def test_deepspeed_refuses_qwz_and_qgz_on_the_cpu_with_the_reason():
-    pytest.importorskip("deepspeed")
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU DeepSpeed's quantizer kernels load")
-    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
-        with pytest.raises(ValueError, match="This op had not been implemented on CPU backend"):
-            get("deepspeed-zeropp").resolve_options({key: True})
-
-
 def test_deepspeed_hpz_trains_like_zeropp_hpz():
     pytest.importorskip("deepspeed")
     options = {"zero_hpz_partition_size": 2}
