@@ -132,27 +132,59 @@ def get_full(face, options=None, who: str = "model.full_state_dict") -> Dict[str
 
 
 def _from_first(face, state_dict) -> Dict[str, torch.Tensor]:
-    """Rank 0's dict on every rank: its names and shapes first (so every rank checks them alike), then each tensor
-    the model also has, shaped and typed as the model's; names the model lacks get an empty placeholder (they are
-    unexpected keys all the same)."""
+    """Rank 0's dict on every rank: its names first, checked on rank 0 against the model (every rank's is alike),
+    then each tensor the model also has, shaped and typed as the model's; names the model lacks get an empty placeholder (they are
+    unexpected keys all the same).
+
+    What only rank 0 can find wrong (its ``state_dict`` is not a dict, an entry the model has is not a tensor or
+    has another shape, it cannot be converted to the model's device and dtype) travels with the header: every rank
+    raises the same exception, with the same message — had rank 0 raised alone, the others would wait for its
+    broadcast until the collectives' timeout."""
     first, group, src = first_rank(face)
-    if first and not isinstance(state_dict, dict):
-        raise TypeError(f"model.load_full_state_dict: with broadcast_from_rank0=True rank 0 passes the whole dict, "
-                        f"got a {type(state_dict).__name__}")
-    header = [{n: tuple(t.shape) for n, t in state_dict.items()} if first else None]
-    dist.broadcast_object_list(header, src=src, group=group)
     own = face.root.state_dict()
+    mine: Dict[str, torch.Tensor] = {}
+    header, cause = [None], None
+    if first:
+        try:
+            mine = _converted(state_dict, own)
+            header[0] = (list(state_dict), None)
+        except Exception as e:  # noqa: BLE001 - whatever it is, every rank raises it
+            header[0] = (None, (type(e), f"model.load_full_state_dict (broadcast_from_rank0=True): rank 0's "
+                                         f"state_dict {e}"))
+            mine, cause = {}, e
+    dist.broadcast_object_list(header, src=src, group=group)
+    names, error = header[0]
+    if error is not None:
+        cls, message = error
+        try:
+            raised = cls(message)
+        except Exception:  # noqa: BLE001 - an exception class whose constructor takes more than a message
+            raised = RuntimeError(message)
+        raise raised from cause  # rank 0: from what it found; elsewhere from nothing
     out = {}
-    for name, shape in header[0].items():
+    for name in names:
         if name not in own:
             out[name] = torch.empty(0)  # host: a placeholder for a name this model lacks (strict load reports it)
             continue
-        if shape != tuple(own[name].shape):
-            raise RuntimeError(f"model.load_full_state_dict: rank 0's {name!r} has shape {shape}, the model "
-                               f"{tuple(own[name].shape)}")
-        t = state_dict[name].to(own[name].device, own[name].dtype).clone() if first else torch.empty_like(own[name])
+        t = mine[name] if first else torch.empty_like(own[name])
         comm.broadcast(t, src, group, tag=f"load {name}")
         out[name] = t
+    return out
+
+
+def _converted(state_dict, own: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Rank 0's entries the model has, on the model's device and in its dtype; raises what is wrong with them."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"is a {type(state_dict).__name__}, not the whole dict (the other ranks may pass {{}})")
+    out = {}
+    for name, t in state_dict.items():
+        if name not in own:
+            continue
+        if not torch.is_tensor(t):
+            raise TypeError(f"holds {name!r} as a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(own[name].shape):
+            raise RuntimeError(f"holds {name!r} of shape {tuple(t.shape)}, the model {tuple(own[name].shape)}")
+        out[name] = t.to(own[name].device, own[name].dtype).clone()
     return out
 
 
