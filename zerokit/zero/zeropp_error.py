@@ -2,7 +2,8 @@
 
 Lifecycle of :func:`zeropp_loss_effect`: one launch of ``world_size`` ranks (``ranks_per_node`` of them
 per emulated node, for qgZ's two hops); on every rank, ZeRO-3 trains the workload for ``steps`` steps
-from its initial weights, then ZeRO++ trains the same model, same batches, same optimizer. Each rank
+from its initial weights, then ZeRO++ trains the same model, same batches, same optimizer — the model
+and the batches on the rank's device (``ctx.device``: a GPU where the launch picked NCCL). Each rank
 returns its losses and, per ZeRO++ step, the round-trip error it measured on what it quantized (its own
 weight shard at every qwZ gather; its gradient pieces at each qgZ hop) next to each block's bound
 scale/2. The launching process averages the losses over ranks and takes the largest errors.
@@ -25,18 +26,23 @@ from ..strategies.base import TrainConfig
 from ..strategies.registry import get
 
 
-def _local(workload, step: int, rank: int, world: int):
+def _local(workload, step: int, ctx, dtype: torch.dtype):
+    """This rank's slice of the step's batch, on the rank's device (floating inputs in the model's ``dtype``)."""
     x, y = workload.batch(step)
-    per = x.shape[0] // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    per = x.shape[0] // ctx.world_size
+    x, y = x[ctx.rank * per:(ctx.rank + 1) * per].to(ctx.device), y[ctx.rank * per:(ctx.rank + 1) * per].to(ctx.device)
+    return (x.to(dtype) if x.is_floating_point() else x), y
 
 
 def _train(ctx, workload, name: str, options: dict, steps: int, config: TrainConfig, tally: bool) -> dict:
-    strategy = get(name)(workload.build_model(), ctx, config, **options)
+    """One strategy's run on this rank: the model and every batch on ``ctx.device`` (the launch's backend is
+    NCCL where GPUs are: a collective on a host tensor would fail there)."""
+    dtype = torch.bfloat16 if config.precision == "bf16-mixed" else torch.float32
+    strategy = get(name)(workload.build_model().to(ctx.device, dtype), ctx, config, **options)
     losses, weights, gradients = [], [], []
     for step in range(steps):
         strategy.zero_grad()
-        x, y = _local(workload, step, ctx.rank, ctx.world_size)
+        x, y = _local(workload, step, ctx, dtype)
         loss = workload.loss(strategy.forward(x), y)
         strategy.backward(loss)
         strategy.step()
@@ -82,12 +88,9 @@ def zeropp_loss_effect(workload, world_size: int = 2, steps: int = 200, options:
     get("zeropp").resolve_options(options)
     if workload.batch_size % world_size:
         raise ValueError(f"world_size={world_size} must divide the workload's batch of {workload.batch_size}")
-    dtype = {"fp32": torch.float32, "bf16-mixed": torch.bfloat16}.get(precision)
-    if dtype is None:
+    if precision not in ("fp32", "bf16-mixed"):
         raise ValueError(f"precision={precision!r}; allowed: fp32, bf16-mixed")
     config = TrainConfig(precision, OptimizerSpec(optimizer, lr=lr))
-    if dtype is not torch.float32:
-        workload = _cast(workload, dtype)
     with _emulated_nodes(ranks_per_node, world_size):
         ranks = launch(_both, world_size, workload, options, steps, config, timeout_s=timeout_s)
     losses = {name: [sum(r[name]["losses"][i] for r in ranks) / len(ranks) for i in range(steps)]
@@ -117,15 +120,3 @@ def _emulated_nodes(ranks_per_node, world_size: int):
         else:
             os.environ[RANKS_PER_NODE_ENV] = previous
 
-
-class _cast:
-    """A workload whose model is built in ``dtype`` (bf16-mixed: the model in bf16, fp32 masters in the optimizer)."""
-
-    def __init__(self, workload, dtype):
-        self._workload, self._dtype = workload, dtype
-
-    def build_model(self):
-        return self._workload.build_model().to(self._dtype)
-
-    def __getattr__(self, name):
-        return getattr(self._workload, name)
