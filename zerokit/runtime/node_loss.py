@@ -3,8 +3,8 @@
 Lifecycle (driven by :func:`zerokit.runtime.torchrun.launch_under_torchrun`):
 
 1. before joining, :func:`die_with_agent` asks Linux to SIGKILL this worker when the process
-   that started it (its torchrun agent) dies (``PR_SET_PDEATHSIG``), as the spawn launcher's
-   ranks die with theirs: a worker whose agent was killed could neither be restarted nor
+   that started it (its torchrun agent, PID 1 itself in a container without an init) dies
+   (``PR_SET_PDEATHSIG``), as the spawn launcher's ranks die with theirs: a worker whose agent was killed could neither be restarted nor
    stopped by anyone, and would hold its peers in their collectives;
 2. after joining, :func:`open_answering_socket` opens this rank's answering socket
    (listening on its host's address, never read: while the process lives the kernel answers
@@ -47,11 +47,16 @@ _PR_SET_PDEATHSIG = 1
 def die_with_agent() -> None:
     """Have Linux SIGKILL this worker when its torchrun agent (the process that started it) dies, however hard.
 
-    Called before joining: a worker whose agent died first (its parent is then init) exits at once."""
+    Called before joining: a worker whose agent died while the request was being made (its parent then changed,
+    to init or a subreaper) exits at once. The parent is compared before and after, not held to "is not PID 1":
+    torchrun itself is PID 1 in a container started without an init (``docker run`` without ``--init``, a
+    Kubernetes PyTorchJob, ``unshare -p -f``), and its workers are not orphans there. An agent that died before
+    this call is not seen here (its worker was reparented already); the rendezvous then fails on its timeout."""
     if not sys.platform.startswith("linux"):
         return
+    agent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the agent died before the request took effect: this worker is an orphan already
+    if os.getppid() != agent:  # the agent died before the request took effect: this worker is an orphan already
         os._exit(1)
 
 
