@@ -3,17 +3,24 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+COURSE := $(VENV)/.course
 
-.PHONY: tour test lab install clean
+.PHONY: tour test lab course install clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,notebooks,peers]' torch==2.13.0 deepspeed==0.19.8 pytest-xdist==3.8.0
+# The developer's install (`make tour`, `make test`): torch's CPU build, the package with its test, notebook and
+# peer extras (tools/install.sh says how torch's CPU build is found)
+$(STAMP): pyproject.toml tools/install.sh
+	PYTHON=$(PYTHON) tools/install.sh --venv $(VENV) --extras test,notebooks,peers -- deepspeed==0.19.8 pytest-xdist==3.8.0
 	@# DeepSpeed compiles its CPU communication op on first use (about a minute): once here, not in the tour
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	touch $(STAMP)
+
+# The learner's install (`make course`, `make lab`): torch's CPU build and the course's needs only (JupyterLab)
+$(COURSE): pyproject.toml tools/install.sh
+	PYTHON=$(PYTHON) tools/install.sh --venv $(VENV) --extras notebooks
+	touch $(COURSE)
+
+course: $(COURSE)
 
 install: $(STAMP)
 
@@ -26,8 +33,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
 	$(PY) -m pytest -q -m serial
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 notebooks/
+# JupyterLab at the repository's root, opened at notebooks/ (tools/lab.sh: loopback, root allowed, no news prompt)
+lab: $(COURSE)
+	PYTHON=$(PY) tools/lab.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache
