@@ -7,8 +7,9 @@ Lifecycle (driven by :func:`zerokit.runtime.torchrun.launch_under_torchrun`):
    (``PR_SET_PDEATHSIG``), as the spawn launcher's ranks die with theirs: a worker whose agent was killed could neither be restarted nor
    stopped by anyone, and would hold its peers in their collectives;
 2. after joining, :func:`open_answering_socket` opens this rank's answering socket
-   (listening on its host's address, never read: while the process lives the kernel answers
-   a connection to it, once it has died the connection is refused) and the ranks exchange
+   (listening on the address other machines reach its host at, :func:`_host_address`; never
+   read: while the process lives the kernel answers a connection to it, once it has died the
+   connection is refused) and the ranks exchange
    their addresses, with which machine each runs on and its process id;
 3. when ``fn`` raises, :func:`mark_stopped` says so in the agent's store (a rank that stops on
    its own error is not counted lost), and :func:`lost_ranks_error` asks after every other
@@ -27,11 +28,13 @@ from __future__ import annotations
 import ctypes
 import datetime
 import errno
+import ipaddress
 import json
 import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -75,12 +78,77 @@ KNOCK_TIMEOUT_S = 3.0
 SETTLE_S = 2.0
 
 
-def _host_address() -> str:
-    """The address the other ranks reach this host at: its hostname's, as gloo's default device uses."""
+#: the variables that name the network interface gloo and NCCL use between machines, by backend
+IFNAME_VARIABLES = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+_SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
+
+
+def _interface_address(name: str) -> Optional[str]:
+    """The IPv4 address of the network interface ``name``, None when it has none (or is not there)."""
+    try:
+        import fcntl
+    except ImportError:  # not a Unix
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _named_interface(variable: str, value: str) -> Optional[str]:
+    """The address of the first interface ``value`` names: ``GLOO_SOCKET_IFNAME``'s exact names, or
+    ``NCCL_SOCKET_IFNAME``'s prefixes (``=eth0``: exactly); None for NCCL's exclusions (``^docker``), which name
+    no interface to take, or where no interface named has an address."""
+    exact = variable == IFNAME_VARIABLES["gloo"]
+    if value.startswith("^"):
+        return None
+    if value.startswith("="):
+        exact, value = True, value[1:]
+    interfaces = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    for wanted in filter(None, (v.strip() for v in value.split(","))):
+        for name in ([wanted] if exact else [n for n in interfaces if n.startswith(wanted)]):
+            address = _interface_address(name)
+            if address is not None:
+                return address
+    return None
+
+
+def _source_address(ip: str) -> str:
+    """The address of the interface this machine reaches ``ip`` from (a UDP socket's connect sends nothing: the
+    kernel only picks the route and its source address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((ip, 9))  # any port: nothing is sent
+        return probe.getsockname()[0]
+
+
+def _host_address(backend: Optional[str] = None) -> str:
+    """The address the other ranks reach this host at.
+
+    The interface ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` names (the backend's own first), as the backend
+    itself uses it; else the interface that reaches ``MASTER_ADDR`` (the rendezvous host, which every node
+    reaches), loopback only when ``MASTER_ADDR`` is loopback (every rank is on this machine). Not the hostname's
+    address: Debian's /etc/hosts maps it to 127.0.1.1, where another machine's ranks would knock on their own
+    loopback and call this host's live ranks gone. Without ``MASTER_ADDR``, or where it does not resolve or no
+    route reaches it, the hostname's address."""
+    variables = sorted(IFNAME_VARIABLES.values(), key=lambda v: v != IFNAME_VARIABLES.get(str(backend)))
+    for variable in variables:
+        value = os.environ.get(variable, "").strip()
+        address = _named_interface(variable, value) if value else None
+        if address is not None:
+            return address
+    master = os.environ.get("MASTER_ADDR", "").strip()
+    if master:
+        try:
+            ip = socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0]
+            return "127.0.0.1" if ipaddress.ip_address(ip).is_loopback else _source_address(ip)
+        except (OSError, IndexError):  # no IPv4 address for it, or no route to it
+            pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+        return master or "127.0.0.1"
 
 
 def open_answering_socket(rank: int, world_size: int, agent_store=None, round_id: str = "") -> None:
@@ -88,7 +156,7 @@ def open_answering_socket(rank: int, world_size: int, agent_store=None, round_id
     and ``round_id``: where the ranks say they stop on their own error (None: nowhere)."""
     global _answering, _addresses, _processes, _agent_store, _round_id
     _agent_store, _round_id = agent_store, round_id
-    host = _host_address()
+    host = _host_address(str(dist.get_backend()))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
