@@ -119,6 +119,8 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
 
 #: the key of the agent's store under which each round's rank 0 publishes "PORT ROUND-ID" of its round's store
 ROUND_STORE_KEY = "zerokit/round-store"
+#: the key of each round's own store that holds its round id: a rank checks it after connecting
+ROUND_ID_KEY = "zerokit/round-id"
 #: the agent's store (a client; hosted by node 0's agent, it outlives the workers) and this round's id
 _agent_store = None
 _round_id = ""
@@ -133,10 +135,13 @@ def _round_store(rank: int, timeout: datetime.timedelta):
     (``TORCHELASTIC_RESTART_COUNT`` is not one: a node restarted for another's failure keeps its
     count): the ranks of a restart read the previous attempt's keys — gloo's addresses of processes
     now dead — and fail with "Connection refused" (pytorch/pytorch#135712). Here rank 0 serves a new
-    store on a free port and publishes the port under :data:`ROUND_STORE_KEY`; another rank takes
-    the port once a store answers there: a port a previous round published belonged to a rank 0
-    that has exited (torchrun stops a round's workers before the next round's start), so nothing
-    answers it, or the port was taken again by this round's store.
+    store on a free port, writes the round's id in it under :data:`ROUND_ID_KEY`, and then publishes
+    "port id" under :data:`ROUND_STORE_KEY`. Another rank may read the previous round's entry there,
+    until this round's rank 0 has replaced it: its port belonged to a rank 0 that has exited (torchrun
+    stops a round's workers before the next round's start), so nothing answers there, or a store
+    answers that another program — or this round's rank 0 — took the port for. So a rank takes the
+    store only once one answers at the published port and holds the published round id; otherwise it
+    reads the entry again.
     """
     global _agent_store, _round_id
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -144,21 +149,34 @@ def _round_store(rank: int, timeout: datetime.timedelta):
     if rank == 0:
         own = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
         _round_id = uuid.uuid4().hex
+        own.set(ROUND_ID_KEY, _round_id)  # before publishing: whoever reads the entry finds the id there
         _agent_store.set(ROUND_STORE_KEY, f"{own.port} {_round_id}")
         return own
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
-        published, _round_id = _agent_store.get(ROUND_STORE_KEY).decode().split()
+        published, round_id = _agent_store.get(ROUND_STORE_KEY).decode().split()
         try:
             own = dist.TCPStore(host, int(published), is_master=False, timeout=datetime.timedelta(seconds=1))
-        except (RuntimeError, ValueError) as exc:  # nothing answers: a previous round's; this round's comes
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no store answers at the port {published} that rank 0 published in the agent's "
-                                   f"store ({host}:{port}) for {timeout.total_seconds():g} s") from exc
-            time.sleep(0.05)
-            continue
-        own.set_timeout(timeout)
-        return own
+        except (RuntimeError, ValueError):  # nothing answers: a previous round's; this round's comes
+            why = "no store answers there"
+        else:
+            if _holds_round(own, round_id):
+                _round_id = round_id
+                own.set_timeout(timeout)
+                return own
+            why = f"the store there does not hold round {round_id} (a previous round's entry, its port taken again)"
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 published the port {published} in the agent's store ({host}:{port}) but "
+                               f"{why} after {timeout.total_seconds():g} s")
+        time.sleep(0.05)
+
+
+def _holds_round(store, round_id: str) -> bool:
+    """Whether ``store`` is round ``round_id``'s own (its :data:`ROUND_ID_KEY` says so); without waiting."""
+    try:
+        return store.check([ROUND_ID_KEY]) and store.get(ROUND_ID_KEY).decode() == round_id
+    except (RuntimeError, ValueError):  # not a store that answers as torch's does
+        return False
 
 
 def _leave_group() -> None:
