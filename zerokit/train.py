@@ -6,7 +6,9 @@ The settings arrive as a :class:`zerokit.config.JobConfig` or as the keywords it
 activation checkpointing, pipeline, then the strategy); :func:`run_rank` keeps the loop and the
 measurements. Every strategy goes through the same loop on every rank: zero_grad, then for each of
 A micro-batches forward (phase "forward") and backward (phase "backward", under
-``no_sync`` for all but the last), then the step (phase "step"). The ledgers are read
+``no_sync`` for all but the last), then the step (phase "step"). Nothing in a step waits for the device
+but the step's end: the micro-batches' losses stay on it and are read to the host once, after the
+step (a read per micro-batch would drain the stream between them). The ledgers are read
 after the last optimizer step and before the next zero_grad. The single-process
 reference runs the same loop on the whole global batch, in this process.
 """
@@ -158,7 +160,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         t0 = time.perf_counter()
         engine.zero_grad()
         micro = _local_batch(job, ctx, step, cls.data_parallel)
-        step_loss = 0.0
+        step_loss, parts = 0.0, []  # parts: each micro-batch's loss / A, kept on the device until the step is done
         if pipeline is not None:
             # each micro-batch in its own storage, as a loader would hand it over (so the activation ledger,
             # which counts a storage once, sees every in-flight micro-batch's inputs)
@@ -174,7 +176,7 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
             memory.sample("after forward")
             with span("backward"):
                 engine.backward(loss)
-            step_loss += float((loss / len(micro)).detach())
+            parts.append((loss / len(micro)).detach())
         memory.sample("after backward")
         with span("step"):
             if pipeline is not None:
@@ -185,6 +187,8 @@ def run_rank(ctx: RankContext, job: Job) -> RankResult:
         memory.sample("after step")
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
+        for value in torch.stack(parts).tolist() if parts else ():  # the one host read of the step's losses
+            step_loss += value
         times.append(time.perf_counter() - t0)
         losses.append(step_loss)
         if resumable is not None:  # save_dir: every save_every-th step and the last

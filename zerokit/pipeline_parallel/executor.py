@@ -10,7 +10,8 @@ code that does. Lifecycle:
    then the tensor, so every receiver can allocate its buffers (torch's pipelining
    exchanges shapes the same way). The RNG state is restored afterwards.
 3. :meth:`Executor.step` per training step: walks this rank's actions in order. ``F``
-   runs a stage (the last stage adds the micro-batch's loss / m), ``B`` is a full
+   runs a stage (the last stage keeps the micro-batch's loss / m on the device; the step's
+   loss, their sum, is read to the host once, after the last action), ``B`` is a full
    backward, ``I`` and ``W`` the split one (:mod:`.split_backward`); ``SEND_*`` posts a
    send (waited for at the end of the step) and ``RECV_*`` waits for a receive, each posted
    where :mod:`.p2p_plan` says — grouped with the receives that come before it in the
@@ -124,7 +125,7 @@ class Executor:
         self._stash: Dict[tuple, dict] = {}
         self._sends: list = []
         self.spans = []
-        self._loss = 0.0
+        self._losses: List[torch.Tensor] = []  # the last stage's loss / m per micro-batch, on the device
         self._t0 = clock.mark()
         actions = self.schedule.actions[self.pp_rank]
         for i, a in enumerate(actions):
@@ -144,7 +145,13 @@ class Executor:
         if self._stash:
             raise RuntimeError(f"pipeline rank {self.pp_rank}: the schedule left {sorted(self._stash)} without "
                                f"a finished backward")
-        return self._loss if self.last_stage in self.stages else None
+        if self.last_stage not in self.stages:
+            return None
+        loss = 0.0  # read once, after the step: summed in micro-batch order, as Python floats
+        for value in torch.stack(self._losses).tolist():
+            loss += value
+        self._losses = []
+        return loss
 
     def _run(self, a: Action) -> None:
         kind = a.kind
@@ -180,7 +187,7 @@ class Executor:
             out = self.stages[a.stage](x)
             if a.stage == self.last_stage:
                 loss = self.loss_fn(out, self._micro[a.micro][1]) / self.schedule.micro_batches
-                self._loss += float(loss.detach())
+                self._losses.append(loss.detach())  # no host read here: that would drain the stream
                 out = loss
         if self.split:
             self.weight_outputs[a.stage].stop()
