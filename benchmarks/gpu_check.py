@@ -26,7 +26,8 @@ Each row is one line of the table printed last and one object of the JSON file (
 ``gpu_check.json`` here: name, status ``ok``/``FAIL``/``skip``/``n/a``, detail, seconds and the measured numbers
 as fields; rewritten after every row, so a session cut short keeps what ran). A failing row prints its error in
 its line; a row that cannot run here is ``skip`` with the reason (a missing package: ``skipped: deepspeed is not
-installed``). A plain script runs every row; under torchrun (its agent's variables set: ``under_torchrun``) the
+installed``); a row whose strategy refuses this run with a reason is ``n/a`` with it (``refused on 2 ranks: …``:
+the torch ring-attention peer on CUDA, the hsdp / hpZ / FSDP2-HSDP rows on a world their group does not divide). A plain script runs every row; under torchrun (its agent's variables set: ``under_torchrun``) the
 ranks exist already, so the rows of torchrun's world size run in its processes — a data-parallel row at that
 world, a row of another layout ``skip`` (run torchrun again with its ``--nproc_per_node``) — and the own-loop rows
 run in those processes too: no torchrun is started inside torchrun.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 
 import torch
 
@@ -181,9 +182,18 @@ def summary(f: dict) -> str:
 
 
 def refusal(exc: Exception) -> str | None:
-    """The reason a strategy refused this run (a ValueError raised in the rank), else None."""
-    lines = [line for line in str(exc).splitlines() if line.startswith("ValueError: ")]
-    return lines[-1][len("ValueError: "):] if lines else None
+    """The reason a strategy refused this run, else None: a ValueError raised here (by ``make_job`` before any rank
+    starts, or in this process as one of torchrun's ranks), or a rank's (:class:`zerokit.RankFailed`) whose last
+    exception — the one the rank died of, after any it was raised from — is a ValueError."""
+    if isinstance(exc, ValueError):
+        return str(exc).strip() or None
+    if not isinstance(exc, zerokit.RankFailed):
+        return None
+    # a traceback's exception lines start at column 0, "Name: message" or "Name" (its frames are indented); a
+    # message's own later lines may look alike: then the last is not the ValueError's, and the row FAILs
+    raised = [line for line in exc.traceback.splitlines() if re.match(r"[A-Za-z_][\w.]*(: |$)", line)]
+    last = raised[-1] if raised else ""
+    return (last[len("ValueError: "):].strip() or None) if last.startswith("ValueError: ") else None
 
 
 def mib(x) -> str:

@@ -4,6 +4,11 @@ deadlock fails in a minute instead of hanging.
 A row's world is fixed by its layout (cp=2 × tp=2: 4 ranks). A data-parallel row (no ``parallel=``, or dp alone)
 runs on every rank there is — the machine's GPUs for a plain script, torchrun's world under torchrun — its batch
 grown to a multiple of the world where it has to be.
+
+A row whose strategy refuses the run with a reason (a ValueError, :func:`gpu_check_common.refusal`) is ``n/a``
+with that reason, not a FAIL: the torch ring-attention peer on CUDA (it runs torch's CPU flash kernel), and the
+hsdp, hpZ and FSDP2-HSDP rows on a world their group of 2 does not divide (``torchrun --nproc_per_node=3``).
+With ``--dry`` no row refuses (the test holds every multi-rank row to ``ok``).
 """
 from __future__ import annotations
 
@@ -52,7 +57,13 @@ def multi(strategy: str, world=2, name: str = "gpt", reference: bool = False, si
         c.needs(n)
         b = c.size(name)["batch_size"]
         override = {**(sizes or {}), **({} if b % n == 0 else {"batch_size": n * math.ceil(b / n)})}
-        result, fields = c.train(name, strategy, n, override=override, **args)
+        try:
+            result, fields = c.train(name, strategy, n, override=override, **args)
+        except Exception as e:  # noqa: BLE001 - a refusal with its reason is n/a; anything else is the row's FAIL
+            why = c.refusal(e)
+            if why is None:
+                raise
+            return "n/a", f"refused on {n} ranks: {why}", {"world_size": n, "refused": why}
         # torch's own collectives (DDP's C++ reducer, ZeroRedundancyOptimizer's, pipelining's p2p) are recorded
         # when issued, not waited on: blocked time is zerokit's own strategies' measurement
         if fields["blocked_s"] <= 0 and not REGISTRY[strategy].__module__.startswith("zerokit.peers"):

@@ -107,6 +107,84 @@ def test_under_torchrun_the_rows_of_its_world_run_in_its_ranks(tmp_path):
         assert checks[name]["status"] == "skip" and "this torchrun started 2" in checks[name]["detail"]
 
 
+def test_under_torchrun_of_3_the_rows_of_groups_of_2_are_n_a_not_failures(tmp_path):
+    """hsdp, hpZ and FSDP2-HSDP with groups of 2 on torchrun's 3 ranks: each strategy refuses (2 does not divide
+    3) and says why; the row is n/a with that reason, and the run exits 0."""
+    gpu_check, _ = _import()
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                           str(SCRIPT), "--dry", "--only", "hsdp 2×2,ZeRO++ hpZ,peer FSDP2 HSDP", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
+    checks = _rows(out)
+    assert list(checks) == ["hsdp 2×2", "ZeRO++ hpZ 2 of 4", "peer FSDP2 HSDP 2×2"]
+    for name, says in (("hsdp 2×2", "shard_group_size=2 does not divide the 3"),
+                       ("ZeRO++ hpZ 2 of 4", "zero_hpz_partition_size=2 must divide the 3"),
+                       ("peer FSDP2 HSDP 2×2", "does not divide the 3")):
+        assert checks[name]["status"] == "n/a", checks[name]
+        assert checks[name]["detail"].startswith("refused on 3 ranks: ") and says in checks[name]["detail"], \
+            checks[name]
+
+
+#: the torch ring-attention peer's refusal on a GPU, as its rank's traceback ends (zerokit/peers/torch_cp.py)
+ON_CUDA = ("strategy 'torch-ring' runs torch's ring with the CPU flash kernel; on a GPU use torch's public "
+           "context_parallel, which dispatches to the CUDA kernels")
+
+
+def _failed_rank(*exceptions):
+    """A RankFailed whose rank's traceback chains ``exceptions`` (the last the one the rank died of)."""
+    import zerokit
+
+    frames = '  File "zerokit/train.py", line 1, in run_rank\n    raise\n'
+    parts = [f"Traceback (most recent call last):\n{frames}{e}\n" for e in exceptions]
+    text = "\nThe above exception was the direct cause of the following exception:\n\n".join(parts)
+    return zerokit.RankFailed(1, text, exitcode=1, where="rank 0 is finished")
+
+
+DIVIDE = "shard_group_size=2 does not divide the 3 data-parallel ranks"
+
+
+@pytest.mark.parametrize("raised, status, reason", [
+    (_failed_rank(f"ValueError: {ON_CUDA}"), "n/a", ON_CUDA),               # a rank refused: n/a, with why
+    (ValueError(DIVIDE), "n/a", DIVIDE),                                    # refused here (make_job, torchrun)
+    (_failed_rank("ValueError: bad", "RuntimeError: NCCL error"), "FAIL", None),  # died of the RuntimeError
+    (_failed_rank("RuntimeError: NCCL error"), "FAIL", None),
+    (AssertionError("torch-ring: |Δparam| 1e-1 > 1e-5 against the reference"), "FAIL", None),
+])
+def test_a_refusal_with_its_reason_is_n_a_and_anything_else_fails(monkeypatch, raised, status, reason):
+    gpu_check, _ = _import()
+    import gpu_check_common as c
+
+    def train(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(c, "train", train)
+    name, fn = next((n, f) for n, f in gpu_check.MULTI_RANK if n == "peer torch ring attention")
+    row = gpu_check.run(name, fn, lambda text: None)
+    assert row["status"] == status, row
+    if status == "n/a":
+        assert row["detail"] == f"refused on 2 ranks: {reason}" and row["refused"] == reason, row
+        ok = {"name": "zero1", "status": "ok"}
+        assert gpu_check.verdict([ok, row], dry=False) == gpu_check.PASS  # n/a is no failure: exit 0 on GPUs
+
+
+def test_a_real_rank_refusal_reads_as_its_reason():
+    """A strategy's ValueError in its ranks, through zerokit.train's RankFailed: the reason, word for word."""
+    import zerokit
+
+    _import()
+    import gpu_check_common as c
+
+    with pytest.raises(zerokit.RankFailed) as failed:
+        zerokit.train(zerokit.tiny_gpt(**c.SIZES["gpt"][0]), "torch-ring", world_size=2, steps=1,
+                      precision="bf16-mixed", reference=False, parallel={"cp": 2}, cp_attention="ring",
+                      backend="gloo", timeout_s=240)
+    assert c.refusal(failed.value) == "strategy 'torch-ring' runs in fp32 only (the CPU flash kernel's fp32 path)"
+
+
 def test_the_memory_row_fails_beyond_its_margin_and_only_there():
     _, one = _import()
     margin = 100 * MiB
