@@ -24,6 +24,12 @@ hooks make it survive ``del engine; gc.collect()``. A held group (torch's Device
 it made, the world's too, in ``_pg_registry``) survived ``destroy_process_group`` with its
 threads, which then ran into interpreter exit: the setting in which gloo aborts with
 "terminate called without an active exception" (pytorch/pytorch#65513, #190489).
+
+Every process group a mesh makes (its axes', the carved ones) or is given (:meth:`Mesh.add_group`) is noted, in
+the order made, so that whoever owns the process's group can end them: a launch under torchrun keeps the world
+group from call to call, and each call builds its meshes anew, so after each call it destroys what the call's
+meshes made (:func:`groups_made`, :func:`destroy_groups_made_since`); without that every ``zerokit.train`` call
+left its groups (with ``device_id=``, each an NCCL communicator) in torch's ``_world`` until exit.
 """
 from __future__ import annotations
 
@@ -143,6 +149,46 @@ def _weak(group):
     return None if group is None else weakref.ref(group)
 
 
+#: every process group a mesh made or was given, weakly, in the order made (the world group is never noted)
+_made: List[weakref.ref] = []
+
+
+def _note(*groups) -> None:
+    """Note ``groups`` as the meshes' (None, a non-member's placeholder, the world and those noted already are
+    skipped)."""
+    import torch.distributed as dist
+
+    noted = {id(ref()) for ref in _made if ref() is not None}
+    for group in groups:
+        if isinstance(group, dist.ProcessGroup) and group is not dist.group.WORLD and id(group) not in noted:
+            _made.append(weakref.ref(group))
+            noted.add(id(group))
+
+
+def groups_made() -> int:
+    """A mark: how many process groups meshes have made so far (:func:`destroy_groups_made_since` takes it)."""
+    return len(_made)
+
+
+def destroy_groups_made_since(mark: int) -> int:
+    """Destroy the process groups meshes made or were given since ``mark`` (:func:`groups_made`), newest first, so
+    that every rank destroys them in one order (NCCL's abort was collective in some versions, and torch's own
+    ``destroy_process_group`` goes in one order for that); those gone already are skipped. Call it on every rank
+    once the groups' collectives are over (this rank's CUDA device, where one is in use, is synchronized first, so
+    that nothing queued on them still runs). Returns how many it destroyed."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    mine, _made[mark:] = _made[mark:], []
+    live = [group for group in (ref() for ref in mine) if group is not None and group in c10d._world.pg_map]
+    if live and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    for group in reversed(live):
+        dist.destroy_process_group(group)
+    return len(live)
+
+
 def _alive(ref, axis: str):
     if ref is None:
         return None
@@ -210,6 +256,9 @@ class Mesh:
                 groups[axis] = made[tuple(axis_ranks(rank, shape, axis))]
         else:
             groups.update({"ep": None, "edp": groups["dp"]})
+        # every axis's group as torch's mesh holds it: a world-sized axis's is the world (not noted) or, with CUDA at
+        # hand on a gloo world, a group torch made for it
+        _note(*(mesh.get_group(axis) for axis in AXES), *groups.values())
         return cls(shape, rank, groups, mesh)
 
     def carve(self, inner: int, axis: str = "dp", names=("dp_shard", "dp_replicate")):
@@ -242,6 +291,7 @@ class Mesh:
                 members = tuple(self._carved_ranks(r, name))
                 if members not in made:
                     made[members] = dist.new_group(list(members))
+            _note(*made.values())
             self.groups[name] = _weak(made[tuple(self._carved_ranks(self.rank, name))])
         return self.group(names[0]), self.group(names[1])
 
@@ -313,7 +363,9 @@ class Mesh:
         return self.carve(self.ranks_per_node, axis="world", names=("node", "inter_node"))
 
     def add_group(self, group, axis: str) -> None:
-        """Name the axis of a group made within one (the ledger then counts its traffic there)."""
+        """Name the axis of a group made within one (the ledger then counts its traffic there); the group is the
+        mesh's from then on (:func:`destroy_groups_made_since` ends it with the mesh's own)."""
+        _note(group)
         self.subgroups.append((_weak(group), axis))
 
     def axis_of(self, group) -> str:

@@ -8,8 +8,10 @@ own (:func:`_round_store`: a restart must not read the previous attempt's keys) 
 it for later calls (joining again after leaving is not reliable); an ``atexit`` hook leaves
 it when the interpreter exits. Each call runs ``fn(ctx)`` here, then gathers every
 rank's result with ``all_gather_object``, so every rank gets the list by rank, as
-from a spawned launch. Failures propagate as ordinary exceptions: torchrun itself
-watches the ranks.
+from a spawned launch, and destroys the process groups the call's meshes made
+(:func:`.mesh.destroy_groups_made_since`: each call builds its meshes anew, and the world
+group outlives it). Failures propagate as ordinary exceptions, the groups left as they
+are (a peer may be gone mid-collective): torchrun itself watches the ranks.
 
 Nodes (:mod:`.nodes`): torchrun starts ``LOCAL_WORLD_SIZE`` workers on each node, node
 ``GROUP_RANK`` holding global ranks ``GROUP_RANK·LOCAL_WORLD_SIZE`` onward. A lost node ends
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .context import RankContext, set_current
+from .mesh import destroy_groups_made_since, groups_made
 from .node_loss import (close_answering_socket, die_with_agent, lost_ranks_error, mark_stopped, open_answering_socket,
                         record_for_agent)
 
@@ -98,6 +101,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         open_answering_socket(rank, world_size, _agent_store, _round_id)
     ctx = RankContext(rank, world_size, device, backend, torchrun=True)
     set_current(ctx)
+    mark = groups_made()
     try:
         value = fn(ctx, *args, **kwargs)
         gathered: list = [None] * world_size
@@ -112,6 +116,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         raise lost from exc
     finally:
         set_current(None)
+    destroy_groups_made_since(mark)  # every rank is past fn (the gather): the call's meshes' groups are idle
     return gathered
 
 
