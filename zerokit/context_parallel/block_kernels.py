@@ -12,22 +12,26 @@ shares add up). Two kernels compute it, one interface:
   dtype: S = q·kᵀ·scale, masked; ℓ_b = logsumexp(S), o_b = exp(S − ℓ_b)·v; backward
   P = exp(S − ℓ), dV = Pᵀ·dO, dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O)), dQ = dS·K·scale,
   dK = dSᵀ·Q·scale. The whole score matrix of the block is materialised.
-- :data:`FUSED` — torch's scaled-dot-product kernels that return the log-sum-exp, the ones
+- :class:`Fused` — torch's scaled-dot-product kernels that return the log-sum-exp, the ones
   torch's own ring attention (``torch.distributed.tensor.experimental``'s ``context_parallel``)
   calls per block: on the CPU ``aten._scaled_dot_product_flash_attention_for_cpu`` and its
   ``_backward``; on CUDA ``aten._scaled_dot_product_flash_attention`` (fp16/bf16 on the GPUs
   FlashAttention-2 runs on) or else ``aten._scaled_dot_product_efficient_attention`` (fp32 too),
   each with its backward. Tiled, never materialising the scores; in the input's dtype with fp32
-  accumulation and an fp32 log-sum-exp; the output in the input's dtype.
+  accumulation and an fp32 log-sum-exp; the output in the input's dtype (the CPU kernel's laid out
+  tokens-first, ``[b, len, h, d]`` in memory, as one process's SDPA returns it).
 
 Masks a block takes: ``None`` (every key visible to every query), :data:`CAUSAL` (a square block
 whose query and key positions are the same: key j visible to query i iff j ≤ i, the kernels'
 ``is_causal``) or a boolean matrix, True where hidden — the last only :data:`EXPLICIT` computes.
 
-:func:`choose` picks the kernel for a call's inputs: :data:`FUSED` where torch has a fused kernel
-for them (CPU: where ``torch._fused_sdp_choice`` picks flash; CUDA: where
-``torch.backends.cuda.can_use_flash_attention`` or ``can_use_efficient_attention`` accepts
-them), :data:`EXPLICIT` otherwise (another device, a dtype or head size the kernels refuse).
+:func:`choose` picks the kernel for a call's inputs (``kernel="auto"``): :class:`Fused` where torch
+has a fused kernel for them (CPU: where ``torch._fused_sdp_choice`` picks flash; CUDA: where
+``torch.backends.cuda.can_use_flash_attention`` or ``can_use_efficient_attention`` accepts them),
+:data:`EXPLICIT` otherwise (another device, q, k, v of different dtypes, a dtype or head size the
+kernels refuse). zerokit's choices: torch's ring takes whichever kernel SDPA dispatched to, cuDNN's
+included, and refuses the others; zerokit takes flash, else memory-efficient, else the explicit
+math. No dropout inside attention (the ring has none to give).
 """
 from __future__ import annotations
 

@@ -25,7 +25,9 @@ the query's, softmax, times V) and folds the block into a running output with th
 normalised output o_b, merged as ℓ ← log(e^ℓ + e^ℓ_b), o ← o·e^(ℓ_old − ℓ) + o_b·e^(ℓ_b − ℓ).
 After cp − 1 transfers every block has visited every rank. Saved for backward: this
 rank's q, k, v, its output and the final ℓ — its own tokens only, so activations per rank
-are 1/cp of the sequence's.
+are 1/cp of the sequence's. The output is the first block's, merged into in place: from the
+CPU's fused kernel laid out tokens-first, so the attention's output projection reads a view of
+it, as on one process; from the explicit math heads-first, and the projection's input is a copy.
 
 **backward** — two rings: the key/value blocks travel again (cp − 1 transfers, each posted
 before the block's compute, as in forward), and each block's dK and dV follow one step
