@@ -80,3 +80,33 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `sum-2-ranks`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["sum-2-ranks"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `sum-3-ranks-uneven`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["sum-3-ranks-uneven"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `send-recv-only`, 1 point
+    report = zerokit.grade(globals(), EXERCISE, checks=["send-recv-only"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `bytes-per-rank`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["bytes-per-rank"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `rounds`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["rounds"])
+    assert report.passed, report

@@ -70,3 +70,28 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `batch-shards`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["batch-shards"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `mean-gradient`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["mean-gradient"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-one-process`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-one-process"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `traffic`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["traffic"])
+    assert report.passed, report

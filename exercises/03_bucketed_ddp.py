@@ -93,3 +93,38 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `buckets`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["buckets"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-one-process`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-one-process"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `one-all-reduce-per-bucket`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["one-all-reduce-per-bucket"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `overlap`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["overlap"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `waited-before-step`, 1 point
+    report = zerokit.grade(globals(), EXERCISE, checks=["waited-before-step"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `tied-weights`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["tied-weights"])
+    assert report.passed, report

@@ -90,3 +90,28 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `gradient-shard`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["gradient-shard"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `optimizer-states-sharded`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["optimizer-states-sharded"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-one-process`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-one-process"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `traffic`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["traffic"])
+    assert report.passed, report

@@ -112,3 +112,33 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `gradient-shards`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["gradient-shards"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `reduce-scatter-in-backward`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["reduce-scatter-in-backward"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `buckets-freed`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["buckets-freed"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `freed-after-reduction`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["freed-after-reduction"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-one-process`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-one-process"])
+    assert report.passed, report

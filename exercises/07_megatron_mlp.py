@@ -98,3 +98,33 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `f`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["f"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `g`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["g"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `shards`, 1 point
+    report = zerokit.grade(globals(), EXERCISE, checks=["shards"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-unsharded`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-unsharded"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `traffic`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["traffic"])
+    assert report.passed, report

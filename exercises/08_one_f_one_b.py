@@ -61,3 +61,33 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `well-formed`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["well-formed"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `no-deadlock`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["no-deadlock"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `bubble`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["bubble"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `peak-in-flight`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["peak-in-flight"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `runs-with-executor`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["runs-with-executor"])
+    assert report.passed, report

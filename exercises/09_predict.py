@@ -59,3 +59,23 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `zero1-bytes-per-rank`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["zero1-bytes-per-rank"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `zero3-bytes-sent-per-step`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["zero3-bytes-sent-per-step"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `bubble-1f1b`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["bubble-1f1b"])
+    assert report.passed, report

@@ -116,3 +116,28 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `same-as-on-device`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-on-device"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `no-device-optimizer`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["no-device-optimizer"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `host-states`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["host-states"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `transfers`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["transfers"])
+    assert report.passed, report

@@ -120,3 +120,43 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `segments`, 1 point
+    report = zerokit.grade(globals(), EXERCISE, checks=["segments"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-gradients`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-gradients"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `rng-state`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["rng-state"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `stored-bytes`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["stored-bytes"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `peak-bytes`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["peak-bytes"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `recomputes`, 1 point
+    report = zerokit.grade(globals(), EXERCISE, checks=["recomputes"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `best-k`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["best-k"])
+    assert report.passed, report

@@ -108,3 +108,38 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `chunks-on-ranks`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["chunks-on-ranks"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `forward-before-backward`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["forward-before-backward"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `no-deadlock`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["no-deadlock"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `bubble`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["bubble"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `peak-in-flight`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["peak-in-flight"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `runs-on-ranks`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["runs-on-ranks"])
+    assert report.passed, report

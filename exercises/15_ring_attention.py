@@ -161,3 +161,28 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `merge`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["merge"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-as-one-process`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-as-one-process"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `same-gradients`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["same-gradients"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `ring-bytes`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["ring-bytes"])
+    assert report.passed, report

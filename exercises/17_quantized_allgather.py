@@ -99,3 +99,28 @@ if __name__ == "__main__":
 if __name__ == "__main__":
     report = zerokit.grade(globals(), EXERCISE)
     print(report)
+
+# %% [markdown]
+# **Autograded cells** (nbgrader's): one per check, worth that check's points. A teacher who grades with
+# nbgrader runs them (`nbgrader autograde`); each asks `zerokit.grade` what the cell above reports, one
+# check at a time. Leave them as they are.
+
+# %%
+if __name__ == "__main__":  # check `codec`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["codec"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `round-trip`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["round-trip"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `all-gather`, 3 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["all-gather"])
+    assert report.passed, report
+
+# %%
+if __name__ == "__main__":  # check `bytes`, 2 points
+    report = zerokit.grade(globals(), EXERCISE, checks=["bytes"])
+    assert report.passed, report
