@@ -4,13 +4,15 @@ Lifecycle (driven by :func:`zerokit.runtime.torchrun.launch_under_torchrun`):
 
 1. before joining, :func:`die_with_agent` asks Linux to SIGKILL this worker when the process
    that started it (its torchrun agent, PID 1 itself in a container without an init) dies
-   (``PR_SET_PDEATHSIG``), as the spawn launcher's ranks die with theirs: a worker whose agent was killed could neither be restarted nor
-   stopped by anyone, and would hold its peers in their collectives;
+   (``PR_SET_PDEATHSIG``), as the spawn launcher's ranks die with theirs: a worker whose agent
+   was killed could neither be restarted nor stopped by anyone, and would hold its peers in
+   their collectives;
 2. after joining, :func:`open_answering_socket` opens this rank's answering socket
    (listening on the address other machines reach its host at, :func:`_host_address`; never
    read: while the process lives the kernel answers a connection to it, once it has died the
-   connection is refused) and the ranks exchange
-   their addresses, with which machine each runs on and its process id;
+   connection is refused) and the ranks exchange their addresses, with which machine each
+   runs on and its process id; on NCCL, :func:`say_nccl_note` prints (rank 0) that a lost node
+   is not named there (below);
 3. when ``fn`` raises, :func:`mark_stopped` says so in the agent's store (a rank that stops on
    its own error is not counted lost), and :func:`lost_ranks_error` asks after every other
    rank until two rounds agree — a rank on this machine by its process (:func:`alive_here`),
@@ -20,8 +22,15 @@ Lifecycle (driven by :func:`zerokit.runtime.torchrun.launch_under_torchrun`):
    :class:`.nodes.NodeLost` naming them by node (``node 1 (ranks 2, 3) is gone``), which the
    caller chains to the torch error and :func:`record_for_agent` writes to the agent's error
    file (the agent's summary gives it as the root cause). The agent then ends the node's other
-   workers; with ``--max-restarts`` it starts them again;
+   workers; with ``--max-restarts`` it starts them again. When none is found lost on NCCL,
+   :func:`add_nccl_note` adds the note to the error;
 4. at exit, :func:`close_answering_socket`.
+
+Gloo only: step 3 runs where the collective's failure reaches Python, as gloo's does. On NCCL,
+torch's watchdog thread tears the process down when a collective fails or times out
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING``: torchrun sets 1, abort the communicator and tear down;
+torch's default is 3, tear down), before Python sees an error; the agent's summary then gives the
+watchdog's signal, not the node. zerokit says so (:data:`NCCL_NOTE`) rather than name the node there.
 """
 from __future__ import annotations
 
@@ -305,6 +314,32 @@ def _from_communication(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
         word in text for word in ("connection", "closed by peer", "timed out", "timeout", "gloo", "nccl", "socket"))
+
+
+#: what a rank on NCCL is told: a lost node is named on gloo only (the module docstring's "Gloo only")
+NCCL_NOTE = ("zerokit names a lost node (NodeLost) on gloo only: on NCCL, torch's watchdog tears a rank down when a "
+             "collective fails or times out (TORCH_NCCL_ASYNC_ERROR_HANDLING=1 under torchrun, 3 by default) before "
+             "Python sees the error, and torchrun's summary gives the watchdog's signal, not the node")
+
+
+def nccl_note(backend) -> Optional[str]:
+    """:data:`NCCL_NOTE` where ``backend`` is NCCL; None on gloo, where a lost node is named."""
+    return NCCL_NOTE if backend is not None and "nccl" in str(backend) else None
+
+
+def say_nccl_note(backend, rank: int) -> None:
+    """At joining, on rank 0 of an NCCL job: print :data:`NCCL_NOTE` to stderr, where torchrun's output is."""
+    note = nccl_note(backend)
+    if note is not None and rank == 0:
+        print(f"zerokit: {note}", file=sys.stderr, flush=True)
+
+
+def add_nccl_note(exc: BaseException, backend) -> None:
+    """On NCCL, add :data:`NCCL_NOTE` to a communication error that reached Python with no rank found lost (the
+    traceback prints it under the error; Python 3.11's ``add_note``, nothing on 3.10)."""
+    note = nccl_note(backend)
+    if note is not None and _from_communication(exc) and hasattr(exc, "add_note"):
+        exc.add_note(note)
 
 
 def lost_ranks_error(exc: BaseException, rank: int, world_size: int) -> Optional[NodeLost]:

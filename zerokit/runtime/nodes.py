@@ -17,7 +17,8 @@ across nodes, :meth:`zerokit.runtime.mesh.Mesh.carve`; ``node`` and ``inter_node
 When a node is lost (its machine down, its torchrun agent killed, its ranks crashed), the ranks
 left see a torch error from their next collective ("Connection closed by peer", a timeout).
 :mod:`.torchrun` then finds which ranks no longer answer and raises :class:`NodeLost`, whose
-message :func:`describe_gone` writes: ``node 1 (ranks 2, 3) is gone``.
+message :func:`describe_gone` writes: ``node 1 (ranks 2, 3) is gone``. On gloo only: on NCCL
+torch's watchdog tears the ranks left down before Python sees an error (:mod:`.node_loss`).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def describe_gone(gone: Iterable[int], per_node: int) -> str:
 
 
 class NodeLost(RuntimeError):
-    """Some ranks of the job no longer answer: raised on the ranks left, from the torch error that showed it.
+    """Some ranks of the job no longer answer: raised on the ranks left, from the torch error that showed it (on
+    gloo; on NCCL torch's watchdog ends the ranks first, :data:`.node_loss.NCCL_NOTE`).
 
     ``gone``: the global ranks lost; ``nodes``: the nodes they were on; ``per_node``: ranks per node."""
 

@@ -16,7 +16,8 @@ are (a peer may be gone mid-collective): torchrun itself watches the ranks.
 Nodes (:mod:`.nodes`): torchrun starts ``LOCAL_WORLD_SIZE`` workers on each node, node
 ``GROUP_RANK`` holding global ranks ``GROUP_RANK·LOCAL_WORLD_SIZE`` onward. A lost node ends
 cleanly (:mod:`.node_loss`): its workers die with their agent, and the ranks left raise
-:class:`.nodes.NodeLost` naming it, written where the agent reads a worker's failure.
+:class:`.nodes.NodeLost` naming it, written where the agent reads a worker's failure — on gloo;
+on NCCL torch's watchdog tears the ranks down first, and zerokit says so instead.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ import torch.distributed as dist
 
 from .context import RankContext, set_current
 from .mesh import destroy_groups_made_since, groups_made
-from .node_loss import (close_answering_socket, die_with_agent, lost_ranks_error, mark_stopped, open_answering_socket,
-                        record_for_agent)
+from .node_loss import (add_nccl_note, close_answering_socket, die_with_agent, lost_ranks_error, mark_stopped,
+                        open_answering_socket, record_for_agent, say_nccl_note)
 
 BACKENDS = ("gloo", "nccl")
 
@@ -99,6 +100,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
             dist.init_process_group(backend, init_method="env://", timeout=timeout, **bound)
         atexit.register(_leave_group)
         open_answering_socket(rank, world_size, _agent_store, _round_id)
+        say_nccl_note(backend, rank)
     ctx = RankContext(rank, world_size, device, backend, torchrun=True)
     set_current(ctx)
     mark = groups_made()
@@ -110,6 +112,7 @@ def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout_s) -> l
         mark_stopped(rank, exc)
         lost = lost_ranks_error(exc, rank, world_size)
         if lost is None:
+            add_nccl_note(exc, backend)
             raise
         lost.__cause__ = exc
         record_for_agent(lost)
