@@ -39,3 +39,8 @@ lab: $(COURSE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The learner's bundle: git's files less solutions/, tests/ and .ci/ (tools/release.py), the system's Python
+.PHONY: release
+release:
+	$(PYTHON) tools/release.py
