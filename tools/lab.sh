@@ -10,5 +10,5 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
 allow=()
 [ "$(id -u)" -eq 0 ] && allow=(--allow-root)
-exec "$python" -m jupyterlab --ip 127.0.0.1 --ServerApp.root_dir="$root" --ServerApp.default_url=/lab/tree/notebooks \
+exec "$python" -m jupyterlab --ip 127.0.0.1 --ServerApp.root_dir="$root" --LabApp.default_url=/lab/tree/notebooks \
   --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate "${allow[@]}" "$@"
