@@ -116,6 +116,8 @@ def _local(work, ctx, step):
 def _train(ctx, work, name, options, steps, precision):
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     model = _model(work, dtype)
+    if name == "zeropp":  # the tallies read below: measured (off by default)
+        options = dict(options, measure_quantization_error=True)
     strategy = get(name)(model, ctx, TrainConfig(precision, OptimizerSpec("sgd", lr=LR)), **options)
     memory = MemoryLedger()
     strategy.track_memory(memory)

@@ -1,12 +1,28 @@
-"""ZeRO++'s quantizer next to DeepSpeed's: its kernels' refusal on the CPU, read from DeepSpeed itself."""
+"""ZeRO++'s quantizer next to DeepSpeed's: the error tally off the host in the step (and on the memory ledger when
+on), DeepSpeed's kernels' refusal on the CPU read from DeepSpeed itself, and the loss-effect run on the rank's
+device."""
 import os
 import subprocess
 import sys
+from collections import Counter
+from contextlib import contextmanager
 
 import pytest
 import torch
 
-from zerokit.strategies import get
+import zerokit
+from zerokit.optim import OptimizerSpec
+from zerokit.runtime.memory import MemoryLedger
+from zerokit.runtime.nodes import RANKS_PER_NODE_ENV
+from zerokit.strategies import TrainConfig, get
+
+# --- options ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options,name", [(dict(measure_quantization_error=1), "measure_quantization_error")])
+def test_bad_codec_options_are_refused_before_any_process_starts(options, name):
+    with pytest.raises(ValueError, match=name):
+        get("zeropp").resolve_options(options)
+
 
 # --- DeepSpeed's quantizer on the CPU --------------------------------------------------------------
 
@@ -115,3 +131,121 @@ def test_the_loss_effect_run_puts_model_and_batches_on_the_rank_device(monkeypat
     assert [kind for kind, _, _ in seen].count("input") == 2 and [kind for kind, _, _ in seen].count("target") == 2
     assert {device for _, device, _ in seen} == {ctx.device}, seen
     assert {d for kind, _, d in seen if kind != "target"} == {dtype}, seen
+
+
+# --- the error tally: no host sync in the step, its memory on the ledger ------------------------------
+
+#: the Tensor methods that read a value back to the host (a stream sync on a GPU)
+_HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "nonzero", "cpu", "numpy")
+
+
+@contextmanager
+def _counting_host_reads():
+    """Count every call of :data:`_HOST_READS` on a tensor inside the block."""
+    counts, saved = Counter(), {}
+    for name in _HOST_READS:
+        saved[name] = torch.Tensor.__dict__.get(name)
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(torch.Tensor, name, counted)
+    try:
+        yield counts
+    finally:
+        for name, own in saved.items():
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
+
+
+BLOCK = 64
+RUNS = {  # label: zeropp's options (qwZ + qgZ on 2 ranks as 2 nodes: qgZ's hop across nodes runs)
+    "default": dict(zero_quantized_weights=True, zero_quantized_gradients=True),
+    "measured": dict(zero_quantized_weights=True, zero_quantized_gradients=True, measure_quantization_error=True),
+}
+
+
+def _step(strategy, work, ctx, step):
+    x, y = work.batch(step)
+    per = x.shape[0] // ctx.world_size
+    strategy.zero_grad()
+    loss = work.loss(strategy.forward(x[ctx.rank * per:(ctx.rank + 1) * per]), y[ctx.rank * per:(ctx.rank + 1) * per])
+    strategy.backward(loss)
+    strategy.step()
+    return loss.detach()
+
+
+def _tally_run(ctx, options: dict) -> dict:
+    torch.set_num_threads(1)
+    work = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=4)
+    strategy = get("zeropp")(work.build_model(), ctx, TrainConfig("fp32", OptimizerSpec("sgd", lr=0.1)),
+                             quantization_block_size=BLOCK, **options)
+    memory = MemoryLedger()
+    strategy.track_memory(memory)
+    first = float(_step(strategy, work, ctx, 0))
+    tallies = [strategy.weight_error.take(), strategy.gradient_error.take()]
+    with _counting_host_reads() as in_step:
+        _step(strategy, work, ctx, 1)
+    with _counting_host_reads() as in_take:
+        tallies += [strategy.weight_error.take(), strategy.gradient_error.take()]
+    held = [t for tally in (strategy.weight_error, strategy.gradient_error) for t in tally.tensors()]
+    return {"first_loss": first, "in_step": dict(in_step), "in_take": dict(in_take), "tallies": tallies,
+            "buffers": memory.current()["buffers"], "held": sum(t.untyped_storage().nbytes() for t in held),
+            "workspaces": [None if tally._workspace is None else tuple(tally._workspace.shape)
+                           for tally in (strategy.weight_error, strategy.gradient_error)],
+            "shards": [u.shard.numel() for u in strategy.units]}
+
+
+def _runs(ctx):
+    return {label: _tally_run(ctx, options) for label, options in RUNS.items()}
+
+
+@pytest.fixture(scope="module")
+def tally_runs():
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv(RANKS_PER_NODE_ENV, "1")
+        yield zerokit.launch(_runs, 2)
+    finally:
+        mp.undo()
+
+
+def test_a_zeropp_step_reads_nothing_back_to_the_host_for_its_tallies(tally_runs):
+    """Default (unmeasured) and measured alike, the step's qwZ gathers and qgZ rows read no value back to the
+    host; a measured tally is read once when taken, an unmeasured one not at all."""
+    for rank in tally_runs:
+        for label, run in rank.items():
+            assert run["in_step"] == {}, (label, run["in_step"])
+        assert rank["default"]["in_take"] == {}
+        assert rank["measured"]["in_take"] == {"tolist": 2}  # one read per tally
+
+
+def test_an_unmeasured_run_holds_nothing_and_tallies_nothing(tally_runs):
+    for rank in tally_runs:
+        run = rank["default"]
+        assert run["held"] == 0 and run["workspaces"] == [None, None]
+        assert all(t["elements"] == 0 and t["max_bound"] == 0 for t in run["tallies"])
+
+
+def test_a_measured_run_shows_its_tallies_workspace_on_the_memory_ledger(tally_runs):
+    """The workspaces (3 float32 rows of the longest round trip, whole blocks; the float64 totals are gone once
+    taken) are the only difference between the measured and the unmeasured run's buffers."""
+    for rank in tally_runs:
+        measured, default = rank["measured"], rank["default"]
+        assert measured["buffers"] - default["buffers"] == measured["held"] > 0
+        longest = max(-(-c // BLOCK) * BLOCK for c in measured["shards"])
+        weights, gradients = measured["workspaces"]
+        assert weights == (3, longest)  # qwZ: every unit's shard
+        assert gradients[0] == 3 and 0 < gradients[1] <= longest  # qgZ's hop across: rows of C
+        assert measured["held"] == 4 * 3 * (weights[1] + gradients[1])
+
+
+def test_measured_round_trips_are_within_their_bound(tally_runs):
+    for rank in tally_runs:
+        for tally in rank["measured"]["tallies"]:  # float32's roundings: |x|·4·2^-24, |x| ≤ qmax·scale
+            assert tally["elements"] > 0 and tally["over_bound"] == 0
+            assert 0 < tally["max_abs"] <= tally["max_bound"] * (1 + 2 ** -13)

@@ -3,7 +3,8 @@
 Lifecycle: a sender calls :func:`quantize_blocks` on a flat tensor (its shard, or a slice of
 gradient) and sends ``q`` and ``scales``; the receiver calls :func:`dequantize_blocks` with the
 same ``block_size``, ``numel`` and ``bits`` and gets the values back within half a scale each
-(:func:`zerokit.theory.zeropp.block_quantization_error_bound`).
+(:func:`zerokit.theory.zeropp.block_quantization_error_bound`). A rank that measures its own round
+trips hands them to an :class:`ErrorTally` (zerokit's measurement, off in ``zeropp`` unless asked).
 
 zerokit's codec (Wang et al., arXiv 2306.10209 §3.1, "block-based quantization"):
 
@@ -156,34 +157,81 @@ def decode(message: Tensor, block_size: int, numel: int, bits: int = 8, dtype: t
 
 class ErrorTally:
     """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound scale/2
-    (0 for an all-zero block, whose scale 1 is a convention and whose values come back exact).
+    (:func:`zerokit.theory.zeropp.block_quantization_error_bound`; 0 for an all-zero block, whose scale 1 is a
+    convention and whose values come back exact).
 
-    ``add(x, back, scales)`` after a round trip; :meth:`take` returns and clears ``{"max_abs", "mean_abs",
-    "max_bound", "over_bound", "elements"}`` (``over_bound``: elements past their own block's scale/2, with
-    float32's rounding of the quotient and the result dtype's rounding allowed — 0 unless the codec is wrong)."""
+    Lifecycle: ``add(x, back, scales, block_size)`` after each round trip (a qwZ gather, a qgZ hop's row)
+    enqueues its work on ``x``'s device and **never reads a value back to the host**: the running maxima,
+    the sum and the count stay in one float64 tensor there. :meth:`take` reads them once (one host sync),
+    returns ``{"max_abs", "mean_abs", "max_bound", "over_bound", "elements"}`` and clears them; call it once
+    per step. ``over_bound``: elements past their own block's bound, with float32's roundings (the
+    quotient or multiplier, the scale and the product: 4 × 2^-24 of the value) and the result dtype's
+    rounding allowed — 0 unless the codec is wrong.
+
+    Memory: the element-wise work runs in a **workspace** of 3 float32 rows as long as the longest round
+    trip added (rounded up to whole blocks), allocated once and kept, so the memory ledger sees it
+    (:meth:`tensors`, tracked under ``buffers`` by ``zeropp``); per-block statistics (⌈n/block_size⌉
+    elements) are the only transients. Off the hot path: ``zeropp`` hands round trips to its tallies only
+    under ``measure_quantization_error=True`` (DeepSpeed measures nothing there)."""
+
+    #: float32's roundings allowed per element, relative to |x|: the scale, the quotient, the code times the
+    #: scale (and one more, a margin)
+    FLOAT32_ROUNDING = 4 * 2.0 ** -24
 
     def __init__(self):
+        self._workspace = None
         self.clear()
 
     def clear(self) -> None:
-        self.max_abs, self.sum_abs, self.max_bound, self.over_bound, self.elements = 0.0, 0.0, 0.0, 0, 0
+        """Forget the round trips added since the last :meth:`take` (the workspace stays)."""
+        self._totals = None  # float64 on the device: max_abs, sum_abs, max_bound, over_bound
+        self.elements = 0
+
+    def tensors(self) -> list:
+        """What the tally holds on its device: the workspace and the running totals (for the memory ledger)."""
+        return [t for t in (self._workspace, self._totals) if t is not None]
+
+    def _rows(self, padded: int, device) -> tuple[Tensor, Tensor, Tensor]:
+        if self._workspace is None or self._workspace.shape[1] < padded or self._workspace.device != device:
+            self._workspace = torch.empty(3, padded, dtype=torch.float32, device=device)
+        return tuple(row[:padded] for row in self._workspace)
 
     @torch.no_grad()
     def add(self, x: Tensor, back: Tensor, scales: Tensor, block_size: int) -> None:
-        flat = x.detach().reshape(-1).float()
-        err = (flat - back.reshape(-1).float()).abs()
-        absmax = _block_view(flat, block_size)[0].abs().amax(dim=1)
-        half = torch.where(absmax > 0, scales.float() / 2, torch.zeros_like(absmax))  # a zero block comes back exact
-        bound = half.repeat_interleave(block_size)[:err.numel()]
-        self.max_abs = max(self.max_abs, float(err.max())) if err.numel() else self.max_abs
-        self.sum_abs += float(err.sum())
-        self.max_bound = max(self.max_bound, float(bound.max())) if err.numel() else self.max_bound
-        rounding = flat.abs() * torch.finfo(back.dtype).eps  # the result's own rounding
-        self.over_bound += int((err > bound * (1 + 2 ** -20) + rounding).sum())
-        self.elements += err.numel()
+        """One round trip: ``x`` sent, ``back`` = its dequantized values, ``scales`` its blocks' scales."""
+        n = x.numel()
+        if n == 0:
+            return
+        blocks = -(-n // block_size)
+        values, error, allowed = self._rows(blocks * block_size, x.device)
+        values[:n].copy_(x.reshape(-1))
+        values[n:].zero_()
+        error[:n].copy_(values[:n]).sub_(back.reshape(-1))
+        error[n:].zero_()
+        error.abs_()
+        by_block = values.view(blocks, block_size)
+        absmax = torch.maximum(by_block.amax(dim=1), by_block.amin(dim=1).neg())
+        step = scales.to(device=x.device, dtype=torch.float32)
+        half = step / 2  # the bound, per block
+        bound = torch.where(absmax > 0, half, torch.zeros_like(half))  # a zero block comes back exact
+        allowed.view(blocks, block_size).copy_(bound[:, None].expand(blocks, block_size))
+        allowed.mul_(1 + 2 ** -20)
+        rounding = self.FLOAT32_ROUNDING + torch.finfo(back.dtype).eps  # the result's own rounding too
+        allowed.add_(values.abs_(), alpha=rounding)
+        largest, total = error.max(), error.sum()
+        over = error.sub_(allowed).gt_(0).sum()
+        step_totals = torch.stack([largest, total, bound.max(), over]).to(torch.float64)
+        if self._totals is None:
+            self._totals = step_totals
+        else:
+            self._totals[0::2] = torch.maximum(self._totals[0::2], step_totals[0::2])
+            self._totals[1::2] += step_totals[1::2]
+        self.elements += n
 
     def take(self) -> dict:
-        out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.elements, 1), "max_bound": self.max_bound,
-               "over_bound": self.over_bound, "elements": self.elements}
+        """The totals since the last take, read from the device once; cleared after."""
+        max_abs, sum_abs, max_bound, over = self._totals.tolist() if self._totals is not None else (0.0,) * 4
+        out = {"max_abs": max_abs, "mean_abs": sum_abs / max(self.elements, 1), "max_bound": max_bound,
+               "over_bound": int(over), "elements": self.elements}
         self.clear()
         return out

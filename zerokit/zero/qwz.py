@@ -6,7 +6,8 @@ int8 messages over the group (the ledger records it: an ``all_gather`` of int8 o
 :class:`ThenWork` whose ``wait`` decodes every rank's message into its chunk of the unit's full buffer,
 in the compute dtype. The unit then computes with ŵ = deq(q(w)), |ŵ − w| ≤ scale/2 per element
 (:func:`zerokit.theory.zeropp.block_quantization_error_bound`); the shards the optimizer steps stay
-exact. Each rank measures its own chunk's round-trip error into an :class:`~.quantize.ErrorTally`.
+exact. Where asked (``measure_quantization_error``), each rank measures its own chunk's round-trip error
+into an :class:`~.quantize.ErrorTally`, on the device, read once per step.
 """
 from __future__ import annotations
 

@@ -22,6 +22,10 @@ the formulas they are held against per axis, and the paper's 3M → 0.75M cross-
 copy: :mod:`.zeropp_accounting`; the loss curves and measured errors: :mod:`.zeropp_error`. Not combined
 here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
 tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
+
+``measure_quantization_error=True`` (zerokit's measurement; off by default, as DeepSpeed measures
+nothing) hands every round trip to :attr:`weight_error` / :attr:`gradient_error`, which keep their
+totals on the device until taken.
 """
 from __future__ import annotations
 
@@ -66,6 +70,8 @@ ZEROPP_OPTIONS = {
     "quantization_block_size": Option(DEFAULT_BLOCK_SIZE, _block_size_ok,
                                       "a whole number >= 1: elements per quantization block (one float32 scale each)"),
     "gradient_bits": Option(4, lambda v: v in (4, 8) and not isinstance(v, bool), "4 (the paper's int4) or 8"),
+    "measure_quantization_error": Option(False, boolean, "False (nothing measured, as DeepSpeed) or True (each "
+                                                         "rank tallies its round trips' error on the device)"),
     "algorithm": _only("torch", "'torch': zeropp runs the backend's collectives (zerokit's ring is not combined)"),
     "offload": _only("none", "'none': zeropp is not combined with zerokit.offload"),
     "reshard_after_forward": _only(True, "True: hpZ and qwZ replace the backward gather, which needs it"),
@@ -100,7 +106,9 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
                              f"{self.world} data-parallel ranks")
         self.ranks_per_node = ctx.mesh.ranks_per_node  # dp is the world: zeropp runs on dp alone
         #: measured round-trip errors of this rank's quantized weights and gradient pieces, since last taken
+        #: (handed round trips only under measure_quantization_error=True)
         self.weight_error, self.gradient_error = ErrorTally(), ErrorTally()
+        self._measure = o["measure_quantization_error"]
         self._exact = False  # True while gathering whole parameters: no quantization, no secondary copy
         self.secondary = None
         if self.hpz_size > 1:
@@ -128,7 +136,7 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
         def gather(out, shard, tag):
             if quantize:
                 work = quantized_all_gather(out, shard, group.group, group.world, group.rank, self.block_size, tag,
-                                            self.weight_error)
+                                            self.weight_error if self._measure else None)
             else:
                 work = comm.all_gather(out, shard, group=group.group, async_op=True, tag=tag)
             return ThenWork(work, lambda: self.secondary.keep(unit.index, out)) if keep else work
@@ -150,7 +158,8 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
         if not self.opts["zero_quantized_gradients"] or self.unit_group(unit).world == 1:
             return super()._reduce_scatter(unit, out, bucket, overlap)
         quantized_reduce_scatter(out, bucket, self.intra_node, self.inter_node, self.ranks_per_node, self.block_size,
-                                 self.opts["gradient_bits"], f"grads {unit.label}", self.gradient_error)
+                                 self.opts["gradient_bits"], f"grads {unit.label}",
+                                 self.gradient_error if self._measure else None)
         return None
 
     def step(self):

@@ -1,11 +1,12 @@
 """What ``zeropp`` holds and sends, for the ledgers and next to the formulas: :class:`ZeroPlusPlusAccounting`.
 
 A mixin of :class:`~zerokit.zero.zeropp.ZeroPlusPlus` (the mechanism stays there), as
-:mod:`.stage3_accounting` is ZeRO-3's: the memory ledger's extra source (hpZ's secondary copy,
-under ``params``), and the formulas of :mod:`zerokit.theory.zeropp` the ledgers are held against —
-``theory_*`` names for computed numbers. :func:`measured_bytes_leaving_a_node` reads the
-communication ledger's rows (measured payloads) into the paper's cross-node terms, the column set
-next to :meth:`ZeroPlusPlusAccounting.theory_bytes_leaving_a_node`.
+:mod:`.stage3_accounting` is ZeRO-3's: the memory ledger's extra sources (hpZ's secondary copy,
+under ``params``; the error tallies' workspaces under ``buffers``, when measured), and the formulas
+of :mod:`zerokit.theory.zeropp` the ledgers are held against — ``theory_*`` names for computed
+numbers. :func:`measured_bytes_leaving_a_node` reads the communication ledger's rows (measured
+payloads) into the paper's cross-node terms, the column set next to
+:meth:`ZeroPlusPlusAccounting.theory_bytes_leaving_a_node`.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class ZeroPlusPlusAccounting:
         super().track_memory(ledger)
         if self.secondary is not None:
             ledger.track("params", lambda: list(self.secondary.shards))
+        ledger.track("buffers", lambda: self.weight_error.tensors() + self.gradient_error.tensors())  # [] unmeasured
 
     def _element_bytes(self) -> int:
         return theory.param_bytes_per_element(self.config.precision)

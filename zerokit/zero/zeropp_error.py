@@ -56,7 +56,8 @@ def _train(ctx, workload, name: str, options: dict, steps: int, config: TrainCon
 def _both(ctx, workload, options: dict, steps: int, config: TrainConfig) -> dict:
     torch.set_num_threads(1)
     return {"zero3": _train(ctx, workload, "zero3", {}, steps, config, False),
-            "zeropp": _train(ctx, workload, "zeropp", options, steps, config, True)}
+            "zeropp": _train(ctx, workload, "zeropp", dict(options, measure_quantization_error=True), steps, config,
+                             True)}
 
 
 def _merge(tallies: list) -> dict:
@@ -76,7 +77,8 @@ def zeropp_loss_effect(workload, world_size: int = 2, steps: int = 200, options:
     Returns ``{"steps", "losses": {"zero3": [...], "zeropp": [...]}`` (the mean over ranks of each step's
     loss), ``"loss_difference"`` (zeropp − zero3 per step), ``"weight_error"`` and ``"gradient_error"``
     (per zeropp step: ``max_abs``, ``mean_abs``, ``max_bound`` = the largest scale/2, ``over_bound``,
-    ``elements``)}``. ``options`` default: all three of qwZ, hpZ (one node) and qgZ on.
+    ``elements``)}``. ``options`` default: all three of qwZ, hpZ (one node) and qgZ on; the error tallies
+    are switched on here (``measure_quantization_error=True``: read once per step, off the gathers' path).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a whole number >= 1")
