@@ -111,11 +111,12 @@ course.table(act_rows)
 # Both divide what one process keeps by cp; each then adds bytes of its own, the "ledger −
 # formula" column, and the checks below count them:
 #
-# - **ring**: zerokit's ring returns its output heads-first, so the output projection's
-#   input is a copy — one `b·(s/cp)·h` tensor per layer (torch's fused kernel on one process
-#   returns its output already tokens-first, and the projection reads a view of it) — plus the
-#   table of every rank's positions (`s` int64 numbers, once) and 2 bytes: the loss scalar
-#   is 4 bytes on every rank, not halved. Counted exactly in the checks below.
+# - **ring**: the table of every rank's positions (`s` int64 numbers, once) and 2 bytes: the
+#   loss scalar is 4 bytes on every rank, not halved. Its blocks run on torch's fused kernel,
+#   which returns the output tokens-first, as on one process, so the output projection reads a
+#   view of it (with `kernel="explicit"`, the math of the exercise, the output is heads-first
+#   and the projection's input a copy: one `b·(s/cp)·h` tensor per layer more). Counted
+#   exactly in the checks below.
 # - **Ulysses**: after its all-to-all a rank holds the *whole* sequence for H/cp heads, and
 #   zerokit's attention on them is the unfused math form, so it keeps the softmax,
 #   `b·(H/cp)·s²` numbers per layer — the quadratic term Korthikanti's formula has without a
@@ -124,9 +125,9 @@ course.table(act_rows)
 #   the simplest correct one.
 
 # %% [checks]
-copy = L * B * (T // 2) * H * 4  # ring: the projection's input, a copy of the heads-first output, per layer
+copy = L * B * (T // 2) * H * 4  # one b·(s/cp)·h fp32 tensor per layer: the explicit ring's output copy
 positions_table = T * 8  # every rank's positions, int64, kept once
-assert act_rows[1]["activations B (ledger)"] == base / 2 + copy + positions_table + 2, act_rows[1]  # + half the loss
+assert act_rows[1]["activations B (ledger)"] == base / 2 + positions_table + 2, act_rows[1]  # + half the loss
 softmax = L * B * (HEADS // 2) * T * T * 4  # Ulysses: H/cp heads' softmax over the whole sequence, fp32, per layer
 assert 0 < act_rows[2]["ledger − formula"] - softmax < copy, act_rows[2]  # the softmax, and a few bytes more
 assert [r["checkpoint every layer (formula)"] for r in scale_rows] == ["1.7 GB", "13.6 GB", "54.5 GB", "436.1 GB"]
@@ -347,10 +348,11 @@ assert sorted(np.unique(owner["zig-zag"]).tolist()) == list(range(CP))
 # %% [markdown]
 # With the contiguous cut rank 3 computes about 2·cp − 1 = 7 times rank 0's pairs, so the ring
 # runs at rank 3's pace; with the zig-zag cut every rank computes the same number (the dotted
-# line). zerokit's ring computes each block's scores whole and masks them (zerokit's choice,
-# for clarity), so here every rank does the same arithmetic under either cut; rings built on
-# FlashAttention skip the fully masked blocks and the masked part of the diagonal ones, and
-# there the cut decides each rank's work.
+# line). zerokit's ring, like torch's and the rings built on FlashAttention, computes only what
+# the mask shows: the diagonal block causal, and of the other blocks the part any query sees —
+# under the zig-zag cut half of each, under the contiguous cut all of an earlier rank's block and
+# none of a later one's. So the cut decides each rank's work, and the ring runs at the busiest
+# rank's pace.
 #
 # ## The panel
 #
@@ -371,7 +373,7 @@ course.ContextPanel(work, cp=2, attention="ring", report=Report([single, runs["r
 #   divides them — a sequence lives on one rank. Checkpointing leaves L·2·s·h, still linear.
 # - **Context parallelism** cuts the sequence over cp ranks; everything but attention is token
 #   by token. Measured here: activations per rank = one process's ÷ cp, plus a few counted
-#   bytes (the ring's output copy; Ulysses' softmax of its heads over the whole sequence).
+#   bytes (the ring's positions table; Ulysses' softmax of its heads over the whole sequence).
 # - **Ring attention** passes K/V blocks to the neighbour, cp − 1 hops, merging with the
 #   online softmax: (6·cp − 4)·|K| per layer per rank, about constant in cp; each send is
 #   posted before a block's attention and waited after it (the timeline shows every hop but the
