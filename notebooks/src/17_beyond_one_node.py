@@ -299,12 +299,18 @@ assert hpz_extra == B * theory.hpz_secondary_numel(UNITS, N, G)  # the secondary
 # inside the node) at the price of the secondary copy — the "model states" column's growth
 # over `zero3` is exactly b·`theory.hpz_secondary_numel` — and qgZ sends the gradients as
 # int4 across, a quarter of bf16, after a first hop inside the node. All three: about a
-# quarter of ZeRO-3's bytes leave each node, the paper's 0.75M of 3M. Two choices to name.
+# quarter of ZeRO-3's bytes leave each node, the paper's 0.75M of 3M. Three choices to name.
 # zerokit's hpZ gathers the secondary copy in bf16, as the paper's Fig. 5 draws it;
 # DeepSpeed quantizes that gather too under qwZ. zerokit's quantizer uses a fixed block of
-# `quantization_block_size` elements; DeepSpeed's qwZ chooses a group count per tensor
-# (groups of up to about 8,000 elements) and its qgZ kernels use int4 groups sized by the
-# tensor and the world (`zerokit.zero.quantize`'s docstring).
+# `quantization_block_size` elements; DeepSpeed's qwZ chooses a group count per fetch (the
+# shards of the parameters it gathers together, in groups of at most 8,000 elements) and
+# its qgZ kernels use int4 groups sized by the tensor and the world. And zerokit's codes sit
+# on a symmetric grid: scale = absmax/127 at int8 (absmax/7 at int4), codes −127 … 127, so
+# ±absmax are on the grid and every weight comes back within scale/2. DeepSpeed's kernels
+# use scale = absmax/128 (absmax/8) and the codes −128 … 127: −absmax is exact, +absmax is
+# clipped to 127 and comes back a whole step low — the same bytes, about twice the worst
+# error. `quantization_grid="deepspeed"` runs DeepSpeed's grid (`zerokit.zero.quantize`'s
+# docstring reads both from DeepSpeed's source).
 #
 # ## What quantization costs the training
 #
@@ -436,8 +442,9 @@ course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_m
 #    gather, backward gather, gradient reduce-scatter. qwZ sends the forward gather in int8
 #    (0.5M), hpZ serves the backward gather from a copy inside the node (0), qgZ sends the
 #    gradients in int4 across (0.25M). The count drops the (n−1)/n factors and the scales
-#    (4 bytes per block: 1.6 % of int8 at blocks of 256), and hpZ's price in memory; the
-#    ratio measured to the byte differs from a quarter for those reasons.
+#    (4 bytes per block of 256: 1.6 % over int8's codes, 3.1 % over int4's), and hpZ's
+#    price in memory; the ratio measured to the byte differs from a quarter for those
+#    reasons.
 #
 #    </details>
 #
@@ -447,12 +454,14 @@ course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_m
 #
 #    Not by itself: only the gathered copy used for compute is quantized; the optimizer
 #    steps the exact fp32 shards, so errors do not accumulate in the weights. Each element
-#    is within half its block's scale (absmax/254 in int8), and blocks keep one outlier
-#    from costing the whole tensor its precision. The effect on the loss is an empirical
-#    question: measured here and in the paper, the curves stay close to ZeRO-3's. Gradients
-#    are the touchier part: a ring reduce-scatter would quantize and dequantize at each of
-#    its n−1 steps and pile the errors up; qgZ's two all-to-all hops quantize twice,
-#    summing in full precision in between (`theory.qgz_error_bound`).
+#    is within half its block's scale (absmax/254 in int8 on zerokit's grid; on DeepSpeed's
+#    absmax/256, but up to a whole step, absmax/128, near +absmax, which it clips), and
+#    blocks keep one outlier from costing the whole tensor its precision. The effect on
+#    the loss is an empirical question: measured here and in the paper, the curves stay
+#    close to ZeRO-3's. Gradients are the touchier part: a ring reduce-scatter would
+#    quantize and dequantize at each of its n−1 steps and pile the errors up; qgZ's two
+#    all-to-all hops quantize twice, summing in full precision in between
+#    (`theory.qgz_error_bound`).
 #
 #    </details>
 

@@ -26,11 +26,12 @@ from ..runtime import comm
 from .quantize import ErrorTally, decode, encode
 
 
-def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str, tally) -> torch.Tensor:
-    """Quantize each row of ``pieces``, all-to-all them over ``group`` (row i to member i), and return the
-    float32 sum of the dequantized rows received."""
+def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str, tally,
+              grid: str = "symmetric") -> torch.Tensor:
+    """Quantize each row of ``pieces`` on ``grid``, all-to-all them over ``group`` (row i to member i), and
+    return the float32 sum of the dequantized rows received."""
     rows, numel = pieces.shape
-    messages = torch.stack([encode(row, block_size, bits) for row in pieces])
+    messages = torch.stack([encode(row, block_size, bits, grid) for row in pieces])
     if tally is not None:
         codes = messages.shape[1] - 4 * -(-numel // block_size)
         for row, message in zip(pieces, messages):
@@ -46,17 +47,20 @@ def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str,
 
 @torch.no_grad()
 def quantized_reduce_scatter(out: torch.Tensor, bucket: torch.Tensor, intra_group, inter_group, ranks_per_node: int,
-                             block_size: int, bits: int, tag: str, tally: ErrorTally = None) -> None:
-    """Sum ``bucket`` (N·C elements) over the N ranks, this rank's chunk of C into ``out``, by qgZ's two hops."""
+                             block_size: int, bits: int, tag: str, tally: ErrorTally = None,
+                             grid: str = "symmetric") -> None:
+    """Sum ``bucket`` (N·C elements) over the N ranks, this rank's chunk of C into ``out``, by qgZ's two hops
+    (codes on ``grid``; ``tally``, None: nothing measured)."""
     g, c = ranks_per_node, out.numel()
     nodes = bucket.numel() // (g * c)
     if nodes * g * c != bucket.numel():
         raise ValueError(f"qgZ: a bucket of {bucket.numel()} elements is not nodes × g × C = ? × {g} × {c}")
     pieces = bucket.view(nodes, g, c).transpose(0, 1).reshape(g, nodes * c)  # piece j: chunk j of every node
     if g > 1:
-        partial = _exchange(pieces, intra_group, block_size, bits, f"{tag} intra-node", tally)
+        partial = _exchange(pieces, intra_group, block_size, bits, f"{tag} intra-node", tally, grid)
     else:
         partial = pieces[0].float()
     if nodes > 1:
-        partial = _exchange(partial.view(nodes, c), inter_group, block_size, bits, f"{tag} inter-node", tally)
+        partial = _exchange(partial.view(nodes, c), inter_group, block_size, bits, f"{tag} inter-node", tally,
+                            grid)
     out.copy_(partial)

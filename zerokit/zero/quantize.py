@@ -2,7 +2,7 @@
 
 Lifecycle: a sender calls :func:`quantize_blocks` on a flat tensor (its shard, or a slice of
 gradient) and sends ``q`` and ``scales``; the receiver calls :func:`dequantize_blocks` with the
-same ``block_size``, ``numel`` and ``bits`` and gets the values back within half a scale each
+same ``block_size``, ``numel`` and ``bits`` and gets the values back within the grid's bound
 (:func:`zerokit.theory.zeropp.block_quantization_error_bound`). A rank that measures its own round
 trips hands them to an :class:`ErrorTally` (zerokit's measurement, off in ``zeropp`` unless asked).
 
@@ -11,31 +11,57 @@ zerokit's codec (Wang et al., arXiv 2306.10209 §3.1, "block-based quantization"
 - the flat input is cut into blocks of ``block_size`` consecutive elements; **the last block
   may be short** (``numel`` not a multiple of ``block_size``): it is quantized on its own
   elements only, with its own absmax and scale; nothing is padded into ``q``;
-- **symmetric**, per block: ``scale = absmax / (2^(bits−1) − 1)`` (127 for int8, 7 for int4),
-  ``q = clamp(round(x / scale), −qmax, qmax)`` (round half to even, torch's rounding); the
-  code −2^(bits−1) is never used, so the grid is symmetric around 0 and 0 is exact;
+- per block, on one of two **grids** (``grid``, :data:`GRIDS`):
+
+  - ``"symmetric"`` (the default, zerokit's choice): ``scale = absmax / (2^(bits−1) − 1)``
+    (127 for int8, 7 for int4), ``q = clamp(round(x / scale), −qmax, qmax)``; the code
+    −2^(bits−1) is never used, so the grid is symmetric around 0, ±absmax are on it and every
+    element comes back within scale/2 (absmax/254 at int8, absmax/14 at int4);
+  - ``"deepspeed"`` (DeepSpeed's kernels, ``csrc/includes/quantization_utils.h``,
+    ``Params<Symmetric>``): the multiplier ``m = 2^(bits−1) / absmax``, ``q = clamp(round(x·m),
+    −2^(bits−1), 2^(bits−1) − 1)``, ``scale = 1/m`` (≈ absmax/128 at int8, absmax/8 at int4);
+    −absmax is the code −2^(bits−1) exactly, +absmax rounds to 2^(bits−1) and is clipped to
+    2^(bits−1) − 1, one whole step low (the elements above (2^(bits−1) − ½)·scale come back
+    within one step, the others within half a step);
+
+  rounding half to even on both (torch's ``round``, CUDA's ``__float2int_rn``);
 - an **all-zero block** gets ``scale = 1`` (its codes are all 0 and come back as exact zeros;
-  no division by zero, no NaN);
+  no division by zero, no NaN) — DeepSpeed's kernels do the same;
 - arithmetic in float32 whatever the input dtype (a bf16 shard is upcast first), scales
   stored as float32 (4 bytes per block); ``dequantize_blocks`` returns ``dtype``;
 - storage int8: for ``bits=8`` one code per byte (``q.numel() == numel``); for ``bits=4`` two
   codes per byte, element 2i in the low nibble and 2i+1 in the high nibble, each a 4-bit
-  two's-complement code in [−7, 7]; an odd ``numel`` leaves the last high nibble 0
+  two's-complement code; an odd ``numel`` leaves the last high nibble 0
   (``q.numel() == ⌈numel/2⌉``).
 
-Bytes on the wire for ``numel`` elements: ``⌈numel·bits/8⌉`` for the codes plus
-``4·⌈numel/block_size⌉`` for the scales (:func:`zerokit.theory.zeropp.quantized_bytes`).
+Bytes on the wire for ``numel`` elements, on either grid: ``⌈numel·bits/8⌉`` for the codes plus
+``4·⌈numel/block_size⌉`` for the scales (:func:`zerokit.theory.zeropp.quantized_bytes`): 4 bytes
+per block of 256 are 1.6 % over int8's codes (4/256), 3.1 % over int4's (4/128).
 
-What DeepSpeed does (0.19.8, CUDA kernels in ``csrc/quantization``): qwZ's ``CUDAQuantizer``
-quantizes each parameter **symmetric int8** in ``groups`` equal groups, the group count chosen
-so a group holds at most ~8,000 elements (``target_group_size = 8000``, hard limit 16k) and
-the numel is a multiple of 8·groups — equal groups, no short last one; its input is cast to
-fp16 first. qgZ's ``all_to_all_quant_reduce`` uses ``swizzle_quant`` / ``quantized_reduction``
-with **symmetric int4** (asymmetric is a kernel option it does not use there), group count
-``max(rows, cols, world)`` for the intra-node hop and that over the GPUs per node for the
-inter-node hop. zerokit's choice: symmetric, as DeepSpeed; the block size a fixed parameter
-(``quantization_block_size``) rather than an adaptive group count, so a formula can give the
-bytes exactly; a short last block rather than DeepSpeed's divisibility requirement.
+What DeepSpeed does (0.19.8; Python in ``runtime/zero/partition_parameters.py`` and
+``runtime/comm/coalesced_collectives.py``, CUDA kernels in ``csrc/quantization``, built with
+``--use_fast_math``): qwZ's ``CUDAQuantizer`` quantizes **the coalesced partitions of one fetch**
+(the concatenation of the fetched parameters' shards, or of their secondary shards under hpZ)
+in int8 on the grid above, cast to fp16 first, in ``groups`` equal groups: ``groups`` starts at
+⌈numel/8000⌉ (``target_group_size = 8000``) and grows by one until 8·groups divides numel, so a
+group holds at most 8,000 elements and numel must be a multiple of 8 (an assertion otherwise;
+the doubling that follows never fires once groups ≥ numel/8000); the count is cached per numel.
+It dequantizes to fp16, then casts to the parameter's dtype. qgZ's ``all_to_all_quant_reduce``
+quantizes each gradient with ``swizzle_quant`` in int4 on the same grid in ``max(rows, cols,
+world)`` groups for the hop inside the node, and that over the GPUs per node for the hop across
+(``quantized_reduction`` dequantizes, sums in fp16 and requantizes); its ``PackedInt4`` puts
+element 2i in a byte's high nibble and 2i+1 in its low one.
+
+zerokit's choices, each against that: the **symmetric grid by default** (the same bytes, half
+DeepSpeed's worst-case error: ±absmax both on the grid, every element within scale/2 — the
+bound lesson 17 and its exercise teach), DeepSpeed's grid on ``grid="deepspeed"`` (``zeropp``'s
+``quantization_grid``), where the codes and scales are DeepSpeed's formula's for the same groups
+— its fast-math divisions may land an ulp from the exact quotients zerokit computes, and zerokit
+quantizes the input's own float32 values, not an fp16 copy (which would overflow past 65,504
+and lose bf16's small values); a **fixed block size** (``quantization_block_size``) rather than
+an adaptive group count, so a formula gives the bytes exactly, with a short last block rather
+than the divisibility requirement; the result in the compute dtype straight from float32; the
+low nibble first.
 """
 from __future__ import annotations
 
@@ -43,6 +69,8 @@ import torch
 from torch import Tensor
 
 BITS = (4, 8)
+#: the codes' grids (:mod:`zerokit.theory.zeropp`'s ``QUANTIZATION_GRIDS``): zerokit's default, DeepSpeed's
+GRIDS = ("symmetric", "deepspeed")
 SCALE_DTYPE = torch.float32
 
 
@@ -60,9 +88,22 @@ def check_bits(bits) -> int:
     return bits
 
 
+def check_grid(grid) -> str:
+    """``grid`` checked: one of :data:`GRIDS`."""
+    if not isinstance(grid, str) or grid not in GRIDS:
+        raise ValueError(f"grid={grid!r}; allowed: {', '.join(map(repr, GRIDS))}")
+    return grid
+
+
 def qmax(bits: int) -> int:
     """The largest code of a symmetric ``bits``-bit quantizer: 2^(bits−1) − 1 (127, 7)."""
     return 2 ** (check_bits(bits) - 1) - 1
+
+
+def code_range(bits: int, grid: str = "symmetric") -> tuple[int, int]:
+    """The codes a grid uses: (−qmax, qmax) symmetric, (−2^(bits−1), 2^(bits−1) − 1) DeepSpeed's."""
+    top = qmax(bits)
+    return (-top, top) if check_grid(grid) == "symmetric" else (-top - 1, top)
 
 
 def _block_view(x: Tensor, block_size: int) -> tuple[Tensor, int]:
@@ -73,17 +114,32 @@ def _block_view(x: Tensor, block_size: int) -> tuple[Tensor, int]:
     return x.view(-1, block_size), pad
 
 
-def block_scales(x: Tensor, block_size: int, bits: int = 8) -> Tensor:
-    """The per-block scales of a flat float tensor: absmax/qmax per block, 1 for an all-zero block (float32)."""
-    check_block_size(block_size)
-    blocks, _ = _block_view(x.detach().reshape(-1).to(torch.float32), block_size)
+def _codes_and_scales(blocks: Tensor, bits: int, grid: str) -> tuple[Tensor, Tensor]:
+    """Rows of float32 values → (float codes, float32 scales) on ``grid``; an all-zero row: codes 0, scale 1."""
     absmax = blocks.abs().amax(dim=1)
-    scales = absmax / qmax(bits)
-    return torch.where(absmax > 0, scales, torch.ones_like(scales)).to(SCALE_DTYPE)
+    low, high = code_range(bits, grid)
+    if grid == "symmetric":
+        scales = torch.where(absmax > 0, absmax / high, torch.ones_like(absmax))
+        codes = torch.round(blocks / scales[:, None])
+    else:  # DeepSpeed's Params<Symmetric>: a multiplier 2^(bits−1)/absmax, the scale stored as its reciprocal
+        multiplier = torch.where(absmax > 0, (high + 1) / absmax, torch.ones_like(absmax))
+        codes = torch.round(blocks * multiplier[:, None])
+        scales = 1 / multiplier
+    return codes.clamp_(low, high), scales.to(SCALE_DTYPE)
+
+
+def block_scales(x: Tensor, block_size: int, bits: int = 8, grid: str = "symmetric") -> Tensor:
+    """The per-block scales of a flat float tensor on ``grid`` (absmax/qmax symmetric, 1/(2^(bits−1)/absmax)
+    DeepSpeed's), 1 for an all-zero block (float32)."""
+    check_block_size(block_size)
+    check_bits(bits)
+    check_grid(grid)
+    blocks, _ = _block_view(x.detach().reshape(-1).to(torch.float32), block_size)
+    return _codes_and_scales(blocks, bits, grid)[1]
 
 
 def _pack_int4(codes: Tensor) -> Tensor:
-    """Codes in [−7, 7] (int16), two per byte: even index low nibble, odd index high nibble; int8 storage."""
+    """Codes in [−8, 7] (int16), two per byte: even index low nibble, odd index high nibble; int8 storage."""
     if codes.numel() % 2:
         codes = torch.cat([codes, codes.new_zeros(1)])
     nibbles = codes & 0xF                      # two's complement in 4 bits
@@ -98,21 +154,23 @@ def _unpack_int4(packed: Tensor, numel: int) -> Tensor:
     return torch.where(nibbles >= 8, nibbles - 16, nibbles)
 
 
-def quantize_blocks(x: Tensor, block_size: int, bits: int = 8) -> tuple[Tensor, Tensor]:
-    """Quantize a flat float tensor in blocks: ``(q, scales)``, q int8 (two int4 codes per byte for bits=4).
+def quantize_blocks(x: Tensor, block_size: int, bits: int = 8, grid: str = "symmetric") -> tuple[Tensor, Tensor]:
+    """Quantize a flat float tensor in blocks on ``grid``: ``(q, scales)``, q int8 (two int4 codes per byte for
+    bits=4).
 
     ``x`` is read flat (``reshape(-1)``). ``scales`` has ⌈numel/block_size⌉ float32 entries.
     """
     check_block_size(block_size)
     check_bits(bits)
+    check_grid(grid)
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor, got "
                          f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
     flat = x.detach().reshape(-1).to(torch.float32)
-    numel, top = flat.numel(), qmax(bits)
-    scales = block_scales(flat, block_size, bits)
+    numel = flat.numel()
     blocks, _ = _block_view(flat, block_size)
-    codes = torch.round(blocks / scales[:, None]).clamp_(-top, top).reshape(-1)[:numel]
+    codes, scales = _codes_and_scales(blocks, bits, grid)
+    codes = codes.reshape(-1)[:numel]
     if bits == 8:
         return codes.to(torch.int8), scales
     return _pack_int4(codes.to(torch.int16)), scales
@@ -141,10 +199,11 @@ def dequantize_blocks(q: Tensor, scales: Tensor, block_size: int, numel: int, bi
     return out[:numel].to(dtype)
 
 
-def encode(x: Tensor, block_size: int, bits: int = 8) -> Tensor:
+def encode(x: Tensor, block_size: int, bits: int = 8, grid: str = "symmetric") -> Tensor:
     """One message for the wire: the codes, then the float32 scales' bytes, as one flat int8 tensor of
-    ``quantized_bytes(numel, block_size, bits)`` bytes (one collective carries both)."""
-    q, scales = quantize_blocks(x, block_size, bits)
+    ``quantized_bytes(numel, block_size, bits)`` bytes (one collective carries both). The receiver's
+    :func:`decode` needs no ``grid``: a code times its scale on either."""
+    q, scales = quantize_blocks(x, block_size, bits, grid)
     return torch.cat([q, scales.view(torch.int8)])
 
 
@@ -156,9 +215,9 @@ def decode(message: Tensor, block_size: int, numel: int, bits: int = 8, dtype: t
 
 
 class ErrorTally:
-    """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound scale/2
-    (:func:`zerokit.theory.zeropp.block_quantization_error_bound`; 0 for an all-zero block, whose scale 1 is a
-    convention and whose values come back exact).
+    """Measured round-trip error |x − deq(q(x))| of what a rank quantized, next to each block's bound
+    (:func:`zerokit.theory.zeropp.block_quantization_error_bound` of its scale on ``grid``; 0 for an all-zero
+    block, whose scale 1 is a convention and whose values come back exact).
 
     Lifecycle: ``add(x, back, scales, block_size)`` after each round trip (a qwZ gather, a qgZ hop's row)
     enqueues its work on ``x``'s device and **never reads a value back to the host**: the running maxima,
@@ -174,11 +233,12 @@ class ErrorTally:
     elements) are the only transients. Off the hot path: ``zeropp`` hands round trips to its tallies only
     under ``measure_quantization_error=True`` (DeepSpeed measures nothing there)."""
 
-    #: float32's roundings allowed per element, relative to |x|: the scale, the quotient, the code times the
-    #: scale (and one more, a margin)
+    #: float32's roundings allowed per element, relative to |x|: the quotient (or DeepSpeed's multiplier and
+    #: its reciprocal, the scale), the input times the multiplier, the code times the scale
     FLOAT32_ROUNDING = 4 * 2.0 ** -24
 
-    def __init__(self):
+    def __init__(self, grid: str = "symmetric"):
+        self.grid = check_grid(grid)
         self._workspace = None
         self.clear()
 
@@ -212,7 +272,7 @@ class ErrorTally:
         by_block = values.view(blocks, block_size)
         absmax = torch.maximum(by_block.amax(dim=1), by_block.amin(dim=1).neg())
         step = scales.to(device=x.device, dtype=torch.float32)
-        half = step / 2  # the bound, per block
+        half = step / 2 if self.grid == "symmetric" else step  # the grid's bound, per block
         bound = torch.where(absmax > 0, half, torch.zeros_like(half))  # a zero block comes back exact
         allowed.view(blocks, block_size).copy_(bound[:, None].expand(blocks, block_size))
         allowed.mul_(1 + 2 ** -20)

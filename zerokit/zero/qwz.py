@@ -38,10 +38,11 @@ class ThenWork:
 
 
 def quantized_all_gather(out: torch.Tensor, shard: torch.Tensor, group, world: int, rank: int, block_size: int,
-                         tag: str, tally: Optional[ErrorTally] = None) -> ThenWork:
-    """Fill ``out`` (``world`` chunks of ``shard.numel()``) with every rank's shard, sent as int8 blocks."""
+                         tag: str, tally: Optional[ErrorTally] = None, grid: str = "symmetric") -> ThenWork:
+    """Fill ``out`` (``world`` chunks of ``shard.numel()``) with every rank's shard, sent as int8 blocks on
+    ``grid``; ``tally`` (None: nothing measured) is handed this rank's own chunk's round trip."""
     numel = shard.numel()
-    message = encode(shard, block_size, 8)
+    message = encode(shard, block_size, 8, grid)
     gathered = torch.empty(world * message.numel(), dtype=torch.int8, device=shard.device)
     work = comm.all_gather(gathered, message, group=group, async_op=True, tag=f"{tag} int8")
 

@@ -9,9 +9,7 @@ named as DeepSpeed names it:
   ŵ, |ŵ − w| ≤ scale/2; the shards the optimizer steps stay exact.
 - ``zero_hpz_partition_size`` (**hpZ**, §3.2, :mod:`.hpz`): s > 1 keeps a secondary copy of every unit
   sharded over groups of s consecutive ranks (one node when s = the ranks per node, DeepSpeed's
-  setting), filled by the step's first gather over N; every later gather of the step (backward, and
-  the further micro-batches' forwards under gradient accumulation) reads it inside the group, in the
-  compute dtype, as DeepSpeed does. 1 = off.
+  setting); backward gathers from it inside the group, in the compute dtype. 1 = off.
 - ``zero_quantized_gradients`` (**qgZ**, §3.3, :mod:`.qgz`): each unit's gradient reduce-scatter
   becomes the two-hop quantized all-to-all (``gradient_bits``: 4, the paper's, or 8), inside the node
   then across nodes. The node is :attr:`zerokit.runtime.mesh.Mesh.ranks_per_node` (torchrun's
@@ -25,9 +23,12 @@ copy: :mod:`.zeropp_accounting`; the loss curves and measured errors: :mod:`.zer
 here with offload, the ring algorithm, ``reshard_after_forward=False``, persistent parameters or
 tp/cp/ep. Whole parameters (``full_parameters``, checkpoints) are always gathered exactly.
 
-``measure_quantization_error=True`` (zerokit's measurement; off by default, as DeepSpeed measures
-nothing) hands every round trip to :attr:`weight_error` / :attr:`gradient_error`, which keep their
-totals on the device until taken.
+The codec (:mod:`.quantize`): blocks of ``quantization_block_size`` elements, one float32 scale each,
+codes on ``quantization_grid`` — ``"symmetric"`` (zerokit's choice, the default: codes ±(2^(b−1) − 1),
+every element within scale/2) or ``"deepspeed"`` (DeepSpeed's kernels: scale absmax/2^(b−1), codes
+−2^(b−1) … 2^(b−1) − 1, +absmax clipped one step; the same bytes). ``measure_quantization_error=True``
+(zerokit's measurement; off by default, as DeepSpeed measures nothing) hands every round trip to
+:attr:`weight_error` / :attr:`gradient_error`, which keep their totals on the device until taken.
 """
 from __future__ import annotations
 
@@ -37,13 +38,15 @@ from ..runtime import comm
 from ..strategies.base import Option, boolean, register
 from .hpz import SecondaryPartition
 from .qgz import quantized_reduce_scatter
-from .quantize import ErrorTally, check_block_size
+from .quantize import GRIDS, ErrorTally, check_block_size
 from .qwz import ThenWork, quantized_all_gather
 from .stage3 import ZeroStage3
 from .stage3_options import STAGE3_OPTIONS
+from .units import in_backward
 from .zeropp_accounting import ZeroPlusPlusAccounting
 
-#: zerokit's default block: 256 elements, one float32 scale each (1.6 % over int8's bytes). DeepSpeed's
+#: zerokit's default block: 256 elements, one float32 scale each (over the codes' bytes: 4/256 = 1.6 % at
+#: int8, 4/128 = 3.1 % at int4). DeepSpeed's
 #: qwZ picks a group count per tensor instead (groups of at most ~8,000 elements, :mod:`.quantize`).
 DEFAULT_BLOCK_SIZE = 256
 
@@ -71,6 +74,9 @@ ZEROPP_OPTIONS = {
     "quantization_block_size": Option(DEFAULT_BLOCK_SIZE, _block_size_ok,
                                       "a whole number >= 1: elements per quantization block (one float32 scale each)"),
     "gradient_bits": Option(4, lambda v: v in (4, 8) and not isinstance(v, bool), "4 (the paper's int4) or 8"),
+    "quantization_grid": Option("symmetric", lambda v: isinstance(v, str) and v in GRIDS,
+                                "'symmetric' (zerokit's: codes ±(2^(b−1) − 1), within scale/2) or 'deepspeed' "
+                                "(DeepSpeed's kernels: scale absmax/2^(b−1), codes −2^(b−1) … 2^(b−1) − 1)"),
     "measure_quantization_error": Option(False, boolean, "False (nothing measured, as DeepSpeed) or True (each "
                                                          "rank tallies its round trips' error on the device)"),
     "algorithm": _only("torch", "'torch': zeropp runs the backend's collectives (zerokit's ring is not combined)"),
@@ -106,9 +112,10 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
             raise ValueError(f"strategy 'zeropp': zero_hpz_partition_size={self.hpz_size} must divide the "
                              f"{self.world} data-parallel ranks")
         self.ranks_per_node = ctx.mesh.ranks_per_node  # dp is the world: zeropp runs on dp alone
+        self.grid = o["quantization_grid"]
         #: measured round-trip errors of this rank's quantized weights and gradient pieces, since last taken
         #: (handed round trips only under measure_quantization_error=True)
-        self.weight_error, self.gradient_error = ErrorTally(), ErrorTally()
+        self.weight_error, self.gradient_error = ErrorTally(self.grid), ErrorTally(self.grid)
         self._measure = o["measure_quantization_error"]
         self._exact = False  # True while gathering whole parameters: no quantization, no secondary copy
         self.secondary = None
@@ -123,20 +130,21 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
     # -- gathering -------------------------------------------------------------------
     def _gather(self, unit) -> None:
         group = self.unit_group(unit)
+        backward = in_backward()
         if group.world == 1 or self._exact:
             return super()._gather(unit)
-        if self.secondary is not None and self.secondary.fresh[unit.index]:  # any gather after the step's first
+        if backward and self.secondary is not None and self.secondary.fresh[unit.index]:
             unit.gather(lambda out, shard, tag: self.secondary.gather(unit.index, out, tag))
             return
         quantize = self.opts["zero_quantized_weights"]
-        keep = self.secondary is not None
+        keep = self.secondary is not None and not backward
         if not (quantize or keep):
             return super()._gather(unit)
 
         def gather(out, shard, tag):
             if quantize:
                 work = quantized_all_gather(out, shard, group.group, group.world, group.rank, self.block_size, tag,
-                                            self.weight_error if self._measure else None)
+                                            self.weight_error if self._measure else None, self.grid)
             else:
                 work = comm.all_gather(out, shard, group=group.group, async_op=True, tag=tag)
             return ThenWork(work, lambda: self.secondary.keep(unit.index, out)) if keep else work
@@ -159,7 +167,7 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
             return super()._reduce_scatter(unit, out, bucket, overlap)
         quantized_reduce_scatter(out, bucket, self.intra_node, self.inter_node, self.ranks_per_node, self.block_size,
                                  self.opts["gradient_bits"], f"grads {unit.label}",
-                                 self.gradient_error if self._measure else None)
+                                 self.gradient_error if self._measure else None, self.grid)
         return None
 
     def step(self):

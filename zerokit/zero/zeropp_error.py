@@ -10,7 +10,8 @@ scale/2. The launching process averages the losses over ranks and takes the larg
 
 Measured, not a formula: how far the loss curve drifts depends on the model and the data. What is
 proved is per gather and per hop (:mod:`zerokit.theory.zeropp`): a weight is off by at most half its
-block's scale; ``over_bound`` counts the elements that were not (0 unless the codec is wrong).
+block's scale (one scale on DeepSpeed's grid, ``quantization_grid="deepspeed"``); ``over_bound`` counts
+the elements that were not (0 unless the codec is wrong).
 """
 from __future__ import annotations
 
@@ -76,9 +77,10 @@ def zeropp_loss_effect(workload, world_size: int = 2, steps: int = 200, options:
 
     Returns ``{"steps", "losses": {"zero3": [...], "zeropp": [...]}`` (the mean over ranks of each step's
     loss), ``"loss_difference"`` (zeropp − zero3 per step), ``"weight_error"`` and ``"gradient_error"``
-    (per zeropp step: ``max_abs``, ``mean_abs``, ``max_bound`` = the largest scale/2, ``over_bound``,
-    ``elements``)}``. ``options`` default: all three of qwZ, hpZ (one node) and qgZ on; the error tallies
-    are switched on here (``measure_quantization_error=True``: read once per step, off the gathers' path).
+    (per zeropp step: ``max_abs``, ``mean_abs``, ``max_bound`` = the largest bound — scale/2 on the
+    symmetric grid, scale on DeepSpeed's (``quantization_grid``) —, ``over_bound``, ``elements``)}``.
+    ``options`` default: all three of qwZ, hpZ (one node) and qgZ on; the error tallies are switched on
+    here (``measure_quantization_error=True``: read once per step, off the gathers' path).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a whole number >= 1")
