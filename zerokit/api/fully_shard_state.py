@@ -133,8 +133,8 @@ def get_full(face, options=None, who: str = "model.full_state_dict") -> Dict[str
 
 def _from_first(face, state_dict) -> Dict[str, torch.Tensor]:
     """Rank 0's dict on every rank: its names first, checked on rank 0 against the model (every rank's is alike),
-    then each tensor the model also has, shaped and typed as the model's; names the model lacks get an empty placeholder (they are
-    unexpected keys all the same).
+    then each tensor the model also has, shaped and typed as the model's; names the model lacks get an empty
+    placeholder (they are unexpected keys all the same).
 
     What only rank 0 can find wrong (its ``state_dict`` is not a dict, an entry the model has is not a tensor or
     has another shape, it cannot be converted to the model's device and dtype) travels with the header: every rank
