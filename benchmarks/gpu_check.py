@@ -26,11 +26,12 @@ Each row is one line of the table printed last and one object of the JSON file (
 ``gpu_check.json`` here: name, status ``ok``/``FAIL``/``skip``/``n/a``, detail, seconds and the measured numbers
 as fields; rewritten after every row, so a session cut short keeps what ran). A failing row prints its error in
 its line; a row that cannot run here is ``skip`` with the reason (a missing package: ``skipped: deepspeed is not
-installed``); a row whose strategy refuses this run with a reason is ``n/a`` with it (``refused on 2 ranks: …``:
-the torch ring-attention peer on CUDA, the hsdp / hpZ / FSDP2-HSDP rows on a world their group does not divide). A plain script runs every row; under torchrun (its agent's variables set: ``under_torchrun``) the
-ranks exist already, so the rows of torchrun's world size run in its processes — a data-parallel row at that
-world, a row of another layout ``skip`` (run torchrun again with its ``--nproc_per_node``) — and the own-loop rows
-run in those processes too: no torchrun is started inside torchrun.
+installed``); a row that cannot run on this world is ``n/a`` with the reason — its strategy refused the run
+(``refused on 2 ranks: …``: the torch ring-attention peer on CUDA), its groups do not divide the world (hsdp, hpZ,
+FSDP2-HSDP on torchrun's 3 ranks), qgZ on one node. A plain script runs every row; under torchrun (its agent's
+variables set: ``under_torchrun``) the ranks exist already, so the rows of torchrun's world size run in its
+processes — a data-parallel row at that world, a row of another layout ``skip`` (run torchrun again with its
+``--nproc_per_node``) — and the own-loop rows run in those processes too: no torchrun is started inside torchrun.
 
 One rank (a plain script on the first GPU, or ``torchrun --nproc_per_node=1``; the CPU with ``--dry``): every
 strategy and peer at one rank in fp32 and bf16-mixed against the single-process reference
@@ -39,14 +40,17 @@ checkpointing, the memory ledger against ``torch.cuda.max_memory_allocated`` (FA
 ``gpu_check_one.memory_margin``), resume from a checkpoint with fused AdamW, the mixture of experts' forward
 and backward, and an own loop under ``torchrun --nproc-per-node 1`` timed by ``zerokit.measure`` with CUDA events.
 
-Above one rank (:mod:`gpu_check_multi`): ddp, ZeRO-1/2/3 and their options, offload, tp with sequence
-parallelism, the four pipeline schedules, dp×tp×pp, cp (ring, Ulysses), dp×cp under ZeRO-3, Ulysses×tp,
-cp×tp, ep under ddp and ZeRO-1/2/3, ep×tp; every peer (torch DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed,
-torch TP, torch pipelining, torch ring attention, DeepSpeed Ulysses and MoE); ``zerokit.fully_shard``; data
-parallelism on every rank of the node with zerokit.train's own reference; a checkpoint saved under zero2 dp=2
-and resumed under tp=2; and the own-loop wrappers on 2 ranks. Each reports parity (SGD, bound at
-``gpu_check_common.sgd_tolerance``), seconds blocked in collectives (> 0 asserted), the median step time and, on
-a GPU of known peak, MFU; the cp and ep rows their bytes per axis against the theory.
+Above one rank (:mod:`gpu_check_multi`): ddp, ZeRO-1/2/3 and their options, offload, hsdp, ZeRO++'s hpZ, and
+its qwZ and qgZ (:mod:`gpu_check_zeropp`: int8 weight codes through the all-gathers, int4 / int8 gradient codes
+through qgZ's two all-to-all hops, on 4 ranks as 2 nodes of 2), tp with sequence parallelism, the four pipeline
+schedules, dp×tp×pp, cp (ring, Ulysses), dp×cp under ZeRO-3, Ulysses×tp, cp×tp, ep under ddp and ZeRO-1/2/3,
+ep×tp; every peer (torch DDP, ZeroRedundancyOptimizer, FSDP2 — with CPUOffloadPolicy too —, DeepSpeed — with
+ZeRO-Offload and hpZ too —, torch TP, torch pipelining, torch ring attention, DeepSpeed Ulysses and MoE);
+``zerokit.fully_shard``; data parallelism on every rank of the node with zerokit.train's own reference; a
+checkpoint saved under zero2 dp=2 and resumed under tp=2; and the own-loop wrappers on 2 ranks. Each reports
+parity (SGD, bound at ``gpu_check_common.sgd_tolerance``; the quantized rows' bounds in :mod:`gpu_check_zeropp`),
+seconds blocked in collectives (> 0 asserted), the median step time and, on a GPU of known peak, MFU; the cp, ep
+and quantized rows their bytes per axis against the theory.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ import gpu_check_common as c  # noqa: E402
 from gpu_check_multi import checkpoint_round_trip, multi, pipeline  # noqa: E402
 from gpu_check_one import checkpointing, experts, memory, offload, one_rank, resume  # noqa: E402
 from gpu_check_own_loop import own_loop  # noqa: E402
+from gpu_check_zeropp import quantized  # noqa: E402
 
 PASS, FAILED, CANNOT_RUN, NO_NCCL = 0, 1, 2, 3
 EP = {"dp": 2, "ep": 2}
@@ -97,6 +102,9 @@ MULTI_RANK = [
     # two groups of 2: on one node of 4 GPUs its "nodes" are pairs of GPUs (the bytes per axis are the same)
     ("hsdp 2×2", multi("hsdp", 4, shard_group_size=2)),
     ("ZeRO++ hpZ 2 of 4", multi("zeropp", 4, zero_hpz_partition_size=2)),  # exact: qwZ and qgZ quantize
+    # qwZ's int8 codes through the all-gathers, qgZ's int4 / int8 through its two all-to-all hops (2 nodes of 2)
+    ("ZeRO++ qwZ int8 weights", quantized(weights=True)),
+    *[(f"ZeRO++ qgZ int{b} gradients", quantized(gradients=True, bits=b)) for b in (4, 8)],
     ("dp on every rank of the node", multi("ddp", "node", reference=True)),
     ("tp=2 sequence parallel", multi("tp", parallel={"tp": 2}, sequence_parallel=True)),
     *[(f"pp=2 {s}", pipeline(s)) for s in ("gpipe", "1f1b", "interleaved", "zb-h1")],
@@ -116,8 +124,11 @@ MULTI_RANK = [
     ("peer torch ZeroRedundancyOptimizer", multi("torch-zero1")),
     ("peer FSDP2 zero2", multi("fsdp2-zero2")),
     ("peer FSDP2 zero3", multi("fsdp2-zero3")),
+    ("peer FSDP2 zero3 offload", multi("fsdp2-zero3-offload")),  # CPUOffloadPolicy: shards and step on the host
     ("peer FSDP2 HSDP 2×2", multi("fsdp2-hsdp", 4, shard_group_size=2)),
     *[(f"peer DeepSpeed zero{k}", multi(f"deepspeed-zero{k}")) for k in (1, 2, 3)],
+    ("peer DeepSpeed zero2 offload", multi("deepspeed-zero2-offload")),  # ZeRO-Offload: the step on the host
+    ("peer DeepSpeed ZeRO++ hpZ 2 of 4", multi("deepspeed-zeropp", 4, zero_hpz_partition_size=2)),
     ("peer torch TP", multi("torch-tp", parallel={"tp": 2})),
     *[(f"peer torch pipelining {s}", pipeline(None, f"torch-pp-{s}")) for s in ("gpipe", "1f1b", "interleaved")],
     ("peer torch ring attention", multi("torch-ring", parallel={"cp": 2}, cp_attention="ring")),

@@ -5,10 +5,11 @@ A row's world is fixed by its layout (cp=2 × tp=2: 4 ranks). A data-parallel ro
 runs on every rank there is — the machine's GPUs for a plain script, torchrun's world under torchrun — its batch
 grown to a multiple of the world where it has to be.
 
-A row whose strategy refuses the run with a reason (a ValueError, :func:`gpu_check_common.refusal`) is ``n/a``
-with that reason, not a FAIL: the torch ring-attention peer on CUDA (it runs torch's CPU flash kernel), and the
-hsdp, hpZ and FSDP2-HSDP rows on a world their group of 2 does not divide (``torchrun --nproc_per_node=3``).
-With ``--dry`` no row refuses (the test holds every multi-rank row to ``ok``).
+A row that cannot run on this world is ``n/a`` with the reason, not a FAIL: one whose strategy refuses the run
+with a reason (a ValueError, :func:`gpu_check_common.refusal`) — the torch ring-attention peer on CUDA (it runs
+torch's CPU flash kernel) — and one whose groups (hsdp's, FSDP2-HSDP's, hpZ's: :data:`GROUPS`) do not divide the
+world (``torchrun --nproc_per_node=3``), said before it starts: zerokit's strategies refuse such a world, DeepSpeed's
+hpZ asserts. With ``--dry`` no multi-rank row is n/a (the test holds each to ``ok``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from gpu_check_one import missing
 AT_MOST = {"deepspeed-moe": {"ep"}}
 #: --dry's "every rank of the node": 4 gloo ranks (2 cores)
 DRY_NODE = 4
+#: options that carve dp into groups of that many ranks (hsdp's and FSDP2-HSDP's shard groups, hpZ's partition):
+#: on a world they do not divide the row is n/a — torchrun's world decides a data-parallel row's
+GROUPS = ("shard_group_size", "zero_hpz_partition_size")
 
 
 def node_world() -> int:
@@ -55,6 +59,10 @@ def multi(strategy: str, world=2, name: str = "gpt", reference: bool = False, si
         if set(args.get("parallel", {"pp": 0})) <= {"dp"}:  # dp alone: as wide as the row's world
             args["parallel"] = {"dp": n}
         c.needs(n)
+        group = next((kw[k] for k in GROUPS if k in kw), None)
+        if group is not None and n % group:  # every strategy with such a group refuses it (DeepSpeed asserts)
+            return "n/a", (f"groups of {group} ranks do not divide this run's {n} (torchrun --nproc_per_node=<a "
+                           f"multiple of {group}> runs it)"), {"world_size": n}
         b = c.size(name)["batch_size"]
         override = {**(sizes or {}), **({} if b % n == 0 else {"batch_size": n * math.ceil(b / n)})}
         try:

@@ -20,7 +20,7 @@ import gpu_check_common as c
 DRY_SWEEP = ("ddp", "zero1", "zero2", "zero3", "pp", "fully-shard", "torch-ddp", "torch-zero1", "fsdp2-zero3")
 #: peers registered only when their package imports: missing, their rows say so (skipped), never fail
 OPTIONAL = {"deepspeed": ("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero2-offload",
-                          "deepspeed-ulysses", "deepspeed-moe")}
+                          "deepspeed-zeropp", "deepspeed-ulysses", "deepspeed-moe")}
 
 
 def missing(strategy: str) -> str | None:

@@ -1,11 +1,13 @@
 """``benchmarks/gpu_check.py --dry``: every row of the GPU session's script, on the CPU, so CI keeps it runnable.
 
-One plain run (about 40 s on 2 cores, 2026-12-04): every row's line in the table printed last, none FAIL, exit
+One plain run (about 40 s on 2 cores, 2026-12-04; the ZeRO++ qwZ / qgZ rows and the peers' offload and hpZ rows
+added about 15 s, 2026-12-06): every row's line in the table printed last, none FAIL, exit
 code 0, the JSON file holding every row, and the multi-rank rows (2, 4 and 8 gloo ranks, torchrun) run, not
 skipped — but for a peer whose package is missing, which says so. One run under ``torchrun --nproc-per-node 2`` of
 a few rows (about 10 s): the 2-rank rows run in torchrun's processes, the own loop too (no torchrun inside
-torchrun), the others skip, and rank 0 alone writes the JSON. And, without any run, the memory row's verdict
-and margin and the exit codes."""
+torchrun), the others skip, and rank 0 alone writes the JSON. One under ``torchrun --nproc-per-node 3``: the rows
+of groups of 2 are n/a, saying why, as qgZ is on one node. And, without any run, the memory row's verdict and
+margin, the exit codes, and which exceptions are a refusal (n/a) and which a FAIL."""
 import json
 import os
 import subprocess
@@ -87,6 +89,31 @@ def test_the_json_holds_every_row_and_the_multi_rank_ones_ran(dry):
                if isinstance(v, dict) and "measure_seconds" in v), own
 
 
+#: the rows of paths no other row ran on NCCL: ZeRO++'s int8 / int4 codes, the peers' host offload, DeepSpeed's hpZ
+QUANTIZED = ("ZeRO++ qwZ int8 weights", "ZeRO++ qgZ int4 gradients", "ZeRO++ qgZ int8 gradients")
+PEERS_ON_THE_HOST = ("peer FSDP2 zero3 offload", "peer DeepSpeed zero2 offload", "peer DeepSpeed ZeRO++ hpZ 2 of 4")
+
+
+def test_the_quantized_and_offloaded_paths_have_rows_and_they_run_dry(dry):
+    gpu_check, done, out = dry
+    assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
+    names = [name for name, _ in gpu_check.MULTI_RANK]
+    assert all(name in names for name in QUANTIZED + PEERS_ON_THE_HOST), names
+    checks = _rows(out)
+    for name in QUANTIZED:  # 4 gloo ranks as 2 nodes of 2; the codes' bytes = theory on every rank
+        row = checks[name]
+        assert row["status"] == "ok" and (row["world_size"], row["nodes"]) == (4, 2), row
+        assert row["max_abs_param_diff"] <= row["tolerance"], row
+    assert set(checks["ZeRO++ qwZ int8 weights"]["bytes_by_axis"]) == {"dp"}
+    for name in QUANTIZED[1:]:  # qgZ's two hops: inside a node, then across
+        assert {"node", "inter_node"} <= set(checks[name]["bytes_by_axis"]), checks[name]
+    int4, int8 = (checks[name]["bytes_by_axis"]["inter_node"] for name in QUANTIZED[1:])
+    assert int4 < int8  # half the codes' bytes, the same scales
+    for name in PEERS_ON_THE_HOST:
+        row = checks[name]
+        assert row["status"] == "ok" or (row["status"] == "skip" and "is not installed" in row["detail"]), row
+
+
 def test_under_torchrun_the_rows_of_its_world_run_in_its_ranks(tmp_path):
     gpu_check, _ = _import()
     out = tmp_path / "rows.json"
@@ -108,25 +135,30 @@ def test_under_torchrun_the_rows_of_its_world_run_in_its_ranks(tmp_path):
 
 
 def test_under_torchrun_of_3_the_rows_of_groups_of_2_are_n_a_not_failures(tmp_path):
-    """hsdp, hpZ and FSDP2-HSDP with groups of 2 on torchrun's 3 ranks: each strategy refuses (2 does not divide
-    3) and says why; the row is n/a with that reason, and the run exits 0."""
+    """hsdp, hpZ (zerokit's and DeepSpeed's) and FSDP2-HSDP with groups of 2 on torchrun's 3 ranks: n/a, saying
+    why, and the run exits 0; qgZ on torchrun's one node is n/a too (it runs only across nodes), qwZ runs."""
     gpu_check, _ = _import()
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                           str(SCRIPT), "--dry", "--only", "hsdp 2×2,ZeRO++ hpZ,peer FSDP2 HSDP", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           str(SCRIPT), "--dry", "--only", "hsdp 2×2,hpZ 2 of 4,peer FSDP2 HSDP,ZeRO++ q",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**env, "OMP_NUM_THREADS": "1"})
     assert done.returncode == gpu_check.PASS, done.stdout[-4000:] + done.stderr[-4000:]
     checks = _rows(out)
-    assert list(checks) == ["hsdp 2×2", "ZeRO++ hpZ 2 of 4", "peer FSDP2 HSDP 2×2"]
-    for name, says in (("hsdp 2×2", "shard_group_size=2 does not divide the 3"),
-                       ("ZeRO++ hpZ 2 of 4", "zero_hpz_partition_size=2 must divide the 3"),
-                       ("peer FSDP2 HSDP 2×2", "does not divide the 3")):
+    grouped = ["hsdp 2×2", "ZeRO++ hpZ 2 of 4", "peer FSDP2 HSDP 2×2", "peer DeepSpeed ZeRO++ hpZ 2 of 4"]
+    quantized = ["ZeRO++ qwZ int8 weights", "ZeRO++ qgZ int4 gradients", "ZeRO++ qgZ int8 gradients"]
+    assert sorted(checks) == sorted(grouped + quantized)
+    for name in grouped:
+        if checks[name]["status"] == "skip":  # DeepSpeed not installed
+            assert "is not installed" in checks[name]["detail"], checks[name]
+            continue
         assert checks[name]["status"] == "n/a", checks[name]
-        assert checks[name]["detail"].startswith("refused on 3 ranks: ") and says in checks[name]["detail"], \
-            checks[name]
+        assert checks[name]["detail"].startswith("groups of 2 ranks do not divide this run's 3"), checks[name]
+    assert checks["ZeRO++ qwZ int8 weights"]["status"] == "ok" and checks["ZeRO++ qwZ int8 weights"]["world_size"] == 3
+    for name in quantized[1:]:
+        assert checks[name]["status"] == "n/a" and "ranks are one node" in checks[name]["detail"], checks[name]
 
 
 #: the torch ring-attention peer's refusal on a GPU, as its rank's traceback ends (zerokit/peers/torch_cp.py)
