@@ -160,7 +160,8 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
                not layout.sequence_parallel_regather else []),
              ("fused attention: fp32 log-sum-exp, no s×s scores" if model.fused_attention else "s×s scores saved"),
              *([f"cp = {cp}: s/cp = {s} tokens per rank ({layout.cp_attention}"
-                + (": + the fp32 output accumulator, 4·q per token" if layout.cp_attention == "ring" else "")
+                + (": + the fp32 output accumulator, 4·q per token" if layout.cp_attention == "ring" and element_bytes != 4
+                   else "")
                 + ("; score rows span all s keys" if not model.fused_attention else "") + ")"] if cp > 1 else []),
              *([f"MoE: top-{model.top_k} of {model.experts}, the MLP's inputs × k, router probabilities and gated "
                 f"outputs (+{moe:,.0f} B per layer; dropless, uniform routing)"] if model.moe else []),

@@ -109,8 +109,10 @@ def cp_layer_activation_bytes(s: int, b: int, h: int, a: int, cp: int, attention
     Every term of :func:`~.activations.transformer_layer_activation_bytes` is per token, so it is that function on
     s/cp tokens — except the scores, which span every key: unfused, each of the rank's queries keeps a row of s
     scores (Ulysses: the whole sequence for a/cp heads, the same bytes). Ring adds the fp32 output accumulator it
-    saves for backward (4·q_dim per token) next to the projection's input (zerokit's ring; a kernel that returns
-    its output in the projection's layout keeps one copy). ``korthikanti``: that function's other arguments.
+    saves for backward (4·q_dim per token) next to a 16-bit projection's input; with fp32 activations the
+    projection reads the accumulator itself (zerokit's ring: its fused block kernel returns the output in the
+    projection's layout, tokens-first; the explicit kernel's heads-first output would add a copy, not counted here).
+    ``korthikanti``: that function's other arguments.
     """
     local = s // cp
     q_dim = h if q_dim is None else q_dim
@@ -119,6 +121,6 @@ def cp_layer_activation_bytes(s: int, b: int, h: int, a: int, cp: int, attention
     if not fused_attention and cp > 1:  # rows of s scores, not of s/cp
         e, mask = korthikanti.get("element_bytes", 2), 1 if korthikanti.get("dropout", True) else 0
         out += local * b * a * (s - local) * (e + mask * (1 + e)) / t
-    if attention == "ring" and cp > 1:
+    if attention == "ring" and cp > 1 and korthikanti.get("element_bytes", 2) != 4:
         out += local * b * 4 * q_dim / t
     return out
