@@ -45,6 +45,51 @@ def test_the_papers_cross_node_accounting_to_the_byte():
     assert sum(zeropp.values()) / sum(zero3.values()) == pytest.approx((780 + 264) / 4608)
 
 
+def test_hpz_under_accumulation_gathers_over_dp_once_per_step_by_hand():
+    """Ψ = 1,024, N = 4 on 2 nodes of 2, s = 2, b = 2: C = 256, a secondary shard of 512. DeepSpeed's secondary
+    copy: the step's first forward gathers over dp (3·256·2 = 1,536 B); the other 2A − 1 gathers over hpz
+    (1·512·2 = 1,024 B each); the gradients A reduce-scatters over dp."""
+    for a in (1, 2, 4):
+        by = theory.zeropp_collective_bytes([1024], 4, 2, ranks_per_node=2, hpz_partition_size=2, micro_batches=a)
+        assert by == {"dp": {"all_gather": 1536, "reduce_scatter": a * 1536}, "hpz": {"all_gather": (2 * a - 1) * 1024}}
+        leaving = theory.zeropp_bytes_leaving_a_node([1024], 4, 2, ranks_per_node=2, hpz_partition_size=2,
+                                                     micro_batches=a)
+        # a ring over 4 ranks on 2 nodes leaves each node with one rank's bytes; the hpz group stays inside
+        assert leaving == {"forward_all_gather": 1536, "backward_all_gather": 0, "gradient_reduce_scatter": a * 1536}
+    # s = 4 spans the nodes: the later gathers leave too, by phase (A = 2: one forward, two backward over hpz)
+    leaving = theory.zeropp_bytes_leaving_a_node([1024], 4, 2, ranks_per_node=2, hpz_partition_size=4,
+                                                 micro_batches=2)
+    assert leaving == {"forward_all_gather": 1536 + 1536, "backward_all_gather": 2 * 1536,
+                       "gradient_reduce_scatter": 2 * 1536}
+    # without hpZ both gathers run over dp for every micro-batch, as before
+    assert theory.zeropp_collective_bytes([1024], 4, 2, ranks_per_node=2, micro_batches=2)["dp"]["all_gather"] == \
+        2 * 2 * 1536
+
+
+@pytest.mark.parametrize("a", [1, 2, 4])
+def test_the_planners_hpz_formula_is_zeropps_hpz(a):
+    """theory.hierarchical's hpZ (the planner's, lesson 17's hpZ row) and theory.zeropp's count the same gathers
+    (units that N divides: the planner pads the secondary shard to s, zerokit's flat unit to N)."""
+    units, n, g = [1024, 336, 4096], 16, 4
+    by = theory.hpz_collective_bytes(0, n, g, 2, a, units)
+    zpp = theory.zeropp_collective_bytes(units, n, 2, ranks_per_node=g, hpz_partition_size=g, micro_batches=a)
+    assert by["global"] == zpp["dp"] and by["secondary"] == zpp["hpz"]
+    assert theory.hierarchical_link_bytes("hpz", 0, n, g, 2, a, units=units)["leaving_node"] == \
+        sum(theory.zeropp_bytes_leaving_a_node(units, n, 2, ranks_per_node=g, hpz_partition_size=g,
+                                               micro_batches=a).values())
+
+
+def test_the_7b_lesson_column_with_four_micro_batches():
+    """Lesson 17's 7 B model, bf16, 4 nodes of 8, qwZ + hpZ (8) + qgZ, A = 4: C = 7e9/32 = 218,750,000. Leaving a
+    node: the step's one forward gather, 31·(C + 4·⌈C/256⌉) = 31·222,167,972; the gradients, 8 ranks × A × 3 peers
+    × (C/2 + 4·⌈C/256⌉) = 96·112,792,972 — 17.7 GB, 1.27M (M = 14 GB): (0.5 + 0.25·A)M less (n−1)/n, not 4 × 0.75M."""
+    leaving = theory.zeropp_bytes_leaving_a_node([7_000_000_000], 32, 2, ranks_per_node=8, hpz_partition_size=8,
+                                                 quantized_weights=True, quantized_gradients=True, micro_batches=4)
+    assert leaving == {"forward_all_gather": 31 * 222_167_972, "backward_all_gather": 0,
+                       "gradient_reduce_scatter": 96 * 112_792_972}
+    assert sum(leaving.values()) / 14e9 == pytest.approx(1.265, abs=1e-3)
+
+
 def test_hpz_secondary_and_qgz_bound_by_hand():
     assert theory.hpz_secondary_numel([10, 7], 4, 2) == 12 // 2 + 8 // 2  # N-padded units, halved
     assert theory.hpz_secondary_numel([10], 4, 1) == 0

@@ -97,8 +97,9 @@ def _probe_qgz(ctx) -> dict:
 
 # --- training: every configuration in one launch --------------------------------------------------
 
-def _work():
-    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=12, tie_weights=True)
+def _work(batch_size=12):
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=2, n_head=2, batch_size=batch_size,
+                            tie_weights=True)
 
 
 def _model(work, dtype):
@@ -113,12 +114,13 @@ def _local(work, ctx, step):
     return x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]
 
 
-def _train(ctx, work, name, options, steps, precision):
+def _train(ctx, work, name, options, steps, precision, micro_batches=1):
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     model = _model(work, dtype)
     if name == "zeropp":  # the tallies read below: measured (off by default)
         options = dict(options, measure_quantization_error=True)
-    strategy = get(name)(model, ctx, TrainConfig(precision, OptimizerSpec("sgd", lr=LR)), **options)
+    config = TrainConfig(precision, OptimizerSpec("sgd", lr=LR), micro_batches=micro_batches)
+    strategy = get(name)(model, ctx, config, **options)
     memory = MemoryLedger()
     strategy.track_memory(memory)
     ledger = comm.ledger()
@@ -128,22 +130,26 @@ def _train(ctx, work, name, options, steps, precision):
         comm.set_step(step)
         strategy.zero_grad()
         x, y = _local(work, ctx, step)
-        with comm.phase("forward"):
-            loss = work.loss(strategy.forward(x), y)
-        with comm.phase("backward"):
-            strategy.backward(loss)
+        step_loss = 0.0
+        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            with comm.phase("forward"):
+                loss = work.loss(strategy.forward(xm), ym) / micro_batches
+            with comm.phase("backward"):
+                strategy.backward(loss)
+            step_loss += float(loss.detach())
         with comm.phase("step"):
             strategy.step()
-        losses.append(float(loss.detach()))
+        losses.append(step_loss)
         if name == "zeropp":
             tallies.append((strategy.weight_error.take(), strategy.gradient_error.take()))
         with comm.phase("setup"):
             whole = strategy.full_parameters()
         params.append(whole if ctx.rank == 0 else None)
     measured = {axis: row["ring_cost_bytes"] / steps for axis, row in ledger.by_axis().items()}
+    rows = {(row["axis"], row["op"], row["phase"]): row["ring_cost_bytes"] / steps for row in ledger.summary()}
     psi = sum(p.numel() for p in model.parameters())
     out = {"losses": losses, "params": params, "measured_by_axis": measured, "tallies": tallies,
-           "measured_params_bytes": memory.current()["params"]}
+           "measured_params_bytes": memory.current()["params"], "measured_rows": rows}
     if name == "zeropp":
         out["measured_leaving_node"] = measured_bytes_leaving_a_node(ledger.summary(), steps, ctx.world_size,
                                                                      strategy.ranks_per_node, strategy.hpz_size)
@@ -156,10 +162,13 @@ def _train(ctx, work, name, options, steps, precision):
 
 
 def _run(ctx, configs, steps, precision):
+    """Each config ``(label, strategy, options[, micro-batches])``; with A micro-batches a global batch of 8A
+    (A = 1: the usual 12)."""
     torch.set_num_threads(1)
     out = {"probe": _probe_qgz(ctx)}
-    for label, name, options in configs:
-        out[label] = _train(ctx, _work(), name, options, steps, precision)
+    for label, name, options, *a in configs:
+        a = a[0] if a else 1
+        out[label] = _train(ctx, _work(12 if a == 1 else 8 * a), name, options, steps, precision, a)
     return out
 
 
@@ -205,6 +214,9 @@ def four_ranks_two_nodes():
             ("qwz", "zeropp", dict(zero_quantized_weights=True, quantization_block_size=BLOCK)),
             ("qgz", "zeropp", dict(zero_quantized_gradients=True, quantization_block_size=BLOCK)),
             ("all", "zeropp", dict(ALL_THREE, zero_hpz_partition_size=2)),
+            ("zero3 A=2", "zero3", {}, 2),
+            ("hpz A=2", "zeropp", dict(zero_hpz_partition_size=2), 2),
+            ("all A=2", "zeropp", dict(ALL_THREE, zero_hpz_partition_size=2), 2),
         ])
     finally:
         mp.undo()
@@ -267,6 +279,31 @@ def test_ledger_per_axis_equals_the_formulas_to_the_byte_at_four_ranks(four_rank
     leaving, zero3 = rank["all"]["theory_leaving_node"], rank["off"]["theory_leaving_node"]
     assert leaving["backward_all_gather"] == 0 and leaving["gradient_reduce_scatter"] > 0
     assert sum(leaving.values()) < 0.3 * sum(zero3.values())  # 3M → 0.75M, plus scales and (n−1)/n
+
+
+def test_hpz_under_accumulation_gathers_over_dp_once_per_step_as_deepspeed(four_ranks_two_nodes):
+    """4 ranks as 2 nodes, s = 2 (the hpz group is a node, not dp): at A = 2 the step's first forward gathers over
+    dp and fills the secondary copy; micro-batch 2's forward gathers from it, inside the node. The global gathers
+    per step are A = 1's, the hpz ones 2A − 1 = 3 times A = 1's; ledger = formula to the byte, per axis and per
+    phase; and the values are ZeRO-3's, bit for bit."""
+    rank = four_ranks_two_nodes[0]
+    for label in ("hpz", "all"):
+        one, two = rank[label]["measured_rows"], rank[f"{label} A=2"]["measured_rows"]
+        assert two[("dp", "all_gather", "forward")] == one[("dp", "all_gather", "forward")] > 0, label
+        assert ("dp", "all_gather", "backward") not in two, label
+        assert ("hpz", "all_gather", "forward") not in one, label
+        assert two[("hpz", "all_gather", "forward")] == one[("hpz", "all_gather", "backward")], label
+        assert two[("hpz", "all_gather", "backward")] == 2 * one[("hpz", "all_gather", "backward")], label
+        _check_ledger(rank[f"{label} A=2"])
+        assert rank[f"{label} A=2"]["measured_leaving_node"] == rank[f"{label} A=2"]["theory_leaving_node"], label
+        # with s = g, what leaves a node for the weights is the step's one global gather, whatever A
+        assert rank[f"{label} A=2"]["theory_leaving_node"]["forward_all_gather"] == \
+            rank[label]["theory_leaving_node"]["forward_all_gather"] > 0, label
+    zero3 = rank["zero3 A=2"]
+    assert rank["zero3 A=2"]["measured_by_axis"] == rank["zero3 A=2"]["theory_by_axis"]
+    assert rank["hpz A=2"]["losses"] == zero3["losses"]
+    for mine, theirs in zip(rank["hpz A=2"]["params"], zero3["params"]):
+        assert _max_diff(mine, theirs) == 0
 
 
 def test_the_loss_effect_runs_both_in_one_launch():

@@ -33,12 +33,14 @@ ZeRO-3 over all N ranks plus a **secondary copy** of the 16-bit parameters shard
 
 - Memory: ZeRO-3's over N, plus the secondary shard b·P_s/s — (16/N + 2/s)·Ψ with Adam
   (:func:`hpz_model_state_bytes`; :func:`hpz_secondary_bytes` the extra term).
-- Traffic: per micro-batch the forward all-gather over N, (N−1)/N·P_N·b, fills the whole
+- Traffic: the step's first forward all-gather over N, (N−1)/N·P_N·b, fills the whole
   unit; each rank keeps the s-way slice of it as the secondary shard (no extra transfer).
-  The backward all-gather reads the secondary copy inside the group, (s−1)/s·P_s·b. The
-  gradient reduce-scatter stays over N, (N−1)/N·P_N·b. So 2A·(N−1)/N·P_N·b cross the group
-  boundary and A·(s−1)/s·P_s·b stay inside it: ZeRO-3's backward gather moved into the node
-  (ZeRO++'s 3M → 2M cross-node; its qwZ and qgZ, and all three together: :mod:`.zeropp`).
+  Every later gather of the step — the backward ones, and the forward ones of micro-batches
+  2 … A — reads the secondary copy inside the group, (s−1)/s·P_s·b each, until the step
+  changes the weights (DeepSpeed's ``ds_secondary_tensor``). The gradient reduce-scatter
+  stays over N, (N−1)/N·P_N·b per micro-batch. So (A + 1)·(N−1)/N·P_N·b cross the group
+  boundary and (2A − 1)·(s−1)/s·P_s·b stay inside it: ZeRO-3's backward gather moved into the
+  node (ZeRO++'s 3M → 2M cross-node at A = 1; its qwZ and qgZ, and all three together: :mod:`.zeropp`).
   (:func:`hpz_collective_bytes`.)
 
 **Which link.** A collective over a group of ``size`` ranks, each ``stride`` ranks apart
@@ -146,9 +148,9 @@ def hpz_collective_bytes(psi: int, n: int, s: int, bytes_per_element: int, micro
                          units: Sequence[int] | None = None) -> dict:
     """Bytes one hpZ rank sends per step, by group and collective.
 
-    ``{"global": {"all_gather": A·(N−1)/N·P_N·b, "reduce_scatter": A·(N−1)/N·P_N·b},
-    "secondary": {"all_gather": A·(s−1)/s·P_s·b}}``: the forward gather and the gradient
-    reduce-scatter over all N ranks, the backward gather from the secondary copy over s.
+    ``{"global": {"all_gather": (N−1)/N·P_N·b, "reduce_scatter": A·(N−1)/N·P_N·b},
+    "secondary": {"all_gather": (2A − 1)·(s−1)/s·P_s·b}}``: the step's first forward gather and the
+    gradient reduce-scatters over all N ranks, every later gather from the secondary copy over s.
     """
     check_shard_group(n, s)
     a, b = micro_batches, bytes_per_element
@@ -156,9 +158,9 @@ def hpz_collective_bytes(psi: int, n: int, s: int, bytes_per_element: int, micro
     out = {"global": {}, "secondary": {}}
     if n > 1:
         half = Fraction((n - 1) * padded_numel(units, n) * b, n)
-        out["global"] = {"all_gather": _exact(a * half), "reduce_scatter": _exact(a * half)}
+        out["global"] = {"all_gather": _exact(half), "reduce_scatter": _exact(a * half)}
     if s > 1:
-        out["secondary"] = {"all_gather": _exact(a * Fraction((s - 1) * padded_numel(units, s) * b, s))}
+        out["secondary"] = {"all_gather": _exact((2 * a - 1) * Fraction((s - 1) * padded_numel(units, s) * b, s))}
     return out
 
 

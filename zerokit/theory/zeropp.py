@@ -101,20 +101,26 @@ def quantized_bytes(numel: int, block_size: int, bits: int = 8) -> int:
 # quantization block. A unit of u elements is padded to P = N·⌈u/N⌉ (zerokit's flat buffer), a rank's
 # shard is C = P/N. Q(k, bits) = quantized_bytes(k, B, bits): codes and float32 scales of k elements.
 #
-# Per unit and micro-batch, what one rank sends (a ring all-gather or reduce-scatter sends (n−1)/n of its
-# payload, an all-to-all of equal chunks (n−1)/n of its input):
+# Per unit, what one rank sends (a ring all-gather or reduce-scatter sends (n−1)/n of its payload, an
+# all-to-all of equal chunks (n−1)/n of its input):
 #
-# - forward all-gather over dp: (N−1)·C·b; **qwZ**: (N−1)·Q(C, 8) — the int8 codes and the scales;
-# - backward all-gather: **hpZ** (s > 1): over the hpZ group from the secondary copy, in the weights'
-#   dtype, (s−1)·(P/s)·b (zerokit's choice and the paper's Fig. 5; DeepSpeed quantizes this one too under
-#   qwZ); without hpZ over dp like the forward one (quantized under qwZ, as DeepSpeed does);
-# - gradients: a reduce-scatter over dp, (N−1)·C·b; **qgZ**: the 2-hop all-to-all (§3.3): inside the
-#   node (g > 1) (g−1)·Q((N/g)·C, bits), across nodes (N/g > 1) (N/g − 1)·Q(C, bits).
+# - weight all-gathers over dp: (N−1)·C·b each; **qwZ**: (N−1)·Q(C, 8) — the int8 codes and the scales.
+#   Without hpZ, two per micro-batch (forward and backward; both quantized under qwZ, as DeepSpeed does):
+#   2A per step;
+# - **hpZ** (s > 1), as DeepSpeed's ``ds_secondary_tensor``: the first gather of a step (micro-batch 1's
+#   forward) runs over dp and fills the secondary copy; every later gather of the step — micro-batch 1's
+#   backward, then forward and backward of micro-batches 2 … A — reads the copy over the hpZ group, in the
+#   weights' dtype, (s−1)·(P/s)·b each (zerokit's choice and the paper's Fig. 5; DeepSpeed quantizes these
+#   too under qwZ); the step changes the weights and the copy with them. Per step: 1 over dp, 2A − 1 over hpz;
+# - gradients, once per micro-batch: a reduce-scatter over dp, (N−1)·C·b; **qgZ**: the 2-hop all-to-all
+#   (§3.3): inside the node (g > 1) (g−1)·Q((N/g)·C, bits), across nodes (N/g > 1) (N/g − 1)·Q(C, bits).
 #
 # The paper's accounting (§3.4) counts what leaves a node, in units of M = the model's 16-bit bytes, with
 # (n−1)/n → 1 and the scales left out: forward gather M → 0.5M (int8), backward gather M → 0 (inside
-# the node), gradients M → 0.25M (int4): 3M → 0.75M. :func:`zeropp_bytes_leaving_a_node` is that
-# quantity to the byte: the (n−1)/n factors, the padding and the scales' 4 bytes per block kept.
+# the node), gradients M → 0.25M (int4): 3M → 0.75M, per micro-batch. Over A micro-batches hpZ keeps
+# every forward gather after the first inside the node too: (0.5 + 0.25A)M, not 0.75A·M.
+# :func:`zeropp_bytes_leaving_a_node` is that quantity to the byte: the (n−1)/n factors, the padding and
+# the scales' 4 bytes per block kept.
 
 ZEROPP_AXES = ("dp", "hpz", "node", "inter_node")
 PAPER_CROSS_NODE_VOLUME = {"forward_all_gather": (1, 0.5), "backward_all_gather": (1, 0),
@@ -140,6 +146,39 @@ def hpz_secondary_numel(units: list, n: int, s: int) -> int:
     return 0 if s == 1 else sum(n * -(-u // n) // s for u in units)
 
 
+def _zeropp_phases(units: list, n: int, b: int, g: int, s: int, quantized_weights: bool, quantized_gradients: bool,
+                   block_size: int, gradient_bits: int, a: int) -> dict:
+    """Bytes one rank sends per step by ``(axis, op, phase)``: the terms of :func:`zeropp_collective_bytes`."""
+    _check_layout(n, g, s)
+    _check_bits(gradient_bits)
+    _check_positive("block_size", block_size)
+    _check_positive("micro_batches", a)
+    out: dict = {}
+
+    def add(axis, op, phase, value):
+        if value:
+            out[(axis, op, phase)] = out.get((axis, op, phase), 0) + value
+
+    for u in units:
+        c = -(-u // n)
+        gather = (n - 1) * (quantized_bytes(c, block_size, 8) if quantized_weights else c * b)
+        if s > 1:
+            secondary = (s - 1) * (n * c // s) * b
+            add("dp", "all_gather", "forward", gather)
+            add("hpz", "all_gather", "forward", (a - 1) * secondary)
+            add("hpz", "all_gather", "backward", a * secondary)
+        else:
+            add("dp", "all_gather", "forward", a * gather)
+            add("dp", "all_gather", "backward", a * gather)
+        if quantized_gradients:
+            nodes = n // g
+            add("node", "all_to_all", "backward", a * (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
+            add("inter_node", "all_to_all", "backward", a * (nodes - 1) * quantized_bytes(c, block_size, gradient_bits))
+        else:
+            add("dp", "reduce_scatter", "backward", a * (n - 1) * c * b)
+    return out
+
+
 def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, ranks_per_node: int = 1,
                             hpz_partition_size: int = 1, quantized_weights: bool = False,
                             quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
@@ -147,30 +186,12 @@ def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, rank
     """Bytes one rank sends per step, by group and collective: ``{axis: {op: bytes}}``, axes of
     :data:`ZEROPP_AXES` (``dp`` the global ring, ``hpz`` the secondary partition, ``node`` /
     ``inter_node`` qgZ's two hops); an axis with nothing to send is absent."""
-    g, s, b, a = ranks_per_node, hpz_partition_size, bytes_per_element, micro_batches
-    _check_layout(n, g, s)
-    _check_bits(gradient_bits)
     out: dict = {}
-
-    def add(axis, op, value):
-        if value:
-            out.setdefault(axis, {}).setdefault(op, 0)
-            out[axis][op] += a * value
-
-    for u in units:
-        c = -(-u // n)
-        gather = (n - 1) * (quantized_bytes(c, block_size, 8) if quantized_weights else c * b)
-        add("dp", "all_gather", gather)
-        if s > 1:
-            add("hpz", "all_gather", (s - 1) * (n * c // s) * b)
-        else:
-            add("dp", "all_gather", gather)
-        if quantized_gradients:
-            nodes = n // g
-            add("node", "all_to_all", (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
-            add("inter_node", "all_to_all", (nodes - 1) * quantized_bytes(c, block_size, gradient_bits))
-        else:
-            add("dp", "reduce_scatter", (n - 1) * c * b)
+    for (axis, op, _), value in _zeropp_phases(units, n, bytes_per_element, ranks_per_node, hpz_partition_size,
+                                               quantized_weights, quantized_gradients, block_size, gradient_bits,
+                                               micro_batches).items():
+        out.setdefault(axis, {}).setdefault(op, 0)
+        out[axis][op] += value
     return out
 
 
@@ -183,22 +204,20 @@ def zeropp_bytes_leaving_a_node(units: list, n: int, bytes_per_element: int, *, 
     A ring over all N ranks leaves a node once per node, on an edge carrying one rank's bytes
     (:func:`~.hierarchical.ring_bytes_leaving_a_node`); the hpZ group and qgZ's first hop stay in the
     node when s ≤ g; qgZ's second hop sends all its bytes across, from each of the node's g ranks.
-    ``{"forward_all_gather", "backward_all_gather", "gradient_reduce_scatter"}`` (0 on one node).
+    ``{"forward_all_gather", "backward_all_gather", "gradient_reduce_scatter"}`` (0 on one node); a
+    term holds its phase's gathers over dp and over the hpZ group (with A > 1, hpZ's forward gathers
+    after the step's first are on the hpZ group).
     """
     g, s = ranks_per_node, hpz_partition_size
-    by = zeropp_collective_bytes(units, n, bytes_per_element, ranks_per_node=g, hpz_partition_size=s,
-                                 quantized_weights=quantized_weights, quantized_gradients=quantized_gradients,
-                                 block_size=block_size, gradient_bits=gradient_bits, micro_batches=micro_batches)
-    dp_gather = by.get("dp", {}).get("all_gather", 0)
-    forward = dp_gather if s > 1 else dp_gather / 2
-    out = {"forward_all_gather": ring_bytes_leaving_a_node(forward, n, 1, g)}
-    backward = ring_bytes_leaving_a_node(by.get("hpz", {}).get("all_gather", 0), s, 1, g) if s > 1 \
-        else ring_bytes_leaving_a_node(dp_gather - forward, n, 1, g)
-    out["backward_all_gather"] = backward
-    if quantized_gradients:
-        out["gradient_reduce_scatter"] = g * by.get("inter_node", {}).get("all_to_all", 0) if n > g else 0
-    else:
-        out["gradient_reduce_scatter"] = ring_bytes_leaving_a_node(by.get("dp", {}).get("reduce_scatter", 0), n, 1, g)
+    phases = _zeropp_phases(units, n, bytes_per_element, g, s, quantized_weights, quantized_gradients, block_size,
+                            gradient_bits, micro_batches)
+    out = {}
+    for term, phase in (("forward_all_gather", "forward"), ("backward_all_gather", "backward")):
+        out[term] = ring_bytes_leaving_a_node(phases.get(("dp", "all_gather", phase), 0), n, 1, g) \
+            + ring_bytes_leaving_a_node(phases.get(("hpz", "all_gather", phase), 0), s, 1, g)
+    out["gradient_reduce_scatter"] = ring_bytes_leaving_a_node(phases.get(("dp", "reduce_scatter", "backward"), 0),
+                                                               n, 1, g) \
+        + g * phases.get(("inter_node", "all_to_all", "backward"), 0)
     return out
 
 

@@ -9,7 +9,9 @@ named as DeepSpeed names it:
   ŵ, |ŵ − w| ≤ scale/2; the shards the optimizer steps stay exact.
 - ``zero_hpz_partition_size`` (**hpZ**, §3.2, :mod:`.hpz`): s > 1 keeps a secondary copy of every unit
   sharded over groups of s consecutive ranks (one node when s = the ranks per node, DeepSpeed's
-  setting); backward gathers from it inside the group, in the compute dtype. 1 = off.
+  setting), filled by the step's first gather over N; every later gather of the step (backward, and
+  the further micro-batches' forwards under gradient accumulation) reads it inside the group, in the
+  compute dtype, as DeepSpeed does. 1 = off.
 - ``zero_quantized_gradients`` (**qgZ**, §3.3, :mod:`.qgz`): each unit's gradient reduce-scatter
   becomes the two-hop quantized all-to-all (``gradient_bits``: 4, the paper's, or 8), inside the node
   then across nodes. The node is :attr:`zerokit.runtime.mesh.Mesh.ranks_per_node` (torchrun's
@@ -42,7 +44,6 @@ from .quantize import GRIDS, ErrorTally, check_block_size
 from .qwz import ThenWork, quantized_all_gather
 from .stage3 import ZeroStage3
 from .stage3_options import STAGE3_OPTIONS
-from .units import in_backward
 from .zeropp_accounting import ZeroPlusPlusAccounting
 
 #: zerokit's default block: 256 elements, one float32 scale each (over the codes' bytes: 4/256 = 1.6 % at
@@ -130,14 +131,13 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
     # -- gathering -------------------------------------------------------------------
     def _gather(self, unit) -> None:
         group = self.unit_group(unit)
-        backward = in_backward()
         if group.world == 1 or self._exact:
             return super()._gather(unit)
-        if backward and self.secondary is not None and self.secondary.fresh[unit.index]:
+        if self.secondary is not None and self.secondary.fresh[unit.index]:  # any gather after the step's first
             unit.gather(lambda out, shard, tag: self.secondary.gather(unit.index, out, tag))
             return
         quantize = self.opts["zero_quantized_weights"]
-        keep = self.secondary is not None and not backward
+        keep = self.secondary is not None
         if not (quantize or keep):
             return super()._gather(unit)
 

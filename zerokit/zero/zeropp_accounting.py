@@ -61,7 +61,9 @@ def measured_bytes_leaving_a_node(summary: list, steps: int, n: int, ranks_per_n
     """Bytes leaving a node per step, from the communication ledger's ``summary()`` rows (measured payloads,
     their ring cost) by the paper's terms: a ring over the ``dp`` or ``hpz`` group leaves a node as
     :func:`zerokit.theory.ring_bytes_leaving_a_node` says; qgZ's ``inter_node`` all-to-all sends all of
-    each rank's bytes across, from every rank of the node (g times one rank's); ``node`` stays inside."""
+    each rank's bytes across, from every rank of the node (g times one rank's); ``node`` stays inside. A
+    gather's term is its phase: with hpZ and A > 1 the forward term holds the hpz gathers of micro-batches
+    2 … A (inside the node when s ≤ g)."""
     g, s = ranks_per_node, hpz_partition_size
     out = {"forward_all_gather": 0, "backward_all_gather": 0, "gradient_reduce_scatter": 0}
     for row in summary:
