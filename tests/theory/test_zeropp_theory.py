@@ -90,6 +90,25 @@ def test_the_7b_lesson_column_with_four_micro_batches():
     assert sum(leaving.values()) / 14e9 == pytest.approx(1.265, abs=1e-3)
 
 
+def test_qgz_runs_only_across_nodes_and_for_the_units_it_reduces():
+    """On one node DeepSpeed reduce-scatters: zero_quantized_gradients gives ZeRO-3's bytes. Across nodes a unit
+    flagged False (1-D or indivisible gradients only) is reduce-scattered, the others take the two hops."""
+    assert not theory.zeropp.qgz_runs(4, 4) and theory.zeropp.qgz_runs(4, 2) and theory.zeropp.qgz_runs(3, 1)
+    one_node = theory.zeropp_collective_bytes([1024, 64], 2, 2, ranks_per_node=2, quantized_gradients=True)
+    assert one_node == theory.zeropp_collective_bytes([1024, 64], 2, 2, ranks_per_node=2)
+    assert one_node == {"dp": {"all_gather": 2 * (512 + 32) * 2, "reduce_scatter": (512 + 32) * 2}}
+    by = theory.zeropp_collective_bytes([1024, 64], 4, 2, ranks_per_node=2, quantized_gradients=True,
+                                        qgz_units=[True, False])
+    assert by["dp"]["reduce_scatter"] == 3 * 16 * 2  # the second unit: C = 16, exact
+    assert by["node"] == {"all_to_all": 256 + 8} and by["inter_node"] == {"all_to_all": 128 + 4}  # the first unit
+    leaving = theory.zeropp_bytes_leaving_a_node([1024, 64], 4, 2, ranks_per_node=2, quantized_gradients=True,
+                                                 qgz_units=[True, False])
+    assert leaving["gradient_reduce_scatter"] == 2 * (128 + 4) + 3 * 16 * 2
+    with pytest.raises(ValueError, match="qgz_units"):
+        theory.zeropp_collective_bytes([1024, 64], 4, 2, ranks_per_node=2, quantized_gradients=True,
+                                       qgz_units=[True])
+
+
 def test_hpz_secondary_and_qgz_bound_by_hand():
     assert theory.hpz_secondary_numel([10, 7], 4, 2) == 12 // 2 + 8 // 2  # N-padded units, halved
     assert theory.hpz_secondary_numel([10], 4, 1) == 0

@@ -14,7 +14,7 @@ from zerokit.runtime.nodes import RANKS_PER_NODE_ENV
 from zerokit.strategies import TrainConfig, get
 from zerokit.theory.zeropp import block_quantization_error_bound, quantized_bytes
 from zerokit.zero.config import from_deepspeed, strategy_of
-from zerokit.zero.qgz import quantized_reduce_scatter
+from zerokit.zero.qgz import deepspeed_quantizes, qgz_reduces_unit, quantized_reduce_scatter
 from zerokit.zero.quantize import dequantize_blocks, quantize_blocks
 from zerokit.zero.zeropp_accounting import measured_bytes_leaving_a_node
 from zerokit.zero.zeropp_error import zeropp_loss_effect
@@ -147,15 +147,23 @@ def _train(ctx, work, name, options, steps, precision, micro_batches=1):
         params.append(whole if ctx.rank == 0 else None)
     measured = {axis: row["ring_cost_bytes"] / steps for axis, row in ledger.by_axis().items()}
     rows = {(row["axis"], row["op"], row["phase"]): row["ring_cost_bytes"] / steps for row in ledger.summary()}
+    notes = sorted({r.note for r in ledger.records if r.note})  # the strategy's own notes (comm.note)
+    summary_notes = [row["note"] for row in ledger.summary() if row["op"] == "reduce_scatter"]
     psi = sum(p.numel() for p in model.parameters())
     out = {"losses": losses, "params": params, "measured_by_axis": measured, "tallies": tallies,
-           "measured_params_bytes": memory.current()["params"], "measured_rows": rows}
+           "measured_params_bytes": memory.current()["params"], "measured_rows": rows, "notes": notes,
+           "summary_notes": summary_notes,
+           "reduced_by": [("qgz" if any(r.tag == f"grads {u.label} inter-node" for r in ledger.records) else "rs")
+                          for u in strategy.units]}
     if name == "zeropp":
         out["measured_leaving_node"] = measured_bytes_leaving_a_node(ledger.summary(), steps, ctx.world_size,
                                                                      strategy.ranks_per_node, strategy.hpz_size)
         out.update(theory_by_axis=strategy.theory_comm_bytes_by_axis(),
                    theory_secondary_bytes=strategy.theory_secondary_bytes(),
-                   theory_leaving_node=strategy.theory_bytes_leaving_a_node())
+                   theory_leaving_node=strategy.theory_bytes_leaving_a_node(), qgz_units=strategy.qgz_units)
+        names = {p: n for n, p in model.named_parameters()}
+        out["fallback_params"] = [names[p] for u, flag in zip(strategy.units, strategy.qgz_units) if not flag
+                                  for p in u.flat.params]
     else:
         out["theory_by_axis"] = {"dp": strategy.theory_comm_bytes(psi)}
     return out
@@ -217,6 +225,9 @@ def four_ranks_two_nodes():
             ("zero3 A=2", "zero3", {}, 2),
             ("hpz A=2", "zeropp", dict(zero_hpz_partition_size=2), 2),
             ("all A=2", "zeropp", dict(ALL_THREE, zero_hpz_partition_size=2), 2),
+            ("zero3 per module", "zero3", dict(unit_size=0)),
+            ("qgz per module", "zeropp", dict(zero_quantized_gradients=True, quantization_block_size=BLOCK,
+                                              unit_size=0)),
         ])
     finally:
         mp.undo()
@@ -306,6 +317,39 @@ def test_hpz_under_accumulation_gathers_over_dp_once_per_step_as_deepspeed(four_
         assert _max_diff(mine, theirs) == 0
 
 
+def test_qgz_falls_back_per_unit_where_deepspeed_reduce_scatters(four_ranks_two_nodes):
+    """Every module its own unit: the LayerNorms' units (1-D gradients only) are reduce-scattered exactly, the
+    Linear and embedding units go through qgZ; the ledger equals the formula with those flags, the fallback
+    rows carry the note, and after the first step the fallback units' weights are ZeRO-3's bit for bit."""
+    rank = four_ranks_two_nodes[0]
+    run, zero3 = rank["qgz per module"], rank["zero3 per module"]
+    assert run["reduced_by"] == ["qgz" if flag else "rs" for flag in run["qgz_units"]]
+    assert "rs" in run["reduced_by"] and "qgz" in run["reduced_by"]
+    _check_ledger(run)
+    assert run["measured_leaving_node"] == run["theory_leaving_node"]
+    assert run["notes"] and all("qgZ fell back to the exact reduce-scatter" in n and "2N = 8" in n
+                                for n in run["notes"])
+    assert rank["qgz"]["notes"] == [] and rank["zero3"]["notes"] == []  # every unit quantized: no note
+    fallback = [name for name in run["fallback_params"]]
+    assert fallback and all(name.rsplit(".", 1)[-1] in ("weight", "bias") for name in fallback)
+    for name in fallback:  # reduce-scattered exactly: the first SGD step is ZeRO-3's, bit for bit
+        assert torch.equal(run["params"][0][name], zero3["params"][0][name]), name
+    quantized = set(run["params"][0]) - set(fallback) - {"pos.weight"}
+    assert max(float((run["params"][0][n] - zero3["params"][0][n]).abs().max()) for n in quantized) > 0
+
+
+def test_deepspeeds_qgz_rule_per_gradient_and_zerokits_per_unit():
+    """all_to_all_quant_reduce: a 1-D gradient, or one whose numel 2N does not divide, is reduce-scattered."""
+    assert deepspeed_quantizes((4, 8), 4) and deepspeed_quantizes((2, 2, 2), 4)
+    assert not deepspeed_quantizes((64,), 4)  # 1-D, though 64 divides by 8
+    assert not deepspeed_quantizes((3, 5), 4)  # 15 elements: not a multiple of 2N = 8
+    assert not deepspeed_quantizes((), 1)  # a scalar: numel 1
+    bias, weight = torch.zeros(8), torch.zeros(4, 8)
+    assert qgz_reduces_unit([bias, weight], 4) and not qgz_reduces_unit([bias, torch.zeros(3, 5)], 4)
+    with pytest.raises(ValueError, match="world"):
+        deepspeed_quantizes((4, 8), 0)
+
+
 def test_the_loss_effect_runs_both_in_one_launch():
     effect = zeropp_loss_effect(_work(), world_size=2, steps=3, ranks_per_node=1, optimizer="sgd", lr=LR)
     assert len(effect["losses"]["zero3"]) == len(effect["losses"]["zeropp"]) == 3
@@ -344,6 +388,7 @@ def two_ranks_bf16():
     mp = pytest.MonkeyPatch()
     try:
         yield _launch(mp, 2, 2, [("zero3", "zero3", {}), ("off", "zeropp", {}),
+                                 ("qgz", "zeropp", dict(zero_quantized_gradients=True)),
                                  ("all", "zeropp", dict(ALL_THREE, zero_hpz_partition_size=2, gradient_bits=8))],
                       precision="bf16-mixed")
     finally:
@@ -355,12 +400,28 @@ def test_bf16_on_one_node_of_two(two_ranks_bf16):
     probe = rank["probe"]
     assert (probe["g"], probe["nodes"]) == (2, 1) and probe["exact"]
     assert rank["off"]["losses"] == rank["zero3"]["losses"]
-    assert set(rank["all"]["measured_by_axis"]) == {"dp", "hpz", "node"}  # one node: no second hop
+    assert set(rank["all"]["measured_by_axis"]) == {"dp", "hpz"}  # one node: DeepSpeed runs no qgZ
     _check_ledger(rank["all"])
     assert rank["all"]["tallies"][0][0]["max_abs"] > 0
     assert rank["all"]["theory_leaving_node"] == {"forward_all_gather": 0, "backward_all_gather": 0,
                                                   "gradient_reduce_scatter": 0}
     assert abs(rank["all"]["losses"][0] - rank["zero3"]["losses"][0]) < 0.05  # bf16 weights, int8 blocks
+
+
+def test_qgz_on_one_node_is_zero3s_reduce_scatter_with_a_note(two_ranks_bf16):
+    """DeepSpeed runs qgZ only when the ranks span nodes: on one node of two, zero_quantized_gradients leaves
+    ZeRO-3's reduce-scatter — its bytes and its results, bit for bit — and the ledger's note says why."""
+    rank = two_ranks_bf16[0]
+    qgz, zero3 = rank["qgz"], rank["zero3"]
+    assert qgz["measured_rows"] == zero3["measured_rows"]
+    assert qgz["theory_by_axis"] == qgz["measured_by_axis"] == zero3["measured_by_axis"]
+    assert qgz["losses"] == zero3["losses"]
+    for mine, theirs in zip(qgz["params"], zero3["params"]):
+        assert _max_diff(mine, theirs) == 0
+    assert qgz["tallies"][0][1]["max_abs"] == 0  # no gradient was quantized
+    assert len(qgz["notes"]) == 1 and "qgZ did not run: the 2 ranks are one node" in qgz["notes"][0]
+    assert zero3["notes"] == []
+    assert all(qgz["notes"][0] in note for note in qgz["summary_notes"])  # the rows a result's notes come from
 
 
 # --- options and config ----------------------------------------------------------------------------

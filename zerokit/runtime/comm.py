@@ -69,6 +69,20 @@ def phase(name: str) -> Iterator[None]:
         _ledger.phase_depth -= 1
 
 
+@contextmanager
+def note(text: str) -> Iterator[None]:
+    """Say why the collectives issued inside the block run as they do (a strategy's fallback, say): the records
+    carry ``text``, the ledger's summary rows and a result's notes show it."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"note={text!r} must be a non-empty string")
+    previous = _ledger.note
+    _ledger.note = text
+    try:
+        yield
+    finally:
+        _ledger.note = previous
+
+
 def current_phase() -> str:
     """The phase a collective issued now belongs to: the innermost ``phase`` block's; outside any, "backward"
     while autograd runs a backward (a user's own ``loss.backward()`` firing a wrapper's hooks), else "setup"."""
@@ -166,7 +180,7 @@ def new_record(op: str, tensor: torch.Tensor, payload_bytes: int, group, async_o
                         dtype=str(tensor.dtype).replace("torch.", ""), payload_bytes=payload_bytes,
                         ring_cost_bytes=theory.ring_bytes_sent(op, payload_bytes, n, **formula), group_size=n,
                         async_op=async_op, t_launch=_clock.mark(), algorithm=algorithm, tag=tag,
-                        axis=axis_of(group), backend=_backend(group))
+                        axis=axis_of(group), backend=_backend(group), note=_ledger.note)
     name = f"ring {op}" if algorithm == "ring" else op
     detail = f"{record.numel} {record.dtype} on {record.axis}, step {record.step}"
     number = context.enter_collective(name, record.phase, detail, async_op)

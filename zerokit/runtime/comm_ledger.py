@@ -5,7 +5,8 @@ A record (:class:`CommRecord`) keeps three traffic quantities apart, named so ev
 (a formula: the ring algorithm's bytes for that payload) and ``sent_bytes`` (measured on
 the wire, only when zerokit's ring ran it). :class:`CommLedger` selects records by phase,
 op and step and sums them per step, per mesh axis, and per (axis, phase, op, algorithm)
-with a note where the backend is not the ring the cost assumes. :mod:`.comm` fills it.
+with a note where the backend is not the ring the cost assumes, or where the strategy said why it ran
+this collective (``comm.note``). :mod:`.comm` fills it.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ class CommRecord:
     link: str = ""
     #: emulated: when (perf_counter) the link finished carrying this transfer; None without a link
     emulated_end: Optional[float] = None
+    #: why the strategy ran this collective where it is not the obvious one (``comm.note``; "" when not said)
+    note: str = ""
     #: blocked intervals (start mark, end mark) on a GPU's timeline, not yet read; resolved into blocked_s
     _blocked_marks: Optional[list] = field(default=None, repr=False)
 
@@ -79,12 +82,15 @@ class CommLedger:
     enabled: bool = True
     #: blocks of ``comm.phase`` currently open (0: nobody said; see ``comm.current_phase``)
     phase_depth: int = 0
+    #: the note of the innermost open ``comm.note`` block, given to every record made inside it
+    note: str = ""
 
     def reset(self) -> None:
         self.records.clear()
         self.step = 0
         self.phase = "setup"
         self.phase_depth = 0
+        self.note = ""
 
     def add(self, record: CommRecord) -> CommRecord:
         if self.enabled:
@@ -163,13 +169,16 @@ class CommLedger:
 
     def summary(self) -> list:
         """One row per (axis, phase, op, algorithm): calls, the three traffic quantities, seconds blocked, and a
-        note where the backend's algorithm is not the ring the cost formula assumes."""
+        note where the backend's algorithm is not the ring the cost formula assumes, and the strategy's notes on its
+        records (each distinct one once)."""
         rows: dict = {}
         for r in self.select():
             key = (r.axis, r.phase, r.op, r.algorithm)
             row = rows.setdefault(key, {"axis": r.axis, "phase": r.phase, "op": r.op, "algorithm": r.algorithm,
                                         "calls": 0, "payload_bytes": 0, "ring_cost_bytes": 0, "sent_bytes": 0,
                                         "blocked_s": 0.0, "note": backend_note(r)})
+            if r.note and r.note not in row["note"]:
+                row["note"] = "; ".join(filter(None, (row["note"], r.note)))
             row["calls"] += 1
             row["payload_bytes"] += r.payload_bytes
             row["ring_cost_bytes"] += r.ring_cost_bytes

@@ -112,8 +112,11 @@ def quantized_bytes(numel: int, block_size: int, bits: int = 8) -> int:
 #   backward, then forward and backward of micro-batches 2 … A — reads the copy over the hpZ group, in the
 #   weights' dtype, (s−1)·(P/s)·b each (zerokit's choice and the paper's Fig. 5; DeepSpeed quantizes these
 #   too under qwZ); the step changes the weights and the copy with them. Per step: 1 over dp, 2A − 1 over hpz;
-# - gradients, once per micro-batch: a reduce-scatter over dp, (N−1)·C·b; **qgZ**: the 2-hop all-to-all
-#   (§3.3): inside the node (g > 1) (g−1)·Q((N/g)·C, bits), across nodes (N/g > 1) (N/g − 1)·Q(C, bits).
+# - gradients, once per micro-batch: a reduce-scatter over dp, (N−1)·C·b; **qgZ** (§3.3) when the world
+#   spans nodes (N/g > 1; on one node DeepSpeed reduce-scatters): the 2-hop all-to-all, inside the node
+#   (g > 1) (g−1)·Q((N/g)·C, bits), across nodes (N/g − 1)·Q(C, bits) — for the units qgZ reduces
+#   (``qgz_units``; the others fall back to the reduce-scatter, as DeepSpeed's 1-D and indivisible
+#   gradients do: :func:`zerokit.zero.qgz.qgz_reduces_unit`).
 #
 # The paper's accounting (§3.4) counts what leaves a node, in units of M = the model's 16-bit bytes, with
 # (n−1)/n → 1 and the scales left out: forward gather M → 0.5M (int8), backward gather M → 0 (inside
@@ -146,20 +149,32 @@ def hpz_secondary_numel(units: list, n: int, s: int) -> int:
     return 0 if s == 1 else sum(n * -(-u // n) // s for u in units)
 
 
+def qgz_runs(n: int, ranks_per_node: int) -> bool:
+    """Whether qgZ reduces any gradient: only when the N ranks span nodes (N/g > 1), as DeepSpeed's
+    ``__avg_scatter_grads`` decides; on one node every gradient is reduce-scattered, exactly."""
+    _check_layout(n, ranks_per_node, 1)
+    return n // ranks_per_node > 1
+
+
 def _zeropp_phases(units: list, n: int, b: int, g: int, s: int, quantized_weights: bool, quantized_gradients: bool,
-                   block_size: int, gradient_bits: int, a: int) -> dict:
+                   block_size: int, gradient_bits: int, a: int, qgz_units) -> dict:
     """Bytes one rank sends per step by ``(axis, op, phase)``: the terms of :func:`zeropp_collective_bytes`."""
     _check_layout(n, g, s)
     _check_bits(gradient_bits)
     _check_positive("block_size", block_size)
     _check_positive("micro_batches", a)
+    if qgz_units is None:
+        qgz_units = [True] * len(units)
+    elif len(qgz_units) != len(units):
+        raise ValueError(f"qgz_units has {len(qgz_units)} entries for {len(units)} units: one flag per unit")
+    qgz = quantized_gradients and qgz_runs(n, g)
     out: dict = {}
 
     def add(axis, op, phase, value):
         if value:
             out[(axis, op, phase)] = out.get((axis, op, phase), 0) + value
 
-    for u in units:
+    for u, reduced_by_qgz in zip(units, qgz_units):
         c = -(-u // n)
         gather = (n - 1) * (quantized_bytes(c, block_size, 8) if quantized_weights else c * b)
         if s > 1:
@@ -170,7 +185,7 @@ def _zeropp_phases(units: list, n: int, b: int, g: int, s: int, quantized_weight
         else:
             add("dp", "all_gather", "forward", a * gather)
             add("dp", "all_gather", "backward", a * gather)
-        if quantized_gradients:
+        if qgz and reduced_by_qgz:
             nodes = n // g
             add("node", "all_to_all", "backward", a * (g - 1) * quantized_bytes(nodes * c, block_size, gradient_bits))
             add("inter_node", "all_to_all", "backward", a * (nodes - 1) * quantized_bytes(c, block_size, gradient_bits))
@@ -182,14 +197,16 @@ def _zeropp_phases(units: list, n: int, b: int, g: int, s: int, quantized_weight
 def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, ranks_per_node: int = 1,
                             hpz_partition_size: int = 1, quantized_weights: bool = False,
                             quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
-                            micro_batches: int = 1) -> dict:
+                            micro_batches: int = 1, qgz_units=None) -> dict:
     """Bytes one rank sends per step, by group and collective: ``{axis: {op: bytes}}``, axes of
     :data:`ZEROPP_AXES` (``dp`` the global ring, ``hpz`` the secondary partition, ``node`` /
-    ``inter_node`` qgZ's two hops); an axis with nothing to send is absent."""
+    ``inter_node`` qgZ's two hops); an axis with nothing to send is absent. ``qgz_units``: one flag per
+    unit, whether qgZ reduces its gradient (None: every unit); qgZ runs only when the ranks span nodes
+    (:func:`qgz_runs`)."""
     out: dict = {}
     for (axis, op, _), value in _zeropp_phases(units, n, bytes_per_element, ranks_per_node, hpz_partition_size,
                                                quantized_weights, quantized_gradients, block_size, gradient_bits,
-                                               micro_batches).items():
+                                               micro_batches, qgz_units).items():
         out.setdefault(axis, {}).setdefault(op, 0)
         out[axis][op] += value
     return out
@@ -198,7 +215,7 @@ def zeropp_collective_bytes(units: list, n: int, bytes_per_element: int, *, rank
 def zeropp_bytes_leaving_a_node(units: list, n: int, bytes_per_element: int, *, ranks_per_node: int,
                                 hpz_partition_size: int = 1, quantized_weights: bool = False,
                                 quantized_gradients: bool = False, block_size: int = 256, gradient_bits: int = 4,
-                                micro_batches: int = 1) -> dict:
+                                micro_batches: int = 1, qgz_units=None) -> dict:
     """Bytes that leave one node per step, by term (the paper's accounting, to the byte).
 
     A ring over all N ranks leaves a node once per node, on an edge carrying one rank's bytes
@@ -210,7 +227,7 @@ def zeropp_bytes_leaving_a_node(units: list, n: int, bytes_per_element: int, *, 
     """
     g, s = ranks_per_node, hpz_partition_size
     phases = _zeropp_phases(units, n, bytes_per_element, g, s, quantized_weights, quantized_gradients, block_size,
-                            gradient_bits, micro_batches)
+                            gradient_bits, micro_batches, qgz_units)
     out = {}
     for term, phase in (("forward_all_gather", "forward"), ("backward_all_gather", "backward")):
         out[term] = ring_bytes_leaving_a_node(phases.get(("dp", "all_gather", phase), 0), n, 1, g) \

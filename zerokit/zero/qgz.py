@@ -13,6 +13,16 @@ rank j of node k and owns chunk r of C = P/N elements):
    all-to-all over the ranks with the same local index (one per node); the owner dequantizes and sums
    the ``nodes`` slices: its chunk of the gradient summed over all N ranks.
 
+**When qgZ runs** (DeepSpeed 0.19.8's ``__avg_scatter_grads`` and ``all_to_all_quant_reduce``): only when
+the N ranks span nodes (:func:`zerokit.theory.zeropp.qgz_runs`; on one node every gradient is
+reduce-scattered exactly, as ZeRO-3), and per gradient only for a tensor of two or more dimensions whose
+numel divides by 2N (:func:`deepspeed_quantizes`: its swizzle kernel's shapes); a 1-D gradient or another
+size falls back to the plain reduce-scatter. zerokit reduces a unit's flat bucket in one collective, not
+one tensor at a time, so it decides per unit (:func:`qgz_reduces_unit`): qgZ when DeepSpeed would quantize
+at least one of the unit's gradients, the reduce-scatter when it would quantize none. zerokit's choice,
+from its flat unit: the 1-D gradients that share a unit with a quantized one (a block's biases and norms)
+are quantized with it, where DeepSpeed reduces them exactly.
+
 A hop over a group of one rank is skipped (no quantization). The result is within
 :func:`zerokit.theory.zeropp.qgz_error_bound` of the exact sum. Synchronous: each hop needs the last
 one's sum. DeepSpeed's ``all_to_all_quant_reduce`` runs the same two hops with CUDA kernels
@@ -20,10 +30,26 @@ one's sum. DeepSpeed's ``all_to_all_quant_reduce`` runs the same two hops with C
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..runtime import comm
 from .quantize import ErrorTally, decode, encode
+
+
+def deepspeed_quantizes(shape, world: int) -> bool:
+    """DeepSpeed's test for one gradient of ``shape`` on ``world`` ranks: two or more dimensions and a numel
+    divisible by 2N (a 1-D tensor, or another size, is reduce-scattered instead)."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world={world!r} must be a whole number >= 1")
+    return len(shape) >= 2 and math.prod(shape) % (2 * world) == 0
+
+
+def qgz_reduces_unit(params, world: int) -> bool:
+    """Whether qgZ reduces the gradient bucket of a unit holding ``params``: DeepSpeed would quantize at least
+    one of their gradients (:func:`deepspeed_quantizes`)."""
+    return any(deepspeed_quantizes(tuple(p.shape), world) for p in params)
 
 
 def _exchange(pieces: torch.Tensor, group, block_size: int, bits: int, tag: str, tally,

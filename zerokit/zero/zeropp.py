@@ -15,7 +15,10 @@ named as DeepSpeed names it:
 - ``zero_quantized_gradients`` (**qgZ**, §3.3, :mod:`.qgz`): each unit's gradient reduce-scatter
   becomes the two-hop quantized all-to-all (``gradient_bits``: 4, the paper's, or 8), inside the node
   then across nodes. The node is :attr:`zerokit.runtime.mesh.Mesh.ranks_per_node` (torchrun's
-  ``LOCAL_WORLD_SIZE``, or the launcher's emulated node size; one node when neither is set).
+  ``LOCAL_WORLD_SIZE``, or the launcher's emulated node size; one node when neither is set). As
+  DeepSpeed, only when the ranks span nodes, and only for the units whose gradients DeepSpeed's kernels
+  take (:func:`.qgz.qgz_reduces_unit`); the other reduce-scatters run exactly, each with a note on the
+  ledger saying why (the result's notes).
 
 All three off is ZeRO-3 bit for bit. The ledger names the groups: ``dp`` (all N ranks), ``hpz`` (the
 secondary partition), ``node`` and ``inter_node`` (qgZ's hops, :meth:`~zerokit.runtime.mesh.Mesh.node_groups`);
@@ -34,12 +37,13 @@ every element within scale/2) or ``"deepspeed"`` (DeepSpeed's kernels: scale abs
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..runtime import comm
 from ..strategies.base import Option, boolean, register
+from ..theory.zeropp import qgz_runs
 from .hpz import SecondaryPartition
-from .qgz import quantized_reduce_scatter
+from .qgz import qgz_reduces_unit, quantized_reduce_scatter
 from .quantize import GRIDS, ErrorTally, check_block_size
 from .qwz import ThenWork, quantized_all_gather
 from .stage3 import ZeroStage3
@@ -124,8 +128,11 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
             group, _ = ctx.mesh.carve(self.hpz_size, "dp", names=("hpz", "hpz_replicate"))
             self.secondary = SecondaryPartition([u.flat for u in self.units], group, self.hpz_size,
                                                 self.rank % self.hpz_size)
+        #: qgZ runs (asked for, and the ranks span nodes), and for which units (the others: the reduce-scatter)
+        self.qgz_runs = o["zero_quantized_gradients"] and qgz_runs(self.world, self.ranks_per_node)
+        self.qgz_units = [qgz_reduces_unit(u.flat.params, self.world) for u in self.units]
         self.intra_node = self.inter_node = None
-        if o["zero_quantized_gradients"] and self.world > 1:
+        if self.qgz_runs:
             self.intra_node, self.inter_node = ctx.mesh.node_groups()
 
     # -- gathering -------------------------------------------------------------------
@@ -163,12 +170,24 @@ class ZeroPlusPlus(ZeroPlusPlusAccounting, ZeroStage3):
 
     # -- gradients -------------------------------------------------------------------
     def _reduce_scatter(self, unit, out, bucket, overlap):
-        if not self.opts["zero_quantized_gradients"] or self.unit_group(unit).world == 1:
-            return super()._reduce_scatter(unit, out, bucket, overlap)
+        if not (self.qgz_runs and self.qgz_units[unit.index]) or self.unit_group(unit).world == 1:
+            why = self._qgz_fallback_note(unit)
+            with comm.note(why) if why else nullcontext():
+                return super()._reduce_scatter(unit, out, bucket, overlap)
         quantized_reduce_scatter(out, bucket, self.intra_node, self.inter_node, self.ranks_per_node, self.block_size,
                                  self.opts["gradient_bits"], f"grads {unit.label}",
                                  self.gradient_error if self._measure else None, self.grid)
         return None
+
+    def _qgz_fallback_note(self, unit) -> str:
+        """Why qgZ, asked for, left this unit's gradient to the exact reduce-scatter ("" when not asked for)."""
+        if not self.opts["zero_quantized_gradients"] or self.unit_group(unit).world == 1:
+            return ""
+        if not self.qgz_runs:
+            return (f"qgZ did not run: the {self.world} ranks are one node (ranks_per_node={self.ranks_per_node}); "
+                    f"as DeepSpeed, qgZ runs only when the ranks span nodes: gradients reduce-scattered exactly")
+        return (f"qgZ fell back to the exact reduce-scatter for the units whose gradients are all 1-D or of sizes "
+                f"not divisible by 2N = {2 * self.world}, as DeepSpeed does per gradient")
 
     def step(self):
         super().step()

@@ -53,7 +53,7 @@ class ZeroPlusPlusAccounting:
                     ranks_per_node=self.ranks_per_node, hpz_partition_size=self.hpz_size,
                     quantized_weights=o["zero_quantized_weights"], quantized_gradients=o["zero_quantized_gradients"],
                     block_size=self.block_size, gradient_bits=o["gradient_bits"],
-                    micro_batches=self.config.micro_batches)
+                    micro_batches=self.config.micro_batches, qgz_units=self.qgz_units)
 
 
 def measured_bytes_leaving_a_node(summary: list, steps: int, n: int, ranks_per_node: int,
