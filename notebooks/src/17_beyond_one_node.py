@@ -206,6 +206,11 @@ assert states["hsdp"] > 1.9 * states["zero3"]  # 1/s of the states, not 1/N: twi
 # FSDP2 moves the same bytes on each axis; its states split differently (it keeps the
 # sharded parameters in fp32 and casts them for compute, where zerokit keeps bf16
 # parameters and fp32 masters in the optimizer), each total equal to its own formula.
+# What a rank holds besides them follows FSDP2's defaults, where `zero3` follows
+# DeepSpeed's: a unit's gradients stay in `.grad` until the unit is complete, one
+# reduce-scatter is in flight, one unit is gathered ahead in backward and none in forward,
+# and `zero_grad` frees the gradient shards; of the parameters it holds at most the shards,
+# the root and two blocks (`theory.hsdp_peak_param_bytes`).
 #
 # ## ZeRO++: ZeRO-3's three collectives, each cut
 #

@@ -10,6 +10,10 @@ Each run is launched once (module-scoped, one reference per workload and precisi
   per step or every micro-batch; the memory ledger equal to :func:`zerokit.theory.hsdp_model_state_bytes`;
 - ``fsdp2-hsdp``'s parameters equal to ``hsdp``'s (each sum is of two fp32 terms, which no order changes, and the
   division by 4 is exact);
+- FSDP2's memory defaults, on the memory ledger's bytes: the parameters held at once equal to
+  :func:`zerokit.theory.hsdp_peak_param_bytes` (the peer's ledger sees one unit less: FSDP2's prefetched
+  all-gather output), no gradient bytes from ``zero_grad`` to the next backward (as the peer), and a unit's
+  gradients left in ``.grad`` until its backward is complete;
 - a bad ``shard_group_size`` refused before any process starts.
 """
 import os
@@ -206,3 +210,95 @@ def test_the_formula_matches_zero3_at_s_equal_n():
     hsdp = theory.hsdp_collective_bytes(None, 4, 4, 2, 2, units=units)
     assert sum(hsdp["shard"].values()) == theory.comm_bytes_per_step(3, sum(units), 4, 2, 2, units=units)
     assert hsdp["replicate"] == {}
+
+
+# --- FSDP2's memory defaults, on the memory ledger ---------------------------------------------------------------
+
+def deep_gpt():
+    """Four blocks: the root and two of them gathered at once is less than all of them."""
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=4, n_head=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def peaks():
+    """3 SGD steps (the prefetch follows the first step's order from the second) of hsdp and its peer, 2 × 2."""
+    return {name: run_job(make_job(deep_gpt(), name, 4, 3, "fp32", "sgd", 0.1, 1, {"shard_group_size": 2}), 4)
+            for name in ("hsdp", "fsdp2-hsdp")}
+
+
+def test_the_parameters_held_at_once_are_fsdp2s(peaks):
+    """The root, the block computing and one prefetched in backward, and the shards: the formula, to the byte, on
+    every rank. The peer's ledger shows one block less: its prefetched unit sits in FSDP2's all-gather output,
+    which no module holds (its shards are hsdp's here: every dimension even, padded alike)."""
+    ours, peer = peaks["hsdp"].ranks, peaks["fsdp2-hsdp"].ranks
+    units = _units(deep_gpt())
+    expected = theory.hsdp_peak_param_bytes(units, 2, 4)
+    block = 4 * max(-(-u // 2) * 2 for u in units[:-1])
+    for rank, theirs in zip(ours, peer):
+        assert rank.peak_by_category["params"] == expected, rank.rank
+        assert theirs.peak_by_category["params"] == theory.hsdp_peak_param_bytes(units, 2, 4, prefetch_units=0)
+        assert rank.peak_by_category["params"] == theirs.peak_by_category["params"] + block
+
+
+def _units(work):
+    """hsdp's flat units of ``work``'s model, the root last (padding aside, each block's parameters)."""
+    from zerokit.zero.units import form_units
+
+    return [sum(p.numel() for p in spec.params) for spec in form_units(work.build_model(), "block", set())]
+
+
+def _held_between_steps(ctx, name):
+    """After a step and zero_grad, through the next forward: the gradient bytes the memory ledger sees."""
+    from zerokit.runtime.memory import MemoryLedger
+
+    torch.set_num_threads(1)
+    work = deep_gpt()
+    strategy = get_strategy(name)(work.build_model(), ctx, TrainConfig(optimizer=OptimizerSpec("sgd", lr=0.1)),
+                                  shard_group_size=2)
+    ledger = MemoryLedger()
+    strategy.track_memory(ledger)
+    x, y = work.batch(0)
+    per = x.shape[0] // ctx.world_size
+    x, y = x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]
+    strategy.backward(work.loss(strategy.forward(x), y))
+    after_backward = ledger.current()["grads"]
+    strategy.step()
+    strategy.zero_grad()
+    after_zero_grad = ledger.current()["grads"]
+    loss = work.loss(strategy.forward(x), y)
+    return after_backward, after_zero_grad, ledger.current()["grads"], float(loss)
+
+
+def test_no_gradient_bytes_from_zero_grad_to_the_next_backward_as_fsdp2():
+    """FSDP2's zero_grad(set_to_none=True) frees the gradient shards; hsdp's are allocated at a step's first
+    reduce-scatter (contiguous_gradients=False), so zero_grad frees them too. After backward both hold them."""
+    for name in ("hsdp", "fsdp2-hsdp"):
+        for after_backward, after_zero_grad, after_forward, _ in zerokit.launch(_held_between_steps, 4, name):
+            assert after_backward > 0 and (after_zero_grad, after_forward) == (0, 0), name
+
+
+def _held_in_backward(ctx):
+    """What a block holds when its first gradient has arrived, read in a hook that runs after hsdp's own."""
+    torch.set_num_threads(1)
+    work = deep_gpt()
+    model = work.build_model()
+    strategy = get_strategy("hsdp")(model, ctx, TrainConfig(optimizer=OptimizerSpec("sgd", lr=0.1)),
+                                    shard_group_size=2)
+    block = strategy.unit_of[model.blocks[-1].mlp.proj.bias]
+    seen = []
+    for p in block.flat.params:
+        p.register_post_accumulate_grad_hook(lambda p: seen.append((block.bucket is None, p.grad is not None)))
+    x, y = work.batch(0)
+    per = x.shape[0] // ctx.world_size
+    strategy.backward(work.loss(strategy.forward(x[ctx.rank * per:(ctx.rank + 1) * per]),
+                                y[ctx.rank * per:(ctx.rank + 1) * per]))
+    return seen, block.bucket is None, all(p.grad is None for p in block.flat.params)
+
+
+def test_a_units_gradients_stay_in_grad_until_its_backward_is_complete():
+    """FSDP2's post_backward: autograd's gradients stay until every one of the unit's is in; then its bucket is
+    built, they are dropped, and it is reduce-scattered. (zero3, DeepSpeed's, copies each into the unit's bucket
+    as it comes.) The hook of the unit's last parameter runs after hsdp's, which has reduce-scattered it by then."""
+    for seen, freed, dropped in zerokit.launch(_held_in_backward, 4):
+        assert seen[:-1] == [(True, True)] * (len(seen) - 1)
+        assert freed and dropped

@@ -53,7 +53,7 @@ from .offload import (  # noqa: F401
     param_offload_traffic_bytes, SplitStates, offload_states, offload_transfer_bytes)
 from .hierarchical import (  # noqa: F401
     HIERARCHICAL, check_shard_group, hsdp_model_state_bytes, hpz_secondary_bytes, hpz_model_state_bytes,
-    hsdp_collective_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
+    hsdp_collective_bytes, hsdp_peak_param_bytes, hpz_collective_bytes, group_spans_nodes, ring_bytes_leaving_a_node,
     hierarchical_link_bytes)
 from .parity import ulp, sgd_parity_bound, adam_parity_ceiling  # noqa: F401
 from .step_time import (  # noqa: F401

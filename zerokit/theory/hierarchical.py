@@ -24,6 +24,11 @@ same shards.
   default). The reduce-scatter then all-reduce is a sum over all N ranks, as ZeRO-3's
   reduce-scatter over N is: the same gradient shard, a different route.
   (:func:`hsdp_collective_bytes`.)
+- Parameters held at once, under FSDP2's defaults (one unit prefetched in backward, none in
+  forward): the shards b·P_s/s, the root unit (embeddings, head: gathered through both
+  passes, the blocks run inside it), the block computing and the one gathered ahead of it —
+  b·(P_s/s + ⌈u_root/s⌉·s + the two largest ⌈u/s⌉·s of the others)
+  (:func:`hsdp_peak_param_bytes`).
 - Over ZeRO-2 (``stage=2``): the parameters stay whole on every rank, gradients and optimizer
   states are sharded over s — ZeRO-2's memory with s for N — and the parameters are gathered
   once per step, after it: (s−1)/s·P_s·b; the reduce-scatter and the all-reduce as above.
@@ -142,6 +147,26 @@ def hsdp_collective_bytes(psi: int, n: int, s: int, bytes_per_element: int, micr
         times = a if all_reduce_every_micro_batch else 1
         out["replicate"] = {"all_reduce": _exact(times * Fraction(2 * (r - 1) * (full // s) * b, r))}
     return out
+
+
+def hsdp_peak_param_bytes(units: Sequence[int], s: int, bytes_per_element: int, prefetch_units: int = 1) -> int:
+    """The most parameter bytes one ``hsdp`` rank holds at once: b·(P_s/s + root + the 1 + ``prefetch_units``
+    largest other units, each padded to a multiple of s).
+
+    ``units``: the flat units in zerokit's order, children first, the root (the unit that encloses the
+    others, as a transformer's embeddings and head do its blocks) last. Under FSDP2's defaults
+    (``prefetch_units=1``): gathered whole are the root, the unit computing and the next one in backward
+    order; the root alone with one block in forward. Every rank of the shard group holds as much.
+    """
+    if len(units) < 1:
+        raise ValueError("units: at least the root unit")
+    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        raise ValueError(f"s={s!r} must be a positive whole number")
+    if isinstance(prefetch_units, bool) or not isinstance(prefetch_units, int) or prefetch_units < 0:
+        raise ValueError(f"prefetch_units={prefetch_units!r} must be a whole number ≥ 0")
+    padded = [-(-int(u) // s) * s for u in units]
+    others = sorted(padded[:-1], reverse=True)[:1 + prefetch_units]
+    return bytes_per_element * (shard_numel(units, s) + padded[-1] + sum(others))
 
 
 def hpz_collective_bytes(psi: int, n: int, s: int, bytes_per_element: int, micro_batches: int = 1,

@@ -25,6 +25,12 @@ step). Two strategies rather than a ``stage`` option, as ``zero2`` and ``zero3``
    (``True``: FSDP2's default);
 4. **step**: each rank steps its 1/s shard (``hsdp-zero2`` then all-gathers the parameters over s).
 
+``hsdp`` takes FSDP2's defaults where they differ from ``zero3``'s DeepSpeed ones (:mod:`.fsdp2_lifecycle`): a
+unit's gradients held by autograd until the unit is complete, one reduce-scatter in flight
+(``reduce_bucket_size=1``), one unit prefetched in backward and none in forward
+(``prefetch_bucket_size=None``), the gradient shards allocated per step (``contiguous_gradients=False``).
+``hsdp-zero2`` (no FSDP2 counterpart: FSDP2's ZeRO-2 is ``reshard_after_forward=False``) keeps ``zero2``'s.
+
 Memory and traffic: ZeRO's formulas with s for N plus the replicas' all-reduce of a shard,
 :func:`zerokit.theory.hsdp_model_state_bytes` and :func:`zerokit.theory.hsdp_collective_bytes` (padding:
 each unit to a multiple of s, as the flat buffers here are). s = N is ``zero3`` (``zero2``); s = 1 is
@@ -42,7 +48,8 @@ from ..optim import GradientClipping
 from ..runtime.nodes import ranks_per_node
 from ..strategies.base import Option, boolean, register
 from .experts import ShardGroup
-from .sharded import all_reduce_flat
+from .fsdp2_lifecycle import ONE_IN_FLIGHT, FSDP2Lifecycle
+from .sharded import all_reduce_flat, positive_elements
 from .stage2 import ZeroStage2
 from .stage3 import ZeroStage3
 
@@ -147,15 +154,31 @@ class HybridSharding:
         return sum(self.theory_comm_bytes_by_axis().values())
 
 
+def _prefetch_elements(value) -> bool:
+    return value is None or positive_elements(value)
+
+
 @register
-class HSDP(HybridSharding, ZeroStage3):
-    """ZeRO-3 inside each shard group (a node), the gradient shards all-reduced across the groups."""
+class HSDP(HybridSharding, FSDP2Lifecycle, ZeroStage3):
+    """ZeRO-3 inside each shard group (a node), the gradient shards all-reduced across the groups; FSDP2's
+    defaults (:mod:`.fsdp2_lifecycle`)."""
 
     name = "hsdp"
     options = {**ZeroStage3.options, **HSDP_OPTIONS,
                "param_persistence_threshold": Option(0, lambda v: v == 0 and not isinstance(v, bool),
                                                      "0: hsdp shards every trainable parameter (its formulas have "
-                                                     "no term for parameters kept whole)")}
+                                                     "no term for parameters kept whole)"),
+               "contiguous_gradients": Option(False, boolean, "False (FSDP2's: each unit's gradient shard allocated "
+                                                              "at the step's first reduce-scatter, freed by zero_grad) "
+                                                              "or True (all of them in one flat buffer, kept)"),
+               "reduce_bucket_size": Option(ONE_IN_FLIGHT, positive_elements,
+                                            "a positive whole number of elements: the most gradient elements whose "
+                                            "reduce-scatter is in flight (1, the default: each waits for the one "
+                                            "before it, FSDP2's reduce_scatter_max_input_buffers=1)"),
+               "prefetch_bucket_size": Option(None, _prefetch_elements,
+                                              "None (FSDP2's: the next unit prefetched as a unit's backward begins, "
+                                              "none in forward) or a positive whole number of elements (DeepSpeed's: "
+                                              "the units ahead within it, in both passes)")}
 
     def gradient_shards(self):
         return self.grad_shards

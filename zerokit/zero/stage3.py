@@ -146,7 +146,7 @@ class ZeroStage3(PersistentParameters, Stage3Accounting, Strategy):
         self._written = [False] * len(self.units)
         #: [bucket, reduced output] of each reduce-scatter in flight, for the memory ledger
         self._in_flight: list = []
-        self.prefetcher = Prefetcher(self.units, int(self.opts["prefetch_bucket_size"]), self.opts["prefetch"])
+        self.prefetcher = self.make_prefetcher()
         self.reducer = Reducer([len(u.flat.params) for u in self.units], self._reduce_unit, in_order=False,
                                after_finish=self._close_backward, on_abort=self._drop_backward)
         self._hooks = []
@@ -161,6 +161,10 @@ class ZeroStage3(PersistentParameters, Stage3Accounting, Strategy):
     def make_shard_groups(self):
         """(dense group, expert group or None): the groups the units are sharded over (``hsdp``: a node's ranks)."""
         return shard_groups(self)
+
+    def make_prefetcher(self) -> Prefetcher:
+        """DeepSpeed's: the units ahead within ``prefetch_bucket_size`` elements, in both passes (``hsdp``: FSDP2's)."""
+        return Prefetcher(self.units, int(self.opts["prefetch_bucket_size"]), self.opts["prefetch"])
 
     def after_reduce_scatter(self, unit: Unit, reduced: torch.Tensor) -> None:
         """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``, before it joins the
