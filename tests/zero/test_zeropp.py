@@ -462,9 +462,15 @@ def test_deepspeed_config_keys_select_zeropp():
 
 # --- the DeepSpeed peer ----------------------------------------------------------------------------
 
-def test_deepspeed_hpz_trains_like_zeropp_hpz():
+def test_deepspeed_hpz_trains_like_zeropp_hpz(monkeypatch):
+    """4 ranks as 2 nodes of 2, s = 2: the hpZ group is a node, not the whole dp group; 2 micro-batches, so
+    the second one's forward reads the secondary copy in both."""
     pytest.importorskip("deepspeed")
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
     options = {"zero_hpz_partition_size": 2}
-    report = compare(_work(), 2, ["zeropp", "deepspeed-zeropp"], steps=2, optimizer="sgd", lr=LR,
-                     options_for=lambda name: options)
-    assert report["deepspeed-zeropp"].ranks[0].losses == pytest.approx(report["zeropp"].ranks[0].losses, abs=1e-5)
+    report = compare(_work(16), 4, ["zeropp", "deepspeed-zeropp"], steps=2, optimizer="sgd", lr=LR,
+                     micro_batches=2, options_for=lambda name: options)
+    ours = report["zeropp"].ranks[0]
+    assert ours.coords is not None and set(ours.comm_bytes_by_axis) == {"dp", "hpz"}
+    assert ours.comm_bytes_by_axis["hpz"]["ring_cost_bytes"] > 0
+    assert report["deepspeed-zeropp"].ranks[0].losses == pytest.approx(ours.losses, abs=1e-5)
