@@ -474,3 +474,25 @@ def test_deepspeed_hpz_trains_like_zeropp_hpz(monkeypatch):
     assert ours.coords is not None and set(ours.comm_bytes_by_axis) == {"dp", "hpz"}
     assert ours.comm_bytes_by_axis["hpz"]["ring_cost_bytes"] > 0
     assert report["deepspeed-zeropp"].ranks[0].losses == pytest.approx(ours.losses, abs=1e-5)
+
+
+def test_the_deepspeed_peers_formula_counts_the_nodes(monkeypatch):
+    """deepspeed-zeropp's formula on 4 ranks: qgZ's two hops on 2 nodes of 2, none on one node of 4 (Ψ = 400:
+    C = 100, so that the scales of qgZ's hops differ between 4 nodes of 1 and 2 nodes of 2: 162 B vs 158 B)."""
+    from zerokit.peers.deepspeed import DeepSpeedZeroPlusPlus
+
+    psi, b = 400, theory.param_bytes_per_element("bf16-mixed")
+    peer = DeepSpeedZeroPlusPlus.__new__(DeepSpeedZeroPlusPlus)  # the formula alone: no DeepSpeed engine
+    peer.config = TrainConfig("bf16-mixed", OptimizerSpec("sgd", lr=LR))
+    peer.opts = dict(zero_quantized_weights=True, zero_hpz_partition_size=2, zero_quantized_gradients=True)
+
+    def formula(g):
+        by = theory.zeropp_collective_bytes([psi], 4, b, ranks_per_node=g, hpz_partition_size=2,
+                                            quantized_weights=True, quantized_gradients=True)
+        return sum(sum(ops.values()) for ops in by.values())
+
+    assert len({formula(1), formula(2), formula(4)}) == 3
+    for per_node in (2, 4):
+        monkeypatch.setenv(RANKS_PER_NODE_ENV, str(per_node))
+        peer.ctx = zerokit.RankContext(0, 4, torch.device("cpu"), "none")
+        assert peer.theory_comm_bytes(psi) == formula(per_node), per_node

@@ -208,9 +208,11 @@ class DeepSpeedZeroPlusPlus(DeepSpeedPeer):
         return theory.ModelStates(base.params + extra, base.grads, base.optimizer, base.step_scalars)
 
     def theory_comm_bytes(self, psi):
-        """Formula: zerokit's ZeRO++ bytes for one unit of Ψ (DeepSpeed pads and buckets its own way)."""
+        """Formula: zerokit's ZeRO++ bytes for one unit of Ψ (DeepSpeed pads and buckets its own way) on this
+        run's nodes (qgZ's two hops, and whether it runs at all, depend on the ranks per node)."""
         by = theory.zeropp_collective_bytes(
             [psi], self.ctx.world_size, theory.param_bytes_per_element(self.config.precision),
+            ranks_per_node=self.ctx.mesh.ranks_per_node,
             hpz_partition_size=self._secondary(), quantized_weights=self.opts["zero_quantized_weights"],
             quantized_gradients=self.opts["zero_quantized_gradients"], micro_batches=self.config.micro_batches)
         return sum(sum(ops.values()) for ops in by.values())
