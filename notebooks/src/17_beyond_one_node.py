@@ -135,8 +135,11 @@ assert link_s(hs[0]) < link_s(z3[0]) / 5  # the same traffic, mostly moved onto 
 # shard j all-reduce it over **`dp_replicate`**, across the nodes: the only bytes that leave.
 # Per rank and step (ring formulas, `theory.hsdp_collective_bytes`):
 # `3(s−1)/s·Ψb` inside, `2(r−1)/r·(Ψ/s)·b` across. The price: each rank holds 1/s of the
-# model states, not 1/N. zerokit's choice, as FSDP2 with `set_requires_all_reduce(False)`: the
-# replicas' all-reduce runs once per optimizer step, not after every micro-batch. Next to
+# model states, not 1/N. As FSDP2 with `set_requires_all_reduce(False)` on the micro-batches
+# before the last, the replicas' all-reduce runs once per optimizer step, not after every
+# micro-batch: in the last micro-batch's backward, each unit's all-reduce launched as soon as
+# its reduce-scatter lands, in flight while the rest of backward computes (ledger phase
+# `backward`; `replicate_all_reduce="step"` holds it to the step, all of it exposed). Next to
 # zerokit's `hsdp`, torch's own: FSDP2's `fully_shard` on that 2-D mesh, run on gloo
 # through zerokit's peer `fsdp2-hsdp`, its groups named on the same ledger.
 
@@ -190,6 +193,8 @@ assert hsdp.ranks[0].comm_bytes_by_axis["dp_replicate"]["ring_cost_bytes"] == su
 assert leaving(hsdp) == theory.hierarchical_link_bytes("hsdp", PSI, N, G, B, s=G, units=UNITS)["leaving_node"]
 assert leaving(zero3) == theory.hierarchical_link_bytes("zero3", PSI, N, G, B, units=UNITS)["leaving_node"]
 assert leaving(hsdp) < leaving(zero3)
+for result in (hsdp, fsdp2):  # the replicas' all-reduce in backward, in zerokit's HSDP as in torch's
+    assert {r["phase"] for r in result.ranks[0].comm_records if r["axis"] == "dp_replicate"} == {"backward"}
 for a, b in zip(hsdp.ranks, fsdp2.ranks):  # torch's HSDP moves the same bytes on each axis
     assert {k: v["ring_cost_bytes"] for k, v in a.comm_bytes_by_axis.items()} == \
         {k: v["ring_cost_bytes"] for k, v in b.comm_bytes_by_axis.items()}

@@ -10,12 +10,17 @@ Each run is launched once (module-scoped, one reference per workload and precisi
   per step or every micro-batch; the memory ledger equal to :func:`zerokit.theory.hsdp_model_state_bytes`;
 - ``fsdp2-hsdp``'s parameters equal to ``hsdp``'s (each sum is of two fp32 terms, which no order changes, and the
   division by 4 is exact);
+- the replicas' all-reduce in backward by default (phase ``backward``, launched while backward's reduce-scatters
+  still come, asynchronously, as the peer's), at the step with ``replicate_all_reduce="step"``, and each
+  micro-batch summed once by a loop that calls backward twice without ``no_sync``;
 - FSDP2's memory defaults, on the memory ledger's bytes: the parameters held at once equal to
   :func:`zerokit.theory.hsdp_peak_param_bytes` (the peer's ledger sees one unit less: FSDP2's prefetched
   all-gather output), no gradient bytes from ``zero_grad`` to the next backward (as the peer), and a unit's
   gradients left in ``.grad`` until its backward is complete;
-- a bad ``shard_group_size`` refused before any process starts.
+- a bad ``shard_group_size`` or ``replicate_all_reduce`` refused before any process starts.
 """
+from contextlib import nullcontext
+
 import os
 
 import pytest
@@ -54,6 +59,8 @@ RUNS = [
     ("4=2x2 hsdp", "tied-frozen", 4, "hsdp", 2, "fp32", dict(shard_group_size=2)),
     ("4=2x2 hsdp every", "tied-frozen", 4, "hsdp", 2, "fp32", dict(shard_group_size=2,
                                                                     all_reduce_every_micro_batch=True)),
+    ("4=2x2 hsdp at step", "tied-frozen", 4, "hsdp", 2, "fp32", dict(shard_group_size=2,
+                                                                      replicate_all_reduce="step")),
     ("4=2x2 hsdp-zero2", "tied-frozen", 4, "hsdp-zero2", 2, "fp32", dict(shard_group_size=2,
                                                                           reduce_bucket_size=5000)),
     ("4=2x2 fsdp2-hsdp", "tied-frozen", 4, "fsdp2-hsdp", 2, "fp32", dict(shard_group_size=2)),
@@ -80,7 +87,8 @@ def results():
     os.environ[RANKS_PER_NODE_ENV] = "2"
     try:
         for label, work, world, name, micro_batches, precision, options in RUNS:
-            job = make_job(WORKLOADS[work](), name, world, STEPS, precision, "sgd", 0.1, micro_batches, options)
+            job = make_job(WORKLOADS[work](), name, world, STEPS, precision, "sgd", 0.1, micro_batches, options,
+                           keep_records=True)
             if (work, precision) not in references:
                 references[work, precision] = run_reference(job)
             out[label] = run_job(job, world, references[work, precision]), references[work, precision]
@@ -210,6 +218,83 @@ def test_the_formula_matches_zero3_at_s_equal_n():
     hsdp = theory.hsdp_collective_bytes(None, 4, 4, 2, 2, units=units)
     assert sum(hsdp["shard"].values()) == theory.comm_bytes_per_step(3, sum(units), 4, 2, 2, units=units)
     assert hsdp["replicate"] == {}
+
+
+# --- where the replicas' all-reduce runs (FSDP2's: in the last micro-batch's backward) --------------------------
+
+def _replicate_rows(rank):
+    return [row for row in rank.comm_summary if row["axis"] == "dp_replicate"]
+
+
+@pytest.mark.parametrize("label, phase", [("4=2x2 hsdp", "backward"), ("4=2x2 hsdp every", "backward"),
+                                          ("4=2x2 hsdp-zero2", "backward"), ("4=2x2 fsdp2-hsdp", "backward"),
+                                          ("4=2x2 hsdp at step", "step")])
+def test_the_replicas_all_reduce_runs_in_backward_unless_asked_for_at_the_step(results, label, phase):
+    for rank in results[label][0].ranks:
+        assert {(row["phase"], row["op"]) for row in _replicate_rows(rank)} == {(phase, "all_reduce")}, label
+
+
+def test_in_backward_each_unit_is_all_reduced_asynchronously_while_backward_goes_on(results):
+    """Step 1, in launch order: every all-reduce is asynchronous, one per unit (A = 2: only the last micro-batch's
+    backward all-reduces), and the first of them is launched before the step's last reduce-scatter — it is in
+    flight while the rest of backward computes. At the step, nothing of it overlaps: all after the last one."""
+    rank = results["4=2x2 hsdp"][0].ranks[0]
+    step = [r for r in rank.comm_records if r["step"] == 1]
+    reduces = [i for i, r in enumerate(step) if r["axis"] == "dp_replicate"]
+    scatters = [i for i, r in enumerate(step) if r["op"] == "reduce_scatter"]
+    assert len(reduces) == len(scatters) // 2  # a reduce-scatter per unit and micro-batch, an all-reduce per unit
+    assert all(step[i]["async_op"] for i in reduces)
+    assert reduces[0] < scatters[-1]
+    at_step = [r for r in results["4=2x2 hsdp at step"][0].ranks[0].comm_records if r["step"] == 1]
+    last_scatter = max(i for i, r in enumerate(at_step) if r["op"] == "reduce_scatter")
+    assert all(i > last_scatter for i, r in enumerate(at_step) if r["axis"] == "dp_replicate")
+
+
+def _two_micro_batches(ctx, no_sync_first):
+    """One SGD step of hsdp (2 × 2 ranks) on two micro-batches, the first under no_sync or not: the whole
+    parameters and the all-reduces per unit."""
+    from zerokit.runtime import comm
+
+    torch.set_num_threads(1)
+    work = tiny_gpt()
+    strategy = get_strategy("hsdp")(work.build_model(), ctx, TrainConfig(optimizer=OptimizerSpec("sgd", lr=0.1)),
+                                    shard_group_size=2)
+    x, y = work.batch(0)
+    per = x.shape[0] // ctx.world_size
+    x, y = x[ctx.rank * per:(ctx.rank + 1) * per], y[ctx.rank * per:(ctx.rank + 1) * per]
+    for i, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
+        with strategy.no_sync() if no_sync_first and i == 0 else nullcontext():
+            strategy.backward(work.loss(strategy.forward(xm), ym) / 2)
+    strategy.step()
+    reduces = [r for r in comm.ledger().select(op="all_reduce") if r.axis == "dp_replicate"]
+    return strategy.full_parameters(), len(reduces) / len(strategy.units)
+
+
+@pytest.mark.parametrize("no_sync_first, per_unit", [(True, 1), (False, 2)])
+def test_a_loop_without_no_sync_still_sums_each_micro_batch_once(no_sync_first, per_unit):
+    """Under no_sync the first micro-batch is reduce-scattered, not all-reduced: the second all-reduces both
+    (one all-reduce per unit). Without it each backward all-reduces its own part, added to the all-reduced shard:
+    two per unit, and the same step, within the SGD parity bound of one process on the whole batch."""
+    work = tiny_gpt()
+    model = work.build_model()
+    x, y = work.batch(0)
+    work.loss(model(x), y).backward()
+    with torch.no_grad():
+        reference = {n: (p - 0.1 * p.grad).detach().clone() for n, p in model.named_parameters()}
+    bound = sgd_parity_bound(reference, 1)
+    for params, reduces in zerokit.launch(_two_micro_batches, 4, no_sync_first):
+        assert reduces == per_unit
+        assert param_difference(reference, params)["max_abs"] <= bound
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"replicate_all_reduce": "later"}, "option replicate_all_reduce='later' is not allowed"),
+    ({"replicate_all_reduce": "step", "all_reduce_every_micro_batch": True},
+     "all_reduce_every_micro_batch=True all-reduces in every micro-batch's backward")])
+@pytest.mark.parametrize("name", ["hsdp", "hsdp-zero2"])
+def test_a_bad_replicate_all_reduce_is_refused_before_any_process_starts(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        make_job(tiny_gpt(), name, 4, 1, "fp32", "sgd", 0.1, 1, {"shard_group_size": 2, **options})
 
 
 # --- FSDP2's memory defaults, on the memory ledger ---------------------------------------------------------------

@@ -20,7 +20,8 @@ same shards.
   holds the same shard j of the summed-over-its-group gradient; the r ranks holding shard j
   (one per group) all-reduce it: 2(r−1)/r·(P_s/s)·b. Once per step when the all-reduce waits
   for the last micro-batch (FSDP2's ``set_requires_all_reduce(False)`` on the others;
-  zerokit's choice for the planner), A times with ``all_reduce_every_micro_batch`` (FSDP2's
+  zerokit's choice for the planner) — in that micro-batch's backward, unit by unit, or at the
+  step: the same bytes either way — A times with ``all_reduce_every_micro_batch`` (FSDP2's
   default). The reduce-scatter then all-reduce is a sum over all N ranks, as ZeRO-3's
   reduce-scatter over N is: the same gradient shard, a different route.
   (:func:`hsdp_collective_bytes`.)

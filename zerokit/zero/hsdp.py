@@ -17,12 +17,10 @@ step). Two strategies rather than a ``stage`` option, as ``zero2`` and ``zero3``
    replicas), are reduce-scattered inside the shard group — each rank holds its shard of the sum
    over its s ranks;
 3. **across the replicas**: the r ranks holding shard j all-reduce it, which completes the sum over all
-   N ranks: the same shard ZeRO-3 over N would hold, by another route. Either once per optimizer step
-   (``all_reduce_every_micro_batch=False``, the default; zerokit runs it at the step, before the
-   optimizer reads the shards, so a loop that calls backward A times without ``no_sync`` still sums
-   each micro-batch once; FSDP2 runs it in the last micro-batch's backward,
-   ``set_requires_all_reduce(False)`` on the others), or after every micro-batch's reduce-scatter
-   (``True``: FSDP2's default);
+   N ranks: the same shard ZeRO-3 over N would hold, by another route. By default in the backward of the
+   step's last micro-batch, each unit's all-reduce launched as its reduce-scatter lands and in flight while
+   the rest of backward computes (FSDP2's); ``replicate_all_reduce="step"`` runs it at the step instead,
+   ``all_reduce_every_micro_batch=True`` in every micro-batch's backward (:mod:`.hsdp_replicas`);
 4. **step**: each rank steps its 1/s shard (``hsdp-zero2`` then all-gathers the parameters over s).
 
 ``hsdp`` takes FSDP2's defaults where they differ from ``zero3``'s DeepSpeed ones (:mod:`.fsdp2_lifecycle`): a
@@ -41,15 +39,14 @@ parallelism, and ``zerokit.checkpoint`` (which lays shards out over dp).
 """
 from __future__ import annotations
 
-import torch
-
 from .. import theory
 from ..optim import GradientClipping
 from ..runtime.nodes import ranks_per_node
 from ..strategies.base import Option, boolean, register
 from .experts import ShardGroup
 from .fsdp2_lifecycle import ONE_IN_FLIGHT, FSDP2Lifecycle
-from .sharded import all_reduce_flat, positive_elements
+from .hsdp_replicas import REPLICA_OPTIONS, ReplicaAllReduce
+from .sharded import positive_elements
 from .stage2 import ZeroStage2
 from .stage3 import ZeroStage3
 
@@ -63,9 +60,7 @@ HSDP_OPTIONS = {
                                "None (one node: torchrun's LOCAL_WORLD_SIZE or the launcher's emulated node size, "
                                "all the ranks without either; at most dp) or a whole number of ranks dividing dp: "
                                "the ranks one parameter is sharded over"),
-    "all_reduce_every_micro_batch": Option(False, boolean,
-                                           "False (the replicas' all-reduce once per optimizer step, at the step) "
-                                           "or True (after every micro-batch's reduce-scatter: FSDP2's default)"),
+    **REPLICA_OPTIONS,
     "offload": Option("none", lambda v: v == "none", "'none': hsdp keeps its shards on the device (its formulas "
                                                      "have no host term)"),
 }
@@ -87,9 +82,10 @@ def check_shard_group_option(options: dict, shape: dict) -> None:
         shard_group_size(options["shard_group_size"], shape["dp"])
 
 
-class HybridSharding:
+class HybridSharding(ReplicaAllReduce):
     """What ``hsdp`` and ``hsdp-zero2`` add to ZeRO-3 / ZeRO-2: the shard and replicate groups, the all-reduce
-    across replicas, and their formulas. A mixin: ZeRO's ``__init__`` asks :meth:`make_shard_groups`."""
+    across replicas (:class:`~.hsdp_replicas.ReplicaAllReduce`), and their formulas. A mixin: ZeRO's ``__init__``
+    asks :meth:`make_shard_groups`."""
 
     axes = ("dp",)
     #: zerokit.checkpoint lays shards out over dp; hsdp's are over the shard group, held by every replica
@@ -98,6 +94,10 @@ class HybridSharding:
                           "strategy.full_parameters()) or checkpoint with zero3")
 
     check_layout = staticmethod(check_shard_group_option)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start_replicas()
 
     def make_shard_groups(self):
         mesh, dp = self.ctx.mesh, self.world
@@ -109,22 +109,6 @@ class HybridSharding:
             return ShardGroup("dp_shard", None, 1, 0), None
         self.replicate_group = ShardGroup("dp_replicate", replicate, self.replicas, mesh.coord("dp_replicate"))
         return ShardGroup("dp_shard", shard, s, mesh.coord("dp_shard")), None
-
-    # -- across the replicas ---------------------------------------------------------------
-    def _all_reduce_replicas(self, tensor: torch.Tensor, tag: str) -> None:
-        if self.replicas > 1:
-            all_reduce_flat(tensor, self.replicate_group.group, self.opts["algorithm"], False, tag)
-
-    def after_reduce_scatter(self, unit, reduced: torch.Tensor) -> None:
-        if self.opts["all_reduce_every_micro_batch"]:
-            self._all_reduce_replicas(reduced, f"grads {getattr(unit, 'label', unit.index)} replicas")
-
-    def step(self):
-        if not self.opts["all_reduce_every_micro_batch"]:
-            buffer, shards = self.shard_buffer, self.gradient_shards()
-            for grad in ([buffer] if buffer is not None else [g for g in shards if g is not None]):
-                self._all_reduce_replicas(grad, "grads replicas")
-        super().step()
 
     def stepped_sharded(self) -> list:
         """A shard of a group of one rank is the whole unit, held alike by every rank."""

@@ -121,21 +121,23 @@ class ZeroStage2(ShardedDataParallel):
         flight = [bucket, out]
         self._in_flight.append(flight)
 
-        def done():
-            self.after_reduce_scatter(unit, out)
+        def land():
             if copy:
-                if first:
-                    shard.copy_(out)
-                else:
-                    shard.add_(out)
+                shard.copy_(out) if first else shard.add_(out)
+            return shard
+
+        def done():
             flight[0] = flight[1] = None  # the bucket's memory goes back now
             self._in_flight[:] = [f for f in self._in_flight if f is not flight]  # by identity (lists of tensors)
+            self.after_reduce_scatter(unit, out, land)
 
         self.reducer.track(work, bucket.numel(), done)
 
-    def after_reduce_scatter(self, unit, reduced: torch.Tensor) -> None:
-        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``, before it joins the
-        step's: nothing to do here (``hsdp-zero2`` all-reduces it across the replicas)."""
+    def after_reduce_scatter(self, unit, reduced: torch.Tensor, land) -> None:
+        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``; ``land()`` adds it to the
+        step's shard (and returns that shard): here at once (``hsdp-zero2`` all-reduces across the replicas around
+        it)."""
+        land()
 
     def _fill_missing(self) -> None:
         """End of backward: a parameter without a gradient adds zeros to its unit's bucket."""

@@ -166,9 +166,10 @@ class ZeroStage3(PersistentParameters, Stage3Accounting, Strategy):
         """DeepSpeed's: the units ahead within ``prefetch_bucket_size`` elements, in both passes (``hsdp``: FSDP2's)."""
         return Prefetcher(self.units, int(self.opts["prefetch_bucket_size"]), self.opts["prefetch"])
 
-    def after_reduce_scatter(self, unit: Unit, reduced: torch.Tensor) -> None:
-        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``, before it joins the
-        step's: nothing to do here (``hsdp`` all-reduces it across the replicas)."""
+    def after_reduce_scatter(self, unit: Unit, reduced: torch.Tensor, land) -> None:
+        """One micro-batch's reduced gradient shard of ``unit`` has landed in ``reduced``; ``land()`` adds it to the
+        step's shard (and returns that shard): here at once (``hsdp`` all-reduces across the replicas around it)."""
+        land()
 
     # -- gathering -------------------------------------------------------------------
     def unit_group(self, unit: Unit):
@@ -265,12 +266,15 @@ class ZeroStage3(PersistentParameters, Stage3Accounting, Strategy):
         flight = [bucket, out]
         self._in_flight.append(flight)
 
-        def done():
-            self.after_reduce_scatter(unit, out)
+        def land():
             if out is not shard:
                 shard.copy_(out) if first else shard.add_(out)
+            return shard
+
+        def done():
             # by identity: a local reduction (a group of one) completes while older ones are still in flight
             self._in_flight[:] = [f for f in self._in_flight if f is not flight]
+            self.after_reduce_scatter(unit, out, land)
 
         self.reducer.track(work, bucket.numel(), done)
 
