@@ -103,6 +103,11 @@ assert z3[0]["intra_node"] == 0 and z3[0]["leaving_node"] == z3[0]["inter_node"]
 assert hs[0]["leaving_node"] < z3[0]["leaving_node"] * 2 / 3  # 2(r−1)/r·Ψb against 3(N−1)/N·Ψb
 assert hs[1]["leaving_node"] == hs[0]["leaving_node"] and z3[1]["leaving_node"] == A * z3[0]["leaving_node"]
 assert sum(zpp7[0].values()) < z3[0]["leaving_node"] / 3  # ZeRO++: about a quarter, the paper's 0.75M of 3M
+# over A micro-batches the secondary copy serves every gather after the step's first: one gather crosses, A gradients
+assert zpp7[1]["forward_all_gather"] == zpp7[0]["forward_all_gather"] and zpp7[1]["backward_all_gather"] == 0
+assert zpp7[1]["gradient_reduce_scatter"] == A * zpp7[0]["gradient_reduce_scatter"]
+hp = layouts["ZeRO-3 + hpZ (8)"]
+assert hp[1]["leaving_node"] == (A + 1) / 2 * hp[0]["leaving_node"]  # hpZ alone: one gather and A reduce-scatters
 assert link_s(hs[0]) < link_s(z3[0]) / 5  # the same traffic, mostly moved onto the fast tier
 
 # %% [markdown]
@@ -116,7 +121,12 @@ assert link_s(hs[0]) < link_s(z3[0]) / 5  # the same traffic, mostly moved onto 
 # many: a cut, not a tenfold one. Its larger gain is in the last column:
 # ZeRO-3 gathers and reduce-scatters across the nodes for every micro-batch, while HSDP's
 # all-reduce waits for the step's last one (FSDP2's `set_requires_all_reduce(False)` on the
-# others). ZeRO++ cuts the per-micro-batch bytes themselves, to about a quarter.
+# others). ZeRO++ cuts the per-micro-batch bytes themselves: hpZ's secondary copy, filled by
+# the step's first forward gather, serves every later gather of the step — the other
+# micro-batches' forwards too, as DeepSpeed gathers from its `ds_secondary_tensor` until the
+# optimizer's step changes the weights — so one int8 gather (0.5M) and A int4 gradient
+# reductions (0.25M each) cross: (0.5 + 0.25·A)M, about 1.3M at A = 4, where ZeRO-3 sends
+# 3A·M (the (n−1)/n and the scales kept in the table). hpZ alone likewise: (1 + A)M.
 
 # %% [markdown]
 # The rest of the lesson measures these ratios on the tiny GPT: 4 ranks, each pair of them an
@@ -227,8 +237,10 @@ assert states["hsdp"] > 1.9 * states["zero3"]  # 1/s of the states, not 1/N: twi
 #   blocks, one scale per block (this lesson's exercise; `zerokit.zero.quantize`): about half of
 #   bf16's bytes, each weight off by at most half its block's scale;
 # - **hpZ** (§3.2), the backward all-gather: each node keeps a **secondary copy** of the
-#   weights, sharded over its own g GPUs, filled from the forward gather; backward gathers
-#   from it, inside the node. Memory: + 2Ψ/g per rank;
+#   weights, sharded over its own g GPUs, filled from the step's first forward gather;
+#   backward gathers from it, inside the node — and with gradient accumulation so do the
+#   forwards of micro-batches 2 … A, until the step changes the weights, as DeepSpeed does.
+#   Memory: + 2Ψ/g per rank;
 # - **qgZ** (§3.3), the gradient reduce-scatter: an all-to-all in int4 blocks inside the
 #   node, each rank summing its pieces, then a second all-to-all in int4 across the nodes:
 #   a quarter of bf16's bytes cross, with a quantization error of its own.
