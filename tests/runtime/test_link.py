@@ -157,7 +157,7 @@ def test_without_a_link_nothing_sleeps():
 
 @serial
 def test_presets_and_bad_input():
-    assert set(LINKS) == {"nvlink", "pcie", "ib-100g", "10gbe", "1gbe"}
+    assert {"nvlink", "pcie", "ib-100g", "10gbe", "1gbe"} <= set(LINKS)  # the old names still work
     assert resolve("this machine") is None and resolve(None) is None
     assert LINKS["ib-100g"].bandwidth_Bps == 12.5e9 and LINKS["10gbe"].bandwidth_Bps == 1.25e9
     bandwidths = [LINKS[name].bandwidth_Bps for name in ("nvlink", "pcie", "ib-100g", "10gbe", "1gbe")]
@@ -171,6 +171,26 @@ def test_presets_and_bad_input():
         zerokit.Link("bad", 1e-6, 0)
     with pytest.raises(ValueError, match=r"link=3"):
         zerokit.train(work, "ddp", link=3, reference=False)
+
+
+def test_presets_are_the_named_systems_table():
+    """One table for the planner and the emulated links: every preset's figures are the table's, the old names are
+    the links they stood for, and a system's name is its two tiers."""
+    from zerokit.planner import Cluster
+    from zerokit.theory import systems
+
+    for name, spec in systems.LINKS.items():
+        assert (LINKS[name].bandwidth_Bps, LINKS[name].alpha_s) == (spec.bandwidth, spec.latency), name
+        assert spec.source, name
+    assert (LINKS["nvlink"].bandwidth_Bps, LINKS["pcie"].bandwidth_Bps) == (450e9, 25e9)  # NVLink 4, PCIe 4
+    assert LINKS["nvlink"].name == "nvlink"  # records keep naming the link as it was asked for
+    a100, h100 = resolve("dgx-a100"), resolve("dgx-h100")
+    assert (a100.intra.bandwidth_Bps, a100.inter.bandwidth_Bps) == (300e9, 25e9)  # 600 GB/s both ways; 200 Gb/s
+    assert (h100.intra.bandwidth_Bps, h100.inter.bandwidth_Bps) == (450e9, 50e9)  # 900 GB/s both ways; 400 Gb/s
+    assert h100.name == "nvlink4/ib-400g"
+    cluster = Cluster()  # the planner's default is the DGX A100 of the same table
+    assert (cluster.intra_bandwidth, cluster.intra_latency) == (a100.intra.bandwidth_Bps, a100.intra.alpha_s)
+    assert (cluster.inter_bandwidth, cluster.inter_latency) == (a100.inter.bandwidth_Bps, a100.inter.alpha_s)
 
 
 # --- two tiers: inside a node, between nodes --------------------------------------------------------------------

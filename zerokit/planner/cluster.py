@@ -1,8 +1,12 @@
 """The cluster: how many GPUs, their memory, how they are grouped in nodes, and the links between them.
 
-Defaults describe a common 8-GPU node: 80 GB per GPU, NVLink inside a node (300 GB/s per
-GPU each way), one 200 Gb/s InfiniBand link per GPU between nodes (25 GB/s), PCIe 4
-to the host (25 GB/s). They are assumptions, printed with every plan; change them.
+A cluster is built of a named system (:mod:`zerokit.theory.systems`, the table the emulated
+links read too); the default is a DGX A100: 8 GPUs of 80 GB per node, NVLink 3 inside a node
+(300 GB/s per GPU each way), one 200 Gb/s HDR InfiniBand card per GPU between nodes (25 GB/s),
+PCIe 4 to the host (25 GB/s). ``system="dgx-h100"`` (or ``--gpu h100``) takes another's figures
+together; any figure given on its own overrides the system's. Every plan prints the system it
+assumed and marks each figure given apart from it. Bandwidths are bytes per second: one under
+1 MB/s is refused as a figure meant in GB/s.
 
 :func:`axis_link` says which link an axis of the mesh runs on. Ranks are laid out as
 :mod:`zerokit.runtime.mesh` lays them out — ``tp`` innermost, then ``cp``, ``dp``,
@@ -15,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..theory import systems
+
 
 @dataclass(frozen=True)
 class Link:
@@ -25,44 +31,75 @@ class Link:
     latency: float
 
 
+_DEFAULT = systems.SYSTEMS[systems.DEFAULT_SYSTEM]
+
+
 @dataclass(frozen=True)
 class Cluster:
     gpus: int = 8
     #: bytes per GPU
-    gpu_memory: float = 80e9
-    gpus_per_node: int = 8
-    intra_bandwidth: float = 300e9
-    inter_bandwidth: float = 25e9
-    intra_latency: float = 3e-6
-    inter_latency: float = 10e-6
-    host_bandwidth: float = 25e9
+    gpu_memory: float = _DEFAULT.gpu.memory
+    gpus_per_node: int = _DEFAULT.gpus_per_node
+    #: bytes per second, one direction, per GPU (not GB/s: under 1 MB/s is refused)
+    intra_bandwidth: float = _DEFAULT.intra.bandwidth
+    inter_bandwidth: float = _DEFAULT.inter.bandwidth
+    intra_latency: float = _DEFAULT.intra.latency
+    inter_latency: float = _DEFAULT.inter.latency
+    host_bandwidth: float = _DEFAULT.host.bandwidth
     #: host memory per node, bytes (None: not checked)
     host_memory: float | None = None
+    #: the named system (:data:`zerokit.theory.systems.SYSTEMS`) the figures not given come from
+    system: str = systems.DEFAULT_SYSTEM
+
+    @classmethod
+    def of(cls, system: str = systems.DEFAULT_SYSTEM, **given) -> "Cluster":
+        """A cluster of ``system`` (a system's name or its GPU's: ``"h100"``), ``given`` figures overriding its."""
+        spec = systems.system(system)
+        figures = dict(gpu_memory=spec.gpu.memory, gpus_per_node=spec.gpus_per_node,
+                       intra_bandwidth=spec.intra.bandwidth, inter_bandwidth=spec.inter.bandwidth,
+                       intra_latency=spec.intra.latency, inter_latency=spec.inter.latency,
+                       host_bandwidth=spec.host.bandwidth)
+        return cls(**(figures | {k: v for k, v in given.items() if v is not None}), system=spec.name)
+
+    @property
+    def spec(self) -> systems.System:
+        return systems.system(self.system)
+
+    def given(self) -> list:
+        """The figures that differ from the system's, by field name."""
+        spec = self.spec
+        theirs = dict(gpu_memory=spec.gpu.memory, gpus_per_node=spec.gpus_per_node,
+                      intra_bandwidth=spec.intra.bandwidth, inter_bandwidth=spec.inter.bandwidth,
+                      intra_latency=spec.intra.latency, inter_latency=spec.inter.latency,
+                      host_bandwidth=spec.host.bandwidth)
+        return [name for name, value in theirs.items() if getattr(self, name) != value]
 
     @property
     def assumptions(self) -> tuple:
-        """The links as planned, each marked with what the default stands for."""
-        default = Cluster.__dataclass_fields__
+        """The links as planned, each marked with the system's link it stands for, or "given"."""
+        spec, given = self.spec, set(self.given())
 
-        def mark(names, what):
-            return what if all(getattr(self, n) == default[n].default for n in names) else "given"
+        def mark(names, link):
+            return "given" if given & set(names) else f"{spec.title}: {link.what}"
 
         return (f"intra-node {self.intra_bandwidth / 1e9:g} GB/s per GPU each way, {self.intra_latency * 1e6:g} µs "
-                f"per message ({mark(('intra_bandwidth', 'intra_latency'), 'NVLink 3')})",
+                f"per message ({mark(('intra_bandwidth', 'intra_latency'), spec.intra)})",
                 f"inter-node {self.inter_bandwidth / 1e9:g} GB/s per GPU, {self.inter_latency * 1e6:g} µs per message "
-                f"({mark(('inter_bandwidth', 'inter_latency'), 'one 200 Gb/s InfiniBand link per GPU')})",
-                f"host {self.host_bandwidth / 1e9:g} GB/s per GPU ({mark(('host_bandwidth',), 'PCIe 4 ×16')})")
+                f"({mark(('inter_bandwidth', 'inter_latency'), spec.inter)})",
+                f"host {self.host_bandwidth / 1e9:g} GB/s per GPU ({mark(('host_bandwidth',), spec.host)})")
 
     def __post_init__(self):
+        # a name of the table (a GPU's name stands for its system), or a ValueError listing them
+        object.__setattr__(self, "system", systems.system(self.system).name)
         for name in ("gpus", "gpus_per_node"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive whole number")
-        for name in ("gpu_memory", "intra_bandwidth", "inter_bandwidth", "host_bandwidth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive number")
+        value = self.gpu_memory
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"gpu_memory={value!r} must be a positive number")
+        for name in ("intra_bandwidth", "inter_bandwidth", "host_bandwidth"):
+            systems.check_bandwidth(name, getattr(self, name))
         for name in ("intra_latency", "inter_latency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -92,6 +129,14 @@ class Cluster:
         return (f"{self.gpus} GPUs ({self.nodes} node{'s' if self.nodes > 1 else ''} of {self.gpus_in_a_node}), "
                 f"{unit.text(self.gpu_memory)} each; links: intra {self.intra_bandwidth / 1e9:g} GB/s, "
                 f"inter {self.inter_bandwidth / 1e9:g} GB/s, host {self.host_bandwidth / 1e9:g} GB/s")
+
+    def describe_system(self) -> str:
+        """The system assumed, and which of its figures were given instead."""
+        given = self.given()
+        default = " (the default; another: --gpu h100, --system NAME or plan(system=...))" \
+            if self.system == systems.DEFAULT_SYSTEM else ""
+        return (f"{self.spec.describe()}{default}"
+                + (f"; given instead of its figures: {', '.join(given)}" if given else ""))
 
 
 #: axes from innermost to outermost, as zerokit.runtime.mesh lays ranks out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from ..theory import systems
 from . import layout as layouts, memory as mem, step_time as step_estimate, traffic
 from .advisor import advise
 from .cluster import Cluster
@@ -186,7 +187,7 @@ def parse_memory(value, convention) -> float:
 
 
 def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, heads=None, ffn=None, vocab=None,
-         seq_len=None, tied=None, gpus: int = 8, gpu_memory=80e9, gpus_per_node: int = 8, strategy=None,
+         seq_len=None, tied=None, gpus: int = 8, gpu_memory=None, gpus_per_node=None, system=None, strategy=None,
          offload=None, parallel=None, micro_batch_size=None, micro_batches=None, checkpointing="none",
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
          sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
@@ -202,6 +203,10 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     ``precision`` (bf16-mixed default, as the paper), or ``deepspeed_config`` (a dict or JSON
     path) for the stage, buckets, offload, batch and precision. ``links``: any other
     :class:`~.cluster.Cluster` field (intra_bandwidth, inter_latency, host_memory, …).
+    ``system``: a named system of :mod:`zerokit.theory.systems` (``"dgx-h100"``) or its GPU (``"h100"``) —
+    its memory, GPUs per node, links and peak together (default ``"dgx-a100"``); ``gpu_memory``,
+    ``gpus_per_node``, the ``links`` and ``gpu_peak`` override its figures one by one. Bandwidths are
+    bytes per second (``intra_bandwidth=450e9``; under 1 MB/s is refused as GB/s given as bytes).
     ``convention``: "paper" or "deepspeed" (see :mod:`.conventions`). ``fused_attention``
     overrides the model's (True: flash attention, no s×s scores saved);
     ``sequence_parallel_regather=False`` counts a column-parallel layer's gathered input as
@@ -211,7 +216,7 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     ``cp`` (or ``parallel`` "cp=…"): context parallelism, each sequence cut over cp ranks, attention by
     ``cp_attention`` "ring" (default) or "ulysses"; ``ep``: expert parallelism over ep of the dp ranks, for a model
     with experts (a preset such as "mixtral-8x7b", or ``experts=E, top_k=k`` on a shape or preset).
-    The step-time estimate (:mod:`.step_time`): ``gpu_peak`` (a100 default, h100, … or FLOP/s),
+    The step-time estimate (:mod:`.step_time`): ``gpu_peak`` (default the system's GPU; a100, h100, … or FLOP/s),
     ``compute_fraction`` (share of peak while computing, default
     :data:`zerokit.theory.step_time.DEFAULT_COMPUTE_FRACTION`), ``overlap`` (dp default, or none),
     ``virtual_stages`` (v of an interleaved pipeline schedule, default 1).
@@ -234,7 +239,11 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     if unknown:
         raise ValueError(f"plan() got an unknown argument {unknown[0]!r}; cluster fields: "
                          f"{', '.join(Cluster.__dataclass_fields__)}")
-    cluster = Cluster(gpus=gpus, gpu_memory=parse_memory(gpu_memory, conv), gpus_per_node=gpus_per_node, **links)
+    cluster = Cluster.of(systems.DEFAULT_SYSTEM if system is None else system, gpus=gpus,
+                         gpu_memory=None if gpu_memory is None else parse_memory(gpu_memory, conv),
+                         gpus_per_node=gpus_per_node, **links)
+    if gpu_peak is None:  # the system's GPU
+        gpu_peak = cluster.spec.gpu.peak_flops
     base = layouts.Layout(schedule=schedule, sequence_parallel=sequence_parallel,
                           sequence_parallel_regather=bool(sequence_parallel_regather))
     given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,

@@ -26,20 +26,25 @@ The ledger keeps what was emulated apart from what was measured: every record ca
 waiting for the emulated completion, part of the measured ``blocked_s``) and ``link``
 (the link's name). Without a link nothing is booked and nothing sleeps.
 
-Presets (one direction, per rank; public figures, rounded):
+Presets (one direction, per rank) are the links of :data:`zerokit.theory.systems.LINKS`, the table the
+planner reads too, each figure with its source there:
 
-- ``"nvlink"``: 450 GB/s, 3 µs — NVLink 4 on H100 SXM, 900 GB/s bidirectional total
-  (NVIDIA H100 datasheet); NCCL's small-message latency over NVLink is a few µs
-  (NCCL tests);
-- ``"pcie"``: 25 GB/s, 5 µs — PCIe 4.0 x16, 31.5 GB/s raw per direction, ~25 GB/s
-  achieved (PCI-SIG 4.0 spec; typical ``bandwidthTest`` results);
-- ``"ib-100g"``: 12.5 GB/s, 3 µs — 100 Gb/s InfiniBand EDR = 12.5 GB/s line rate
-  (InfiniBand Trade Association roadmap); 2-5 µs MPI latency (``osu_latency``);
-- ``"10gbe"``: 1.25 GB/s, 30 µs — 10 Gb Ethernet line rate (IEEE 802.3ae); 20-50 µs
-  TCP round trips through the kernel stack;
-- ``"1gbe"``: 125 MB/s, 50 µs — 1 Gb Ethernet line rate (IEEE 802.3ab); slower than this
-  machine's gloo over shared memory even for large payloads, so its holds show on a CPU;
+- ``"nvlink3"``: 300 GB/s, 3 µs — NVLink 3 on A100 SXM (600 GB/s bidirectional);
+- ``"nvlink4"``: 450 GB/s, 3 µs — NVLink 4 on H100/H200 SXM (900 GB/s bidirectional);
+  ``"nvlink"`` is its old name, kept;
+- ``"pcie4"``: 25 GB/s, 5 µs — PCIe 4.0 ×16, about 25 of its 31.5 GB/s reached; ``"pcie"`` is its old
+  name, kept; ``"pcie5"``: 50 GB/s, 5 µs;
+- ``"ib-100g"``, ``"ib-200g"``, ``"ib-400g"``: 12.5, 25 and 50 GB/s, 10 µs — InfiniBand EDR, HDR
+  (a DGX A100's card per GPU) and NDR (a DGX H100's);
+- ``"10gbe"``: 1.25 GB/s, 30 µs and ``"1gbe"``: 125 MB/s, 50 µs — Ethernet through the kernel's TCP
+  stack; 1 GbE is slower than this machine's gloo over shared memory even for large payloads, so its
+  holds show on a CPU;
+- a named system (``"dgx-a100"``, ``"dgx-h100"``, ``"dgx-h200"``, ``"pcie-box"``, ``"pcie-10gbe"``):
+  its two tiers, e.g. ``"dgx-h100"`` is ``"nvlink4/ib-400g"`` (see below);
 - ``"this machine"`` (or None, "none"): no link — the backend's own speed.
+
+The latencies are NCCL's own ring-step model, rounded (3.4 µs over NVLink, 5.7 over PCIe, 9.6 over
+the network).
 
 A link is emulated on gloo only: on NCCL the sleep would delay the CPU thread, not the
 CUDA stream the collective runs on, so it is refused there (:func:`check_backend`).
@@ -69,6 +74,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from .. import theory
+from ..theory import systems
 from . import context, nodes
 
 
@@ -102,18 +108,18 @@ class Link:
         return theory.link_seconds(nbytes, self.rounds(op, n), self.bandwidth_Bps, self.alpha_s)
 
 
-#: the named links (one direction, per rank); sources in the module docstring
-LINKS = {
-    "nvlink": Link("nvlink", 3e-6, 450e9),
-    "pcie": Link("pcie", 5e-6, 25e9),
-    "ib-100g": Link("ib-100g", 3e-6, 12.5e9),
-    "10gbe": Link("10gbe", 30e-6, 1.25e9),
-    "1gbe": Link("1gbe", 50e-6, 125e6),
-}
+#: the old preset names, kept: the link of the table each one is
+ALIASES = {"nvlink": "nvlink4", "pcie": "pcie4"}
+
+#: the named links (one direction, per rank): :data:`zerokit.theory.systems.LINKS`, and the old names
+LINKS = {name: Link(name, spec.latency, spec.bandwidth)
+         for name, spec in [*systems.LINKS.items(), *((old, systems.LINKS[new]) for old, new in ALIASES.items())]}
+#: a named system's two tiers (intra-node, inter-node), as link names
+SYSTEM_TIERS = {name: (s.intra.name, s.inter.name) for name, s in systems.SYSTEMS.items()}
 #: names meaning "no emulated link": the backend's own speed
 NO_LINK = ("this machine", "none")
 #: what ``link=`` accepts by name
-PRESETS = (*LINKS, "this machine")
+PRESETS = (*LINKS, *SYSTEM_TIERS, "this machine")
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,8 @@ class TieredLink:
 def _allowed(link) -> str:
     return (f"link={link!r}; allowed: one of {', '.join(repr(p) for p in PRESETS)}, None, "
             f"zerokit.Link(name, alpha_s, bandwidth_Bps) with alpha_s >= 0 and bandwidth_Bps > 0, or two tiers "
-            f"'intra/inter' (e.g. 'nvlink/10gbe': fast inside a node, slow between nodes) or "
+            f"'intra/inter' (e.g. 'nvlink/10gbe': fast inside a node, slow between nodes; a named system such as "
+            f"'dgx-h100' is its two tiers) or "
             f"zerokit.links.TieredLink(intra, inter)")
 
 
@@ -158,6 +165,8 @@ def resolve(link: Union[str, Link, TieredLink, None]) -> Union[Link, TieredLink,
             return LINKS[link]
         if link in NO_LINK:
             return None
+        if link in SYSTEM_TIERS:  # a named system: fast inside a node, slow between nodes
+            return TieredLink(*SYSTEM_TIERS[link])
         if "/" in link:
             tiers = link.split("/")
             unknown = [t for t in tiers if t not in LINKS]
