@@ -19,17 +19,29 @@ from .runtime.link import PRESETS as link_presets
 from .runtime.mesh import AXES, check_built, parse_parallel
 from .runtime.termination import end_by, stop_resource_tracker
 from .train import reference_device, run_job, run_reference
-from .workloads import Workload
+from .workloads import BUILTIN, Workload
 from .zero.config import from_deepspeed
+
+#: what ``zerokit --help`` says first (plain text: argparse prints it as it is)
+DESCRIPTION = ("The zerokit command: tour (every parallelism on a tiny GPT), compare (strategies side by side on a "
+               "workload), plan (a real model on a real cluster, computed), grade (the exercises) and bench "
+               "(step time and memory against torch and DeepSpeed).")
 
 #: how ``--parallel`` is written, for its help and its error messages
 PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, ep, tp, pp, e.g. dp=2,tp=1,pp=1 (ep is carved from dp)"
 
+#: how ``--model`` is written, for its help and its error messages
+MODEL_FORM = (f"a built-in workload ({', '.join(BUILTIN)}: zerokit.{', zerokit.'.join(f.__name__ for f in BUILTIN.values())}"
+              f" with their defaults) or FILE.py:FUNC, where FUNC() returns a zerokit.Workload")
+
 
 def load_workload(spec: str) -> Workload:
-    """``FILE.py:FUNC`` -> the Workload FUNC() returns."""
+    """A built-in workload by name (``tiny-gpt``, ``mlp``: :data:`zerokit.workloads.BUILTIN` with its defaults), or
+    ``FILE.py:FUNC`` -> the Workload FUNC() returns."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
     if ":" not in spec:
-        raise UsageError(f"--model {spec!r}: expected FILE.py:FUNC")
+        raise UsageError(f"--model {spec!r}: expected {MODEL_FORM}")
     path, func = spec.rsplit(":", 1)
     file = Path(path)
     if not file.is_file():
@@ -224,7 +236,7 @@ def cmd_tour(args) -> int:
 # --- plan: real sizes on a real cluster, nothing run -----------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerokit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="zerokit", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     tour = sub.add_parser("tour", help="every parallelism on a tiny GPT, each with its peers: one table, measured "
@@ -236,8 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     tour.add_argument("--timeout", type=float, default=120.0, help="seconds per run before it counts as hung")
     tour.set_defaults(func=cmd_tour)
 
-    cmp_ = sub.add_parser("compare", help="run strategies on a workload of yours, side by side")
-    cmp_.add_argument("--model", required=True, help="FILE.py:FUNC, where FUNC() returns a zerokit.Workload")
+    cmp_ = sub.add_parser("compare", help="run strategies on a built-in workload or one of yours, side by side")
+    cmp_.add_argument("--model", required=True, metavar="NAME|FILE.py:FUNC", help=MODEL_FORM)
     cmp_.add_argument("--world-size", type=int, required=True)
     cmp_.add_argument("--strategies", required=True,
                       help="comma-separated, e.g. single,ddp,zero1 (README.md lists them; an unknown name is "
@@ -257,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a strategy option, repeatable: a JSON value (4, 0.5, true, false, null) or a bare "
                            "string (ring, 1f1b); given to every chosen strategy that has it, an error if none has")
     cmp_.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON (zero_optimization)")
-    cmp_.add_argument("--link", choices=link_presets,
-                      help="hold each collective until an emulated α-β link has carried its bytes (zerokit.links)")
+    cmp_.add_argument("--link", choices=link_presets, metavar="NAME",
+                      help=f"hold each collective until an emulated α-β link has carried its bytes (zerokit.links): "
+                           f"{', '.join(link_presets)}; a system's name (dgx-h100) is its two tiers, the ranks all "
+                           f"on one node unless torchrun says otherwise")
     cmp_.add_argument("--json", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
 

@@ -86,6 +86,25 @@ def test_tensor_parallelism_is_refused_where_it_cannot_run(capsys):
     assert code == 2 and "--parallel 'dp:2'" in err and "e.g. dp=2,tp=1,pp=1" in err
 
 
+def test_model_takes_a_builtin_workload_by_name_and_lists_them_when_it_is_neither():
+    assert cli.load_workload("tiny-gpt").name == "tiny-gpt-4x128"  # zerokit.tiny_gpt() with its defaults
+    assert cli.load_workload("mlp").name == "mlp-32-64-64-10"
+    with pytest.raises(cli.UsageError, match=r"--model 'tiny_gpt': expected a built-in workload \(tiny-gpt, mlp: "
+                                             r"zerokit.tiny_gpt, zerokit.mlp with their defaults\) or FILE.py:FUNC"):
+        cli.load_workload("tiny_gpt")
+
+
+@pytest.mark.parametrize("command", [[], ["tour"], ["compare"], ["plan"], ["grade"], ["bench"]])
+def test_help_is_plain_text(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: zerokit")
+    assert "`" not in out  # no reStructuredText markup in a terminal
+    if not command:
+        assert "tour (every parallelism on a tiny GPT), compare" in " ".join(out.split())
+
+
 # --- runs (world size 2, one step) ---------------------------------------------------------------
 
 def test_options_and_parallel_reach_the_strategies(capsys):
@@ -107,6 +126,16 @@ def test_options_and_parallel_reach_the_strategies(capsys):
             # the ring is zerokit's own: what it sends is measured (torch's all-reduce leaves it None)
             assert rank["comm_sent_bytes_per_step"] > 0
             assert set(rank["comm_bytes_by_axis"]) == {"dp"}
+
+
+def test_compare_runs_a_builtin_workload(capsys):
+    code, out, err = compare(capsys, "--model", "mlp", "--world-size", "2", "--steps", "1", "--strategies",
+                             "single,ddp", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["param_count"] == (32 * 64 + 64) + (64 * 64 + 64) + (64 * 10 + 10)  # zerokit.mlp()'s defaults
+    ddp = {s["strategy"]: s for s in report["strategies"]}["ddp"]
+    assert ddp["max_abs_param_diff_vs_reference"] <= 1e-6
 
 
 def test_a_failing_rank_is_one_clean_message(capsys):

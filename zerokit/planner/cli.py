@@ -10,6 +10,7 @@ import json
 
 from .. import theory
 from ..runtime.errors import UsageError
+from ..theory import systems
 from . import plan
 from .layout import ALL_STRATEGIES, from_deepspeed_config
 
@@ -24,7 +25,12 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "zero_optimization": "--deepspeed-config", "train_batch_size": "--deepspeed-config",
               "name": "--preset/--params/--layers", "shard_group": "--shard-group", "cp": "--cp", "ep": "--ep",
               "cp_attention": "--cp-attention", "experts": "--experts", "top_k": "--top-k", "gpu_peak": "--gpu-peak",
-              "compute_fraction": "--compute-fraction", "overlap": "--overlap", "virtual_stages": "--virtual-stages"}
+              "compute_fraction": "--compute-fraction", "overlap": "--overlap", "virtual_stages": "--virtual-stages",
+              "system": "--gpu/--system"}
+
+#: the bandwidth flags, in GB/s, with the Cluster field each sets
+BANDWIDTH_FLAGS = (("--intra-bandwidth", "intra_bandwidth"), ("--inter-bandwidth", "inter_bandwidth"),
+                   ("--host-bandwidth", "host_bandwidth"))
 
 
 def _plan_error(message: str) -> str:
@@ -42,6 +48,11 @@ def cmd_plan(args) -> int:
                         ("--virtual-stages", args.virtual_stages)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be a positive whole number")
+    for flag, name in BANDWIDTH_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not value * 1e9 >= systems.MIN_BANDWIDTH:
+            raise UsageError(f"{flag} {value:g}: GB/s per GPU, at least {systems.MIN_BANDWIDTH / 1e9:g} (1 MB/s), "
+                             f"e.g. 25 for 200 Gb/s InfiniBand")
     links = {name: value * scale for name, value, scale in (
         ("intra_bandwidth", args.intra_bandwidth, 1e9), ("inter_bandwidth", args.inter_bandwidth, 1e9),
         ("host_bandwidth", args.host_bandwidth, 1e9), ("intra_latency", args.intra_latency, 1e-6),
@@ -64,7 +75,8 @@ def cmd_plan(args) -> int:
                  seq_len=args.seq_len, tied=True if args.tied else None)
     try:
         result = plan(params=args.params, preset=args.preset, **shape, gpus=args.gpus,
-                      gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node, strategy=args.strategy,
+                      gpu_memory=args.gpu_memory, gpus_per_node=args.gpus_per_node,
+                      system=args.system or args.gpu, strategy=args.strategy,
                       offload=args.offload, parallel=args.parallel, micro_batch_size=args.micro_batch_size,
                       micro_batches=args.micro_batches, checkpointing=args.checkpointing, precision=args.precision,
                       optimizer=args.optimizer, convention=args.convention, deepspeed_config=args.deepspeed_config,
@@ -99,16 +111,33 @@ def add_plan_command(sub):
     model.add_argument("--top-k", type=int, metavar="K", help="with --experts: experts each token is routed to")
     model.add_argument("--fused-attention", action="store_true",
                        help="flash attention: no s×s scores saved (Korthikanti's formula assumes they are)")
-    cluster = plan_.add_argument_group("cluster")
-    cluster.add_argument("--gpus", type=int, default=8)
-    cluster.add_argument("--gpu-memory", default="80GB", help="per GPU: 80GB, 80GiB, or a bare number in the "
-                                                              "convention's unit (default 80GB)")
-    cluster.add_argument("--gpus-per-node", type=int, default=8)
-    cluster.add_argument("--intra-bandwidth", type=float, metavar="GB/s", help="per GPU inside a node (300)")
-    cluster.add_argument("--inter-bandwidth", type=float, metavar="GB/s", help="per GPU between nodes (25)")
-    cluster.add_argument("--host-bandwidth", type=float, metavar="GB/s", help="GPU to host, for offload (25)")
-    cluster.add_argument("--intra-latency", type=float, metavar="µs", help="per message inside a node (3)")
-    cluster.add_argument("--inter-latency", type=float, metavar="µs", help="per message between nodes (10)")
+    default = systems.SYSTEMS[systems.DEFAULT_SYSTEM]
+    cluster = plan_.add_argument_group(
+        "cluster", f"built of a named system (default {default.title}: {default.gpu.what}, "
+                   f"{default.intra.bandwidth / 1e9:g} GB/s inside a node, {default.inter.bandwidth / 1e9:g} GB/s "
+                   f"between nodes); each flag below overrides one of its figures")
+    choose = cluster.add_mutually_exclusive_group()
+    choose.add_argument("--gpu", metavar="GPU", type=str.lower, choices=list(systems.GPU_SYSTEMS),
+                        help=f"the GPU, its peak, memory and links together: "
+                             f"{', '.join(f'{g} ({systems.SYSTEMS[s].title})' for g, s in systems.GPU_SYSTEMS.items())}")
+    choose.add_argument("--system", metavar="NAME", type=str.lower, choices=list(systems.SYSTEMS),
+                        help=f"a named system: {', '.join(systems.SYSTEMS)} (zerokit.theory.systems lists each "
+                             f"figure with its source)")
+    cluster.add_argument("--gpus", type=int, default=8, help="GPUs in all (default 8)")
+    cluster.add_argument("--gpu-memory", help=f"per GPU: 80GB, 80GiB, or a bare number in the convention's unit "
+                                              f"(default: the system's, {default.gpu.memory / 1e9:g}GB)")
+    cluster.add_argument("--gpus-per-node", type=int,
+                         help=f"default: the system's, {default.gpus_per_node} (every named system has 8)")
+    cluster.add_argument("--intra-bandwidth", type=float, metavar="GB/s",
+                         help=f"per GPU each way inside a node (default: the system's, {default.intra.bandwidth / 1e9:g})")
+    cluster.add_argument("--inter-bandwidth", type=float, metavar="GB/s",
+                         help=f"per GPU between nodes (default: the system's, {default.inter.bandwidth / 1e9:g})")
+    cluster.add_argument("--host-bandwidth", type=float, metavar="GB/s",
+                         help=f"GPU to host, for offload (default: the system's, {default.host.bandwidth / 1e9:g})")
+    cluster.add_argument("--intra-latency", type=float, metavar="µs",
+                         help=f"per message inside a node (default: the system's, {default.intra.latency * 1e6:g})")
+    cluster.add_argument("--inter-latency", type=float, metavar="µs",
+                         help=f"per message between nodes (default: the system's, {default.inter.latency * 1e6:g})")
     cluster.add_argument("--host-memory", type=float, metavar="GB", help="per node, to check offload against")
     lay = plan_.add_argument_group("layout")
     lay.add_argument("--strategy", choices=ALL_STRATEGIES,
@@ -137,8 +166,8 @@ def add_plan_command(sub):
     lay.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON: its ZeRO stage, buckets, "
                                                                 "offload, batch and precision")
     step = plan_.add_argument_group("step time (an estimate: compute at a share of peak, exposed traffic, bubble)")
-    step.add_argument("--gpu-peak", metavar="GPU|TFLOPS", help="a100 (default, 312), h100, h200, v100, or the dense "
-                                                               "16-bit peak in TFLOP/s per GPU")
+    step.add_argument("--gpu-peak", metavar="GPU|TFLOPS", help="default: the system's GPU (A100: 312); a100, h100, "
+                                                               "h200, v100, or the dense 16-bit peak in TFLOP/s per GPU")
     step.add_argument("--compute-fraction", type=float, metavar="F",
                       help=f"share of that peak while computing, in (0, 1] (default "
                            f"{theory.DEFAULT_COMPUTE_FRACTION:g}: Megatron-LM on A100, within 18 %% of "

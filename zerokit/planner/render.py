@@ -2,18 +2,63 @@
 
 What ``zerokit plan`` prints and ``str(plan)`` returns. Sizes are in the plan's
 convention's unit (GB for ``paper``, GiB for ``deepspeed``); times are estimates and say so.
+It names the system the cluster is built of (:mod:`zerokit.theory.systems`) and fits a
+terminal: no line longer than :data:`WIDTH` columns but a single unbreakable word; a table
+row's last cell (its formula) continues aligned under itself, or under the row when the
+columns leave it too little room.
 """
 from __future__ import annotations
 
+import re
+import textwrap
+
 from .conventions import DIFFERENCE
+
+#: the widest line the text has (a word longer than this stands alone on its line)
+WIDTH = 100
+#: a table row's last cell is wrapped in place when at least this many columns are left for it
+NARROWEST_CELL = 40
+#: where a long cell continues when the row leaves it too little room
+CELL_INDENT = 8
+
+
+def _wrap(text: str, first: str, rest: str, width: int = WIDTH) -> list:
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
 
 
 def _rows(rows: list, widths: tuple) -> list:
     out = []
     for row in rows:
         cells = [str(c) for c in row]
-        out.append("  " + "  ".join(c.ljust(w) if i < len(cells) - 1 else c
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+        head = "  " + "".join(c.ljust(w) + "  " for c, w in zip(cells[:-1], widths))
+        last = cells[-1]
+        if len(head) + len(last) <= WIDTH:
+            out.append((head + last).rstrip())
+        elif WIDTH - len(head) >= NARROWEST_CELL:
+            out += _wrap(last, head, " " * len(head))
+        else:
+            out.append(head.rstrip())
+            out += _wrap(last, " " * CELL_INDENT, " " * CELL_INDENT)
+    return out
+
+
+_MARKER = re.compile(r"(- |\d+\. )")
+
+
+def fit(lines: list, width: int = WIDTH) -> list:
+    """Every line within ``width`` columns: a long one wrapped at spaces, continuing under its text (after a list
+    marker, "- " or "3. ") or four columns in."""
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        body = line.lstrip()
+        lead = " " * (len(line) - len(body))
+        marker = _MARKER.match(body)
+        rest = lead + (" " * len(marker.group(0)) if marker else "    ")
+        out += _wrap(body, lead, rest, width)
     return out
 
 
@@ -94,6 +139,7 @@ def step_time_lines(plan) -> list:
 def render(plan, advice: bool = True) -> str:
     lines = [f"zerokit plan — {plan.model.describe()}",
              f"cluster: {plan.cluster.describe(plan.convention)}",
+             f"system: {plan.cluster.describe_system()}",
              f"layout: {plan.layout.describe()}",
              f"convention: {plan.convention.name} — {plan.convention.summary}", ""]
     lines += memory_lines(plan) + [""] + traffic_lines(plan) + [""] + step_time_lines(plan)
@@ -101,4 +147,4 @@ def render(plan, advice: bool = True) -> str:
         lines += [""] + plan.advise().lines()
     notes = list(plan.notes) + [f"assumed links: {'; '.join(plan.cluster.assumptions)}", DIFFERENCE]
     lines += ["", "notes:"] + [f"  - {n}" for n in notes]
-    return "\n".join(lines)
+    return "\n".join(fit(lines))
