@@ -7,10 +7,10 @@ COURSE := $(VENV)/.course
 
 .PHONY: tour test lab course install clean
 
-# The developer's install (`make tour`, `make test`): torch's CPU build, the package with its test, notebook and
-# peer extras (tools/install.sh says how torch's CPU build is found)
+# The developer's install (`make tour`, `make test`): torch's CPU build, the package with its test, notebook, peer
+# and site extras (tools/install.sh says how torch's CPU build is found)
 $(STAMP): pyproject.toml tools/install.sh
-	PYTHON=$(PYTHON) tools/install.sh --venv $(VENV) --extras test,notebooks,peers -- deepspeed==0.19.8 pytest-xdist==3.8.0
+	PYTHON=$(PYTHON) tools/install.sh --venv $(VENV) --extras test,notebooks,peers,site -- deepspeed==0.19.8 pytest-xdist==3.8.0
 	@# DeepSpeed compiles its CPU communication op on first use (about a minute): once here, not in the tour
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	touch $(STAMP)
@@ -39,6 +39,11 @@ lab: $(COURSE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The course as a static site in build/site/, from the committed notebooks (tools/build_site.py; no network)
+.PHONY: site
+site: $(STAMP)
+	$(PY) tools/build_site.py
 
 # The learner's bundle: git's files less solutions/, tests/ and .ci/ (tools/release.py), the system's Python
 .PHONY: release

@@ -6,8 +6,8 @@
 #   --venv DIR     create DIR as a virtual environment (if it is not one yet) and install into it;
 #                  without it, install into PY's own environment (a container image's, Binder's)
 #   --extras LIST  the package's extras, comma-separated: `notebooks` is the learner's install (the course in
-#                  JupyterLab), `test,notebooks,peers` the developer's (`make test`: pytest, the browser tests,
-#                  DeepSpeed). Default: notebooks
+#                  JupyterLab), `test,notebooks,peers,site` the developer's (`make test`: pytest, the browser tests,
+#                  DeepSpeed, the site's Sphinx). Default: notebooks
 #   --python PY    the interpreter that creates the venv, or whose environment is installed into (default python3)
 #   --torch-index-args   print the pip arguments that point at torch's CPU index (none when it cannot be reached)
 #                  and stop
@@ -35,8 +35,8 @@ while [ $# -gt 0 ]; do
 done
 for extra in ${extras//,/ }; do
   case "$extra" in
-    notebooks|test|peers) ;;
-    *) echo "tools/install.sh: unknown extra '$extra' in --extras (allowed: notebooks, test, peers)" >&2; exit 2 ;;
+    notebooks|test|peers|site) ;;
+    *) echo "tools/install.sh: unknown extra '$extra' in --extras (allowed: notebooks, test, peers, site)" >&2; exit 2 ;;
   esac
 done
 
