@@ -44,7 +44,7 @@ CONF = ROOT / "site"
 _REFUSE_NETWORK = """
 import socket, sys
 def _refused(*args, **kwargs):
-    raise OSError("the site's build reached for the network: " + repr(args[:1]))
+    raise OSError("the site's build reached for the network: " + repr(args[:2]))
 class _Socket(socket.socket):
     def connect(self, address):
         if self.family in (socket.AF_INET, socket.AF_INET6):
@@ -213,10 +213,13 @@ class Built:
 def build(out: Path = ROOT / "build" / "site", work: Path = ROOT / "build" / "site-work", *,
           repository: Path = ROOT, network: str = "allow", jobs: str = "1") -> Built:
     """Stage the sources into ``work/src`` and build the site into ``out``. ``network``: ``allow`` (the build
-    fetches nothing either way) or ``refuse`` (any attempt to reach another machine fails the build — the
-    tests' proof that it builds offline). ``jobs``: Sphinx's ``-j`` (``auto``: a process per core)."""
-    if network not in ("allow", "refuse"):
-        raise ValueError(f"network={network!r}: allowed are 'allow' and 'refuse'")
+    fetches nothing either way), ``refuse`` (Python's sockets refuse every connection over IP and every name
+    look-up: any attempt to reach another machine fails the build) or ``none`` (Sphinx runs in a network
+    namespace of its own, with no network at all: ``unshare -n``, as root on Linux) — the tests' proofs that it
+    builds offline.
+    ``jobs``: Sphinx's ``-j`` (``auto``: a process per core)."""
+    if network not in ("allow", "refuse", "none"):
+        raise ValueError(f"network={network!r}: allowed are 'allow', 'refuse' and 'none'")
     started = time.perf_counter()
     src = work / "src"
     sources = stage(repository, src)
@@ -228,6 +231,8 @@ def build(out: Path = ROOT / "build" / "site", work: Path = ROOT / "build" / "si
             "-D", f"zerokit_repository={repository}", str(src), str(out)]
     command = [sys.executable, "-c", _REFUSE_NETWORK, *args] if network == "refuse" else \
         [sys.executable, "-m", "sphinx", *args]
+    if network == "none":
+        command = ["unshare", "--net", "--", *command]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"Sphinx failed to build the site (exit code {result.returncode}):\n"

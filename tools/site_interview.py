@@ -269,7 +269,7 @@ def seed_questions(path: Path, repository: Path, interview_lesson: Path | None) 
             body = section[match.end():following.start() if following else len(section)]
             hidden = HIDDEN_ANSWER.search(body)
             answer = textwrap.dedent(hidden.group("answer") if hidden else body).strip()
-            question = " ".join(match.group("question").split())
+            question = " ".join(match.group("question").split()).strip("*_ ")  # a question in italics: its text
             cell = demonstrating_cell(cells, question, answer, before) if cells else None
             questions.append(Question(
                 source=source, lesson="seed", title=title, number=len(questions) + 1, question=question,
