@@ -14,10 +14,12 @@ def gpt(n_layer=4, **kw):
     return zerokit.tiny_gpt(vocab=64, seq_len=8, d_model=16, n_layer=n_layer, n_head=2, batch_size=8, **kw)
 
 
-def train_pp(workload, p, m, schedule, chunks=1, strategy="pp", parallel=None, steps=3, **kw):
+def train_pp(workload, p, m, schedule, chunks=1, strategy="pp", parallel=None, steps=3, partition=None, **kw):
     options = {"schedule": schedule}
     if chunks > 1:
         options["chunks"] = chunks
+    if partition is not None:
+        options["partition"] = partition
     return zerokit.train(workload, strategy, world_size=p if parallel is None else
                          parallel.get("pp", 1) * parallel.get("dp", 1) * parallel.get("tp", 1),
                          steps=steps, optimizer="sgd", lr=0.1, micro_batches=m, parallel=parallel,
@@ -35,6 +37,28 @@ def test_pipeline_matches_single_process(p, schedule, chunks):
     assert [r.coords["pp"] for r in result.ranks] == list(range(p))
     ref = report.reference.losses
     assert all(abs(a - b) <= 1e-5 for a, b in zip(result.ranks[0].losses, ref))
+
+
+@pytest.mark.parametrize("n_layer,partition,counts", [(3, "blocks", [2, 1]), (5, {"first": 2}, [2, 3]),
+                                                      (5, [3, 2], [3, 2])])
+def test_uneven_stages_match_single_process(n_layer, partition, counts):
+    """Stages of unequal depth (3 blocks on pp=2; 5 as Megatron's first-stage count or every stage's): the same
+    training as one process, and each boundary's bytes as the formula (the activations' shape does not change)."""
+    workload = gpt(n_layer=n_layer, tie_weights=True)
+    model = workload.build_model()
+    assert block_counts(pieces_of(model), 2, 1, partition) == counts
+    held = [len([n for n in stage.piece_names if n.startswith("blocks.")]) for r in range(2)
+            for stage in split(model, 2, 1, r, partition).values()]
+    assert held == counts
+    m = 4
+    report = train_pp(workload, 2, m, "1f1b", partition=partition)
+    result = report.results[0]
+    assert result.max_abs_param_diff is not None and result.max_abs_param_diff <= 1e-6, result.max_abs_param_diff
+    assert all(abs(a - b) <= 1e-5 for a, b in zip(result.ranks[0].losses, report.reference.losses))
+    tied = 64 * 16 * 4  # the embedding's gradient, summed between the first and last stage
+    for rank in result.ranks:
+        assert rank.comm_bytes_by_axis["pp"]["ring_cost_bytes"] == theory.pipeline_p2p_bytes(8, 8 // m, 16, m, 4) \
+            + tied
 
 
 def test_pipeline_traffic_is_point_to_point_and_matches_the_formula():
@@ -111,6 +135,15 @@ def test_partition_by_blocks_params_and_counts():
     assert block_counts(pieces, 3, 1, "blocks") == [2, 2, 2]
     assert block_counts(pieces, 4, 1, "blocks") == [2, 2, 1, 1]
     assert block_counts(pieces, 3, 1, [1, 2, 3]) == [1, 2, 3]
+    assert block_counts(pieces, 4, 1, {"first": 1, "last": 1}) == [1, 2, 2, 1]  # Megatron's first/last counts
+    assert block_counts(pieces, 3, 1, {"last": 2}) == [2, 2, 2] and block_counts(pieces, 2, 1, {"first": 1}) == [1, 5]
+    for bad, match in (({"first": 1}, r"the other 5 of the 6 blocks must split evenly over the 2 other stage"),
+                       ({"middle": 2}, r"keys 'first' and/or 'last'"), ({"first": 0}, r"partition\['first'\]=0"),
+                       ({"first": 3, "last": 3}, r"the other 0 of the 6 blocks")):
+        with pytest.raises(ValueError, match=match):
+            block_counts(pieces, 3, 1, bad)
+    with pytest.raises(ValueError, match=r"without interleaving \(chunks=2\)"):
+        block_counts(pieces, 3, 2, {"first": 2})
     assert sum(block_counts(pieces, 3, 1, "params")) == 6
     stages = split(model, 2, 1, 0)
     assert stages[0].piece_names == ["embed", "blocks.0", "blocks.1", "blocks.2"]

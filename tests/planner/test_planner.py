@@ -80,7 +80,7 @@ def test_collectives_by_kind_sum_to_the_step_traffic():
 
 PUBLISHED = {"gpt2-1.5b": 1_557_611_200, "t5-3b": 2_851_598_336, "llama-7b": 6_738_415_616,
              "llama-13b": 13_015_864_320, "llama-65b": 65_285_660_672, "llama3-8b": 8_030_261_248,
-             "llama3-70b": 70_553_706_496}
+             "llama3-70b": 70_553_706_496, "llama3-405b": 405_853_388_800}
 
 
 def test_presets_have_their_published_parameter_counts():

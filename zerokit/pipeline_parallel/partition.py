@@ -11,9 +11,19 @@ ordered *pieces* whose composition is its forward:
 - an ``nn.Sequential`` is all blocks.
 
 ``partition`` chooses how many blocks each of the ``p·v`` virtual stages gets:
-``"blocks"`` (equal counts; with interleaving every rank gets the same number and each
-of its ``v`` chunks the same share), ``"params"`` (contiguous, minimising the largest
-stage's parameter count, embeddings and head included), or an explicit list of counts.
+
+- ``"blocks"``: counts as equal as they can be; when p does not divide the blocks, the first
+  n mod p stages hold one more (zerokit's choice: Megatron refuses such a pp unless the first
+  and last stages' counts are given; with interleaving every rank gets the same number and each
+  of its ``v`` chunks the same share);
+- ``"params"``: contiguous, minimising the largest stage's parameter count, embeddings and head
+  included;
+- a list of counts, one per stage (torchtitan's split points, as counts);
+- ``{"first": k, "last": k}`` (either or both): Megatron's
+  ``--decoder-first-pipeline-num-layers``/``--decoder-last-pipeline-num-layers``, the rest shared
+  evenly by the stages between, which must divide it (:func:`first_last_counts`; no interleaving,
+  as Megatron had it). Llama 3 405B trains 126 layers on 16 stages as ``{"first": 7, "last": 7}``:
+  the stages that hold the embedding and the head one layer short.
 
 Each rank keeps its chunks as :class:`Stage` modules (the other pieces are dropped)
 and :func:`canonical_names` maps every kept parameter to its name in the whole model,
@@ -101,7 +111,29 @@ def _balanced(weights: List[int], first: int, last: int, stages: int) -> List[in
     return counts[::-1]
 
 
-def block_counts(pieces: Pieces, ranks: int, chunks: int, partition: Union[str, Sequence[int]]) -> List[int]:
+def first_last_counts(n: int, stages: int, first=None, last=None, names=("first", "last"),
+                      unit: str = "blocks") -> List[int]:
+    """Megatron's uneven stages: the first and/or last stage hold ``first``/``last`` of the ``n`` blocks, the others
+    share the rest evenly (it must divide; each holds at least one). ``names`` name the two in a ValueError."""
+    ends = [(name, value) for name, value in zip(names, (first, last)) if value is not None]
+    for name, value in ends:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive whole number")
+    if not ends or stages < 2:
+        raise ValueError(f"{' and '.join(names)}: uneven first/last stages need at least two stages (there are "
+                         f"{stages}) and one of the two counts")
+    middle, rest = stages - len(ends), n - sum(value for _, value in ends)
+    if middle == 0 and rest == 0:
+        return [first, last]
+    if middle == 0 or rest < middle or rest % middle:
+        given = " and ".join(f"{name}={value}" for name, value in ends)
+        raise ValueError(f"{given}: the other {rest} of the {n} {unit} must split evenly over the {middle} other "
+                         f"stage(s), at least one each (Megatron's rule)")
+    per = rest // middle
+    return [first if first is not None else per] + [per] * (stages - 2) + [last if last is not None else per]
+
+
+def block_counts(pieces: Pieces, ranks: int, chunks: int, partition: Union[str, Sequence[int], dict]) -> List[int]:
     """Blocks per virtual stage (``ranks·chunks`` of them), checked against the model."""
     stages, n = ranks * chunks, len(pieces.blocks)
     if stages > n:
@@ -117,7 +149,18 @@ def block_counts(pieces: Pieces, ranks: int, chunks: int, partition: Union[str, 
         if partition == "params":
             return _balanced([_params([b]) for b in pieces.blocks], _params(pieces.first), _params(pieces.last),
                              stages)
-        raise ValueError(f"partition={partition!r}; allowed: 'blocks', 'params', or a list of block counts per stage")
+        raise ValueError(f"partition={partition!r}; allowed: 'blocks', 'params', a list of block counts per stage, "
+                         f"or {{'first': k, 'last': k}}")
+    if isinstance(partition, dict):
+        unknown = sorted(set(partition) - {"first", "last"})
+        if unknown or not partition:
+            raise ValueError(f"partition={partition!r}: the first and last stages' block counts are keys 'first' "
+                             f"and/or 'last' (Megatron's --decoder-first/last-pipeline-num-layers)")
+        if chunks > 1:
+            raise ValueError(f"partition={partition!r}: uneven first/last stages run without interleaving "
+                             f"(chunks={chunks}); give every virtual stage's count as a list instead")
+        return first_last_counts(n, stages, partition.get("first"), partition.get("last"),
+                                 names=("partition['first']", "partition['last']"))
     counts = list(partition)
     if len(counts) != stages or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in counts) \
             or sum(counts) != n:
@@ -127,7 +170,7 @@ def block_counts(pieces: Pieces, ranks: int, chunks: int, partition: Union[str, 
 
 
 def split(model: nn.Module, ranks: int, chunks: int, rank: int,
-          partition: Union[str, Sequence[int]] = "blocks") -> Dict[int, Stage]:
+          partition: Union[str, Sequence[int], dict] = "blocks") -> Dict[int, Stage]:
     """This rank's stages ``{virtual stage: Stage}``: chunk c of rank r is stage c·p + r."""
     pieces = pieces_of(model)
     counts = block_counts(pieces, ranks, chunks, partition)
@@ -150,7 +193,7 @@ def canonical_names(model: nn.Module) -> Dict[int, str]:
 
 
 def tied_parameters(model: nn.Module, ranks: int, chunks: int,
-                    partition: Union[str, Sequence[int]] = "blocks") -> Dict[str, List[int]]:
+                    partition: Union[str, Sequence[int], dict] = "blocks") -> Dict[str, List[int]]:
     """Parameters that more than one *rank* holds: canonical name -> the pipeline ranks that hold it."""
     names = canonical_names(model)
     holders: Dict[str, set] = {}

@@ -175,6 +175,8 @@ def candidates(plan, degrees: list) -> list:
             continue
         base_here = base
         base = replace(base, cp=cp, ep=ep)
+        if pp != base.pp:  # uneven stages were asked for the plan's pp; another pp takes even ones
+            base = replace(base, stage_layers=None, first_stage_layers=None, last_stage_layers=None)
         for strategy in ALL_STRATEGIES:
             if strategy in HIERARCHICAL and (ep > 1 or cp > 1):
                 continue  # the planner models context and expert parallelism with ddp and zero1-3

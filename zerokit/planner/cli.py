@@ -26,7 +26,9 @@ PLAN_FLAGS = {"params": "--params", "preset": "--preset", "gpus": "--gpus", "gpu
               "name": "--preset/--params/--layers", "shard_group": "--shard-group", "cp": "--cp", "ep": "--ep",
               "cp_attention": "--cp-attention", "experts": "--experts", "top_k": "--top-k", "gpu_peak": "--gpu-peak",
               "compute_fraction": "--compute-fraction", "overlap": "--overlap", "virtual_stages": "--virtual-stages",
-              "system": "--gpu/--system"}
+              "system": "--gpu/--system", "stage_layers": "--stage-layers",
+              "first_stage_layers": "--first-stage-layers/--last-stage-layers",
+              "last_stage_layers": "--first-stage-layers/--last-stage-layers"}
 
 #: the bandwidth flags, in GB/s, with the Cluster field each sets
 BANDWIDTH_FLAGS = (("--intra-bandwidth", "intra_bandwidth"), ("--inter-bandwidth", "inter_bandwidth"),
@@ -40,12 +42,25 @@ def _plan_error(message: str) -> str:
     return f"{flag}: {message}" if flag else message
 
 
+def parse_stage_layers(text: str) -> list:
+    """``"7,8x14,7"`` -> ``[7, 8, …, 8, 7]``: layer counts per stage, ``NxK`` for K stages of N layers."""
+    counts = []
+    for item in str(text).split(","):
+        count, sep, times = item.strip().lower().replace("×", "x").partition("x")
+        if not count.strip().isdigit() or (sep and not times.strip().isdigit()):
+            raise UsageError(f"--stage-layers {text!r}: {item.strip()!r} is not a layer count; expected counts per "
+                             f"stage, NxK for K stages of N layers, e.g. 7,8x14,7 (126 layers on pp=16)")
+        counts += [int(count)] * (int(times) if sep else 1)
+    return counts
+
+
 def cmd_plan(args) -> int:
     for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
                         ("--shard-group", args.shard_group), ("--cp", args.cp), ("--ep", args.ep),
                         ("--experts", args.experts), ("--top-k", args.top_k),
                         ("--micro-batch-size", args.micro_batch_size), ("--micro-batches", args.micro_batches),
-                        ("--virtual-stages", args.virtual_stages)):
+                        ("--virtual-stages", args.virtual_stages), ("--first-stage-layers", args.first_stage_layers),
+                        ("--last-stage-layers", args.last_stage_layers)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be a positive whole number")
     for flag, name in BANDWIDTH_FLAGS:
@@ -82,6 +97,8 @@ def cmd_plan(args) -> int:
                       optimizer=args.optimizer, convention=args.convention, deepspeed_config=args.deepspeed_config,
                       shard_group=args.shard_group, cp=args.cp, ep=args.ep, cp_attention=args.cp_attention,
                       experts=args.experts, top_k=args.top_k,
+                      stage_layers=None if args.stage_layers is None else parse_stage_layers(args.stage_layers),
+                      first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers,
                       sequence_parallel=False if args.no_sequence_parallel else None,
                       fused_attention=True if args.fused_attention else None, **step, **links)
     except ValueError as e:
@@ -102,7 +119,7 @@ def add_plan_command(sub):
                                         "(computed, nothing runs)")
     model = plan_.add_argument_group("model (one of: --preset, --params, or a shape)")
     model.add_argument("--preset", help="gpt2-1.5b, t5-3b, llama-7b, llama-13b, llama-65b, llama3-8b, llama3-70b, "
-                                        "mixtral-8x7b, gpt3-175b")
+                                        "llama3-405b, mixtral-8x7b, gpt3-175b")
     model.add_argument("--params", help="a bare parameter count, e.g. 7.5e9 (model states and dp traffic only)")
     for flag in ("--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq-len"):
         model.add_argument(flag, type=int)
@@ -156,6 +173,14 @@ def add_plan_command(sub):
                           "default ring")
     lay.add_argument("--ep", type=int, metavar="N", help="expert parallelism: experts spread over N of the dp ranks "
                                                          "(divides dp and the experts)")
+    lay.add_argument("--stage-layers", metavar="N,N,…",
+                     help="uneven pipeline stages: layers per stage, NxK for K stages of N, e.g. 7,8x14,7 "
+                          "(default: layers/pp each)")
+    lay.add_argument("--first-stage-layers", type=int, metavar="N",
+                     help="uneven pipeline stages as Megatron's --decoder-first-pipeline-num-layers: the first "
+                          "stage's layers, the rest even over the stages after it (and --last-stage-layers's)")
+    lay.add_argument("--last-stage-layers", type=int, metavar="N",
+                     help="the last stage's layers (Megatron's --decoder-last-pipeline-num-layers)")
     lay.add_argument("--micro-batch-size", type=int, help="sequences per GPU per micro-batch (default 1; with --cp "
                                                                     "the cp ranks share them)")
     lay.add_argument("--micro-batches", type=int, help="micro-batches per step (accumulation, pipeline; default 1)")

@@ -2,8 +2,14 @@
 
 :class:`Layout` holds what a training job decides about parallelism and memory, checked
 against the model and the cluster before anything is computed (:func:`check`): degrees
-must multiply to the GPU count, tp must divide the heads, pp the layers; offload needs
-ZeRO (parameters: stage 3) and 16-bit training. ``hsdp`` and ``hpz`` are the hierarchical
+must multiply to the GPU count, tp must divide the heads; offload needs ZeRO (parameters:
+stage 3) and 16-bit training. The pipeline's stages hold L/pp layers each, pp dividing the
+layers, unless they are given unevenly (:func:`stage_layer_counts`): every stage's count
+(``stage_layers``, torchtitan's split points as counts), or the first and last stages' with the
+rest shared evenly by the stages between (``first_stage_layers``/``last_stage_layers``,
+Megatron's ``--decoder-first-pipeline-num-layers``/``--decoder-last-pipeline-num-layers``) —
+Llama 3 405B trains 126 layers on pp = 16 as 7, 8 × 14, 7: the first and last stages, which
+hold the embedding and the head, one layer short (Dubey et al. 2024, §3.3.2). ``hsdp`` and ``hpz`` are the hierarchical
 layouts (:mod:`zerokit.theory.hierarchical`): ZeRO-3 inside a shard group of
 ``shard_group`` data-parallel ranks, replicated across groups (FSDP2's 2-D mesh, DeepSpeed's
 MiCS), and ZeRO-3 over every rank with a secondary parameter copy sharded over the group
@@ -20,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import theory
+from ..pipeline_parallel.partition import first_last_counts
 from ..runtime.mesh import parse_parallel
 from ..theory import context as cp_theory
 from ..zero.config import from_deepspeed, load_deepspeed_config, NOT_IMPLEMENTED
@@ -81,6 +88,12 @@ class Layout:
     cp_attention: str = "ring"
     #: expert parallelism: data-parallel ranks a mixture of experts' experts are spread over
     ep: int = 1
+    #: uneven pipeline stages: every stage's layer count (None: L/pp each); after :func:`check`, the counts
+    #: whatever way they were asked for
+    stage_layers: tuple | None = None
+    #: uneven pipeline stages, Megatron's way: the first and/or last stage's layers, the rest shared evenly
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     @property
     def stage(self) -> int:
@@ -128,9 +141,54 @@ class Layout:
         sp = ", sequence parallel" if self.sp else ""
         sp += f" cp={self.cp} ({self.cp_attention})" if self.cp > 1 else ""
         sp += f" ep={self.ep} (experts' gradients over {self.edp})" if self.ep > 1 else ""
+        if self.stage_layers is not None:
+            sp += f"; layers per stage {describe_counts(self.stage_layers)}"
         return (f"{self.strategy}{off}; dp={self.dp} tp={self.tp} pp={self.pp}{sp}; micro-batch "
                 f"{self.micro_batch_size} × {self.micro_batches}; checkpointing {ckpt}; {self.precision} "
                 f"{self.optimizer}" + (f"; schedule {self.schedule}" if self.pp > 1 else ""))
+
+
+def describe_counts(counts) -> str:
+    """``(7, 8, 8, …, 8, 7)`` -> ``"7, 8 × 14, 7"``: runs of equal counts written once."""
+    runs: list = []
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return ", ".join(f"{c} × {n}" if n > 1 else f"{c}" for c, n in runs)
+
+
+def stage_layer_counts(layout: Layout, layers: int) -> tuple:
+    """Layers per pipeline stage: ``stage_layers``, or the first and last stages' with the rest shared evenly over
+    the stages between (Megatron's rule: they must divide it), or L/pp each (pp dividing L). Every stage holds at
+    least one layer. A ValueError names the argument."""
+    pp, first, last = layout.pp, layout.first_stage_layers, layout.last_stage_layers
+    if layout.stage_layers is not None:
+        if first is not None or last is not None:
+            raise ValueError("stage_layers: give every stage's count, or first_stage_layers/last_stage_layers, not "
+                             "both")
+        counts = tuple(layout.stage_layers)
+        if len(counts) != pp or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts) \
+                or sum(counts) != layers:
+            raise ValueError(f"stage_layers={list(counts)!r}: give pp={pp} positive layer counts, one per stage, "
+                             f"summing to the model's {layers} layers")
+        return counts
+    if first is None and last is None:
+        if layers % pp:
+            raise ValueError(f"pp={pp} does not divide the {layers} layers; give uneven stages: first_stage_layers/"
+                             f"last_stage_layers (Megatron's), or stage_layers, every stage's count")
+        return (layers // pp,) * pp
+    if pp == 1:
+        raise ValueError(f"first_stage_layers/last_stage_layers need pp > 1 (pp={pp})")
+    return tuple(first_last_counts(layers, pp, first, last, names=("first_stage_layers", "last_stage_layers"),
+                                   unit="layers"))
+
+
+def stage_layer_range(counts, stage: int) -> range:
+    """The layers pipeline ``stage`` holds, given every stage's count."""
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
 
 
 def _positive(name: str, value) -> int:
@@ -194,12 +252,17 @@ def check(layout: Layout, model, cluster) -> Layout:
         if layout.tp > 1 or layout.pp > 1:
             raise ValueError(f"tp={layout.tp}, pp={layout.pp}: a bare parameter count has no layers or heads to "
                              f"split; give a preset or a shape")
+        if layout.stage_layers is not None or layout.first_stage_layers is not None \
+                or layout.last_stage_layers is not None:
+            raise ValueError("stage_layers: a bare parameter count has no layers to split; give a preset or a shape")
     else:
         if model.heads % layout.tp or (model.kv_heads or model.heads) % layout.tp:
             raise ValueError(f"tp={layout.tp} does not divide the {model.heads} attention heads"
                              + (f" ({model.kv_heads} KV heads)" if model.kv_heads else ""))
-        if model.layers % layout.pp:
-            raise ValueError(f"pp={layout.pp} does not divide the {model.layers} layers")
+        counts = stage_layer_counts(layout, model.layers)
+        even = len(set(counts)) == 1
+        layout = replace(layout, stage_layers=None if even else counts, first_stage_layers=None,
+                         last_stage_layers=None)
     if layout.offload != "none":
         if layout.stage == 0:
             raise ValueError("offload: DeepSpeed offloads the optimizer with ZeRO stages 1-3 only; choose zero1-3")

@@ -1,7 +1,8 @@
 """Bytes one GPU holds: model states by category, activations, buffers — each a labelled term.
 
 For pipeline stage i of a model split over ``pp`` stages and ``tp`` tensor-parallel ranks,
-a rank holds the stage's tensors (layers i·L/p … (i+1)·L/p − 1; the embeddings on the
+a rank holds the stage's tensors (layers i·L/p … (i+1)·L/p − 1, or the stage's share of uneven
+stages, :func:`.layout.stage_layer_counts`; the embeddings on the
 first stage, the final norm and the head on the last, and with tied embeddings a copy of
 the embedding there too when p > 1), each split tensor ⌈numel/t⌉ elements and the rest
 whole (Megatron 1909.08053 §3). ZeRO then shards those Ψ_rank elements over dp:
@@ -31,6 +32,7 @@ from .. import theory
 from ..theory import context as cp_theory
 from ..theory import experts as ep_theory
 from . import state_variants  # offload, hierarchical sharding, experts: their own groups and terms
+from .layout import stage_layer_counts, stage_layer_range
 from .terms import Term, split_experts, theory_term, units_of  # noqa: F401 - read from here too
 
 
@@ -57,16 +59,17 @@ class StageMemory:
         return self.model_states.total + self.activations + self.buffers
 
 
-def stage_tensors(model, pp: int, i: int) -> list:
-    """The parameter tensors pipeline stage i holds (all of them when pp = 1)."""
+def stage_tensors(model, layout, i: int) -> list:
+    """The parameter tensors pipeline stage i of a checked ``layout`` holds (all of them when pp = 1)."""
+    pp = layout.pp
     if pp == 1:
         return list(model.tensors)
-    per = model.layers // pp
+    layers = stage_layer_range(stage_layer_counts(layout, model.layers), i)
     first, last = i == 0, i == pp - 1
     out = []
     for p in model.tensors:
         if p.layer is not None:
-            if i * per <= p.layer < (i + 1) * per:
+            if p.layer in layers:
                 out.append(p)
         elif p.module in ("tok", "pos") or p.module.startswith("relative_bias"):
             if first:
@@ -130,8 +133,7 @@ def activation_terms(model, layout, stage: int, element_bytes: int) -> tuple:
                                                                               "give a preset or a shape")]
     whole, b, h, a, t, cp = model.seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp, layout.cp
     s = whole // cp  # this rank's tokens of each sequence
-    per = model.layers // layout.pp
-    layers = range(stage * per, (stage + 1) * per)
+    layers = stage_layer_range(stage_layer_counts(layout, model.layers), stage)
     first_cross = model.layers - model.cross_attention_layers
     common = dict(t=t, sequence_parallel=layout.sp, ffn=model.ffn, q_dim=model.q_dim, kv_dim=model.kv_dim,
                   element_bytes=element_bytes, dropout=model.dropout, fused_attention=model.fused_attention,
@@ -224,7 +226,7 @@ def expert_share(tensors: list, experts: int, ep: int) -> list:
 def stage_memory(model, layout, convention, stage: int) -> StageMemory:
     """Everything one rank of pipeline stage ``stage`` holds, with its terms."""
     if model.has_shape:
-        sizes = rank_sizes(expert_share(stage_tensors(model, layout.pp, stage), model.experts or 1, layout.ep),
+        sizes = rank_sizes(expert_share(stage_tensors(model, layout, stage), model.experts or 1, layout.ep),
                            layout.tp)
         psi = sum(n for n, _ in sizes)
         modules: dict = {}

@@ -127,6 +127,10 @@ PRESETS = {
                         source="Llama 3 (Meta 2024): 8,030,261,248"),
     "llama3-70b": _llama("llama3-70b", 80, 8192, 64, 28672, vocab=128256, seq_len=8192, kv_heads=8,
                          source="Llama 3: 70,553,706,496"),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 128, 53248, vocab=128256, seq_len=8192, kv_heads=8,
+                          source="Llama 3 (Dubey et al. 2024, arXiv 2407.21783, Table 3): 126 layers, 16,384 wide, "
+                                 "128 heads, 8 KV heads, FFN 53,248; 405,853,388,800 (the Llama 3.1 405B checkpoint); "
+                                 "trained on pp = 16 with the first and last stages one layer short (§3.3.2)"),
     "gpt3-175b": ModelSpec("gpt3-175b", layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=50257,
                            seq_len=2048, tied=True, source="GPT-3 (Brown et al. 2020): ≈ 175 B"),
 }

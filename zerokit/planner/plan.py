@@ -192,7 +192,8 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
          precision=None, optimizer=None, convention: str = "paper", deepspeed_config=None,
          sequence_parallel=None, schedule: str = "1f1b", fused_attention=None, sequence_parallel_regather=True,
          shard_group=None, cp=None, ep=None, cp_attention=None, experts=None, top_k=None, gpu_peak=None,
-         compute_fraction=None, overlap=None, virtual_stages=None, **links) -> Plan:
+         compute_fraction=None, overlap=None, virtual_stages=None, stage_layers=None, first_stage_layers=None,
+         last_stage_layers=None, **links) -> Plan:
     """What ``model`` needs per GPU, and sends per step, on ``gpus`` GPUs under a layout.
 
     The model: a preset name or :class:`~.models.ModelSpec` (``model``), ``params=7.5e9``,
@@ -216,6 +217,11 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
     ``cp`` (or ``parallel`` "cp=…"): context parallelism, each sequence cut over cp ranks, attention by
     ``cp_attention`` "ring" (default) or "ulysses"; ``ep``: expert parallelism over ep of the dp ranks, for a model
     with experts (a preset such as "mixtral-8x7b", or ``experts=E, top_k=k`` on a shape or preset).
+    Uneven pipeline stages (default: L/pp layers each, pp dividing L): ``stage_layers`` (every stage's
+    count, e.g. ``[7] + [8] * 14 + [7]``, torchtitan's split points as counts), or ``first_stage_layers``
+    and/or ``last_stage_layers`` with the rest shared evenly by the stages between (Megatron's
+    ``--decoder-first-pipeline-num-layers``/``--decoder-last-pipeline-num-layers``); the fullest stage
+    is reported and the busiest sets the step's pace.
     The step-time estimate (:mod:`.step_time`): ``gpu_peak`` (default the system's GPU; a100, h100, … or FLOP/s),
     ``compute_fraction`` (share of peak while computing, default
     :data:`zerokit.theory.step_time.DEFAULT_COMPUTE_FRACTION`), ``overlap`` (dp default, or none),
@@ -248,7 +254,10 @@ def plan(model=None, *, params=None, preset=None, layers=None, hidden=None, head
                           sequence_parallel_regather=bool(sequence_parallel_regather))
     given = {k: v for k, v in dict(strategy=strategy, offload=offload, micro_batch_size=micro_batch_size,
                                    micro_batches=micro_batches, precision=precision, optimizer=optimizer,
-                                   shard_group=shard_group, cp=cp, ep=ep, cp_attention=cp_attention).items()
+                                   shard_group=shard_group, cp=cp, ep=ep, cp_attention=cp_attention,
+                                   stage_layers=None if stage_layers is None else tuple(stage_layers),
+                                   first_stage_layers=first_stage_layers,
+                                   last_stage_layers=last_stage_layers).items()
              if v is not None}
     if deepspeed_config is not None:
         from_config = layouts.from_deepspeed_config(deepspeed_config)

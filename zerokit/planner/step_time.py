@@ -2,8 +2,9 @@
 
 From a :class:`~.plan.Plan` (a model with a shape, a cluster, a checked layout and its
 transfers) :func:`estimate` composes :mod:`zerokit.theory.step_time`: the step's model and
-hardware FLOPs over its tokens (b · m · dp sequences of s tokens), split evenly over the GPUs and
-run at ``compute_fraction`` of ``gpu_peak``; every transfer's α-β seconds from :mod:`.traffic`,
+hardware FLOPs over its tokens (b · m · dp sequences of s tokens), split evenly over the GPUs
+(with uneven pipeline stages, stretched to the busiest stage's layers, :func:`stage_imbalance`)
+and run at ``compute_fraction`` of ``gpu_peak``; every transfer's α-β seconds from :mod:`.traffic`,
 exposed or hidden by the ``overlap`` rule; the bubble (p − 1)/(v·m). Nothing here is measured:
 every number is an estimate and is named so (``*_estimate``), with the assumptions it rests on.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from .. import theory
 from ..theory import step_time as st
 from ..theory.experts import is_expert
+from .layout import describe_counts, stage_layer_counts
 
 #: the axes whose traffic is the data-parallel gradient (and parameter) exchange
 DP_AXES = ("dp", "dp_cp", "edp")
@@ -127,7 +129,21 @@ def _check_virtual_stages(v, layout, model) -> int:
     if v > 1 and (layout.pp == 1 or model.layers % (layout.pp * v)):
         raise ValueError(f"virtual_stages={v}: the interleaved schedule needs pp > 1 and pp × v dividing the "
                          f"{model.layers} layers (pp = {layout.pp})")
+    if v > 1 and layout.stage_layers is not None:
+        raise ValueError(f"virtual_stages={v}: the interleaved schedule is planned with even stages only (Megatron "
+                         f"refused uneven first/last stages with virtual stages too); layers per stage "
+                         f"{describe_counts(layout.stage_layers)}")
     return v
+
+
+def stage_imbalance(layout, model) -> float:
+    """The busiest pipeline stage's layers over the mean, L_max / (L/p): 1 for even stages. Every stage waits for
+    the slowest at each step of the schedule, so the pipelined work stretches by this much (layers weighed alike,
+    the embedding and head not weighed)."""
+    if layout.pp == 1:
+        return 1.0
+    counts = stage_layer_counts(layout, model.layers)
+    return max(counts) * layout.pp / model.layers
 
 
 def estimate(plan, gpu_peak="a100", compute_fraction: float = st.DEFAULT_COMPUTE_FRACTION, overlap: str = "dp",
@@ -150,7 +166,8 @@ def estimate(plan, gpu_peak="a100", compute_fraction: float = st.DEFAULT_COMPUTE
     tokens = layout.micro_batch_size * layout.micro_batches * layout.dp * s
     model_flops = tokens * st.model_flops_per_token(psi, attention_layers, s, width)
     hardware_flops = tokens * st.hardware_flops_per_token(psi, attention_layers, s, width, recompute, inside)
-    compute = st.compute_seconds(hardware_flops / cluster.gpus, peak, fraction)
+    imbalance = stage_imbalance(layout, model)
+    compute = st.compute_seconds(hardware_flops / cluster.gpus, peak, fraction) * imbalance
     forward = compute * (model_flops / 3) / hardware_flops
     window = st.dp_overlap_window(compute - forward, forward, layout.micro_batches, layout.stage) \
         if overlap == "dp" else 0.0
@@ -182,6 +199,9 @@ def estimate(plan, gpu_peak="a100", compute_fraction: float = st.DEFAULT_COMPUTE
                    + ("hidden behind the backward (DDP/ZeRO-1: the last micro-batch's, ZeRO-2: every one's, "
                       "ZeRO-3: all compute)" if overlap == "dp" else "not overlapped"),
                    f"bubble (p − 1)/(v·m) = {bubble:.3g} over ideal (p = {layout.pp}, v = {v}, m = "
-                   f"{layout.micro_batches}); stages and GPUs share the FLOPs evenly")
+                   f"{layout.micro_batches}); "
+                   + ("stages and GPUs share the FLOPs evenly" if imbalance == 1 else
+                      f"uneven stages ({describe_counts(layout.stage_layers)} layers): the busiest sets the pace, "
+                      f"× {imbalance:.4g} the even share (layers weighed alike, embedding and head not)"))
     return StepTimeEstimate(compute, pipelined * bubble, tuple(axes), step, tokens, model_flops, hardware_flops,
                             cluster.gpus, peak, fraction, overlap, v, recompute, bubble, assumptions)

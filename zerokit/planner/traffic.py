@@ -37,8 +37,13 @@ from .. import theory
 from ..theory import context as cp_theory, experts as ep_theory
 from ..theory.experts import is_expert
 from .cluster import axis_link, group_link, ORDER
-from .layout import DDP_BUCKET_BYTES
+from .layout import DDP_BUCKET_BYTES, stage_layer_counts, stage_layer_range
 from .memory import stage_tensors
+
+
+def stage_layers(model, layout, stage: int) -> range:
+    """The layers pipeline ``stage`` holds (every layer when pp = 1)."""
+    return stage_layer_range(stage_layer_counts(layout, model.layers), stage)
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,7 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
     e = theory.param_bytes_per_element(layout.precision)
     recompute = layout.checkpointing != "none"
     s, b, h, m = model.seq_len // layout.cp, layout.micro_batch_size, model.hidden, layout.micro_batches
-    layers = model.layers // layout.pp
+    layers = len(stage_layers(model, layout, stage))
     link = axis_link(cluster, layout.degrees(), "tp")
     rounds = _rounds("all_reduce", t)
 
@@ -189,7 +194,7 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
     for part, nbytes in edges.items():
         out.append(transfer(f"{pair if part != 'loss' else 'all_reduce'} ({part})", nbytes, m, what[part]))
     if layout.sp:
-        whole = sum(p.numel for p in stage_tensors(model, layout.pp, stage) if not p.tp_sharded)
+        whole = sum(p.numel for p in stage_tensors(model, layout, stage) if not p.tp_sharded)
         out.append(transfer("all_reduce (sequence-parallel grads)",
                             theory.sequence_parallel_grad_bytes(whole, t, e, m), m,
                             f"2(t−1)/t·b·{whole:,} parameters kept whole (norms, row-parallel biases, positions), "
@@ -199,7 +204,7 @@ def tp_transfers(layout, cluster, model, stage: int) -> list:
                             layers * m, f"2(t−1)/t·b·s·k·4 per MoE layer per micro-batch (k = {model.top_k} fp32 "
                             f"gates per token)"))
         if not layout.sp:
-            biases = sum(p.numel for p in stage_tensors(model, layout.pp, stage)
+            biases = sum(p.numel for p in stage_tensors(model, layout, stage)
                          if is_expert(p) and not p.tp_sharded) // layout.ep
             if biases:
                 out.append(transfer("all_reduce (expert output biases)",
@@ -227,7 +232,7 @@ def pp_transfers(layout, cluster, model, stage: int) -> list:
                      _leaving(layout, cluster, "pp", nbytes))]
 
 
-def cp_transfers(layout, cluster, model) -> list:
+def cp_transfers(layout, cluster, model, stage: int = 0) -> list:
     """Context parallelism's bytes of one rank per step: every attention layer's ring sends or Ulysses all-to-alls,
     forward and backward (the forward again when checkpointing recomputes it), per micro-batch."""
     cp = layout.cp
@@ -235,8 +240,8 @@ def cp_transfers(layout, cluster, model) -> list:
         return []
     e = theory.param_bytes_per_element(layout.precision)
     t, m, att = layout.tp, layout.micro_batches, layout.cp_attention
-    calls_per = model.layers // layout.pp + sum(1 for i in range(model.layers) if i >= model.layers -
-                                                 model.cross_attention_layers) // layout.pp
+    mine = stage_layers(model, layout, stage)  # each layer's self-attention, and its cross-attention if it has one
+    calls_per = len(mine) + sum(1 for i in mine if i >= model.layers - model.cross_attention_layers)
     per = cp_theory.cp_attention_bytes(att, cp, model.seq_len, layout.micro_batch_size, model.q_dim // t,
                                        model.kv_dim // t, e)
     calls = cp_theory.cp_attention_calls(att, cp)
@@ -253,7 +258,7 @@ def cp_transfers(layout, cluster, model) -> list:
                     f"{', forward twice (recomputed)' if forwards == 2 else ''}, {calls_per} layers, cp = {cp}",
                     _leaving(layout, cluster, "cp", nbytes))]
     if model.moe:  # the load-balancing loss's per-sequence statistics, summed over the cp ranks' chunks
-        layers = model.layers // layout.pp
+        layers = len(mine)
         aux = layers * m * cp_theory.moe_aux_cp_bytes(layout.micro_batch_size, model.experts, cp)
         out.append(Transfer("cp", "all_reduce (MoE load-balancing statistics)", aux, 3 * layers * m, link.name,
                             theory.link_seconds(aux, 3 * layers * m * _rounds("all_reduce", cp), link.bandwidth,
@@ -264,14 +269,14 @@ def cp_transfers(layout, cluster, model) -> list:
     return out
 
 
-def ep_transfers(layout, cluster, model) -> list:
+def ep_transfers(layout, cluster, model, stage: int = 0) -> list:
     """Expert parallelism's all-to-alls of one rank per step, under uniform routing (each MoE layer: counts,
     dispatch with expert ids and combine in forward, their gradients in backward; per micro-batch)."""
     ep = layout.ep
     if ep <= 1:
         return []
     e = theory.param_bytes_per_element(layout.precision)
-    m, layers = layout.micro_batches, model.layers // layout.pp
+    m, layers = layout.micro_batches, len(stage_layers(model, layout, stage))
     tokens = layout.micro_batch_size * model.seq_len // layout.cp
     per = ep_theory.moe_alltoall_bytes_uniform(tokens, model.top_k, model.hidden, e, ep)
     forwards = 2 if layout.checkpointing != "none" else 1
@@ -309,8 +314,8 @@ def transfers(model, layout, cluster, memory) -> list:
     """Every transfer of one rank of the stage ``memory`` describes."""
     out = dp_transfers(layout, cluster, memory.psi_rank, memory.units, memory.expert_psi, memory.expert_units)
     if model.has_shape:
-        out += cp_transfers(layout, cluster, model)
-        out += ep_transfers(layout, cluster, model)
+        out += cp_transfers(layout, cluster, model, memory.stage)
+        out += ep_transfers(layout, cluster, model, memory.stage)
         out += tp_transfers(layout, cluster, model, memory.stage)
         out += pp_transfers(layout, cluster, model, memory.stage)
     return out + host_transfers(layout, cluster, memory.psi_rank)

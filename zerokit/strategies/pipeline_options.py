@@ -13,7 +13,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def _partition_allowed(value) -> bool:
-    return value in ("blocks", "params") or (isinstance(value, (list, tuple)) and len(value) > 0)
+    return value in ("blocks", "params") or (isinstance(value, (list, tuple, dict)) and len(value) > 0)
 
 
 PIPELINE_OPTIONS = {
@@ -21,8 +21,8 @@ PIPELINE_OPTIONS = {
     "chunks": Option(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                      "a positive integer: model chunks per pipeline rank (above 1 only with schedule='interleaved')"),
     "partition": Option("blocks", _partition_allowed,
-                        "'blocks' (equal block counts), 'params' (balanced parameter counts) or a list of block "
-                        "counts, one per stage"),
+                        "'blocks' (equal block counts), 'params' (balanced parameter counts), a list of block "
+                        "counts, one per stage, or {'first': k, 'last': k} (Megatron's first/last stage counts)"),
 }
 
 REFUSED = ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed refuses them too): each "
