@@ -31,8 +31,9 @@ DESCRIPTION = ("The zerokit command: tour (every parallelism on a tiny GPT), com
 PARALLEL_FORM = "AXIS=N[,AXIS=N…] with AXIS one of dp, cp, ep, tp, pp, e.g. dp=2,tp=1,pp=1 (ep is carved from dp)"
 
 #: how ``--model`` is written, for its help and its error messages
-MODEL_FORM = (f"a built-in workload ({', '.join(BUILTIN)}: zerokit.{', zerokit.'.join(f.__name__ for f in BUILTIN.values())}"
-              f" with their defaults) or FILE.py:FUNC, where FUNC() returns a zerokit.Workload")
+MODEL_FORM = (f"a built-in workload ({', '.join(BUILTIN)}: "
+              f"{', '.join(f'zerokit.{f.__name__}' for f in BUILTIN.values())} with their defaults) or FILE.py:FUNC, "
+              f"where FUNC() returns a zerokit.Workload")
 
 
 def load_workload(spec: str) -> Workload:

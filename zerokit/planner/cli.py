@@ -135,8 +135,8 @@ def add_plan_command(sub):
                    f"between nodes); each flag below overrides one of its figures")
     choose = cluster.add_mutually_exclusive_group()
     choose.add_argument("--gpu", metavar="GPU", type=str.lower, choices=list(systems.GPU_SYSTEMS),
-                        help=f"the GPU, its peak, memory and links together: "
-                             f"{', '.join(f'{g} ({systems.SYSTEMS[s].title})' for g, s in systems.GPU_SYSTEMS.items())}")
+                        help="the GPU, its peak, memory and links together: "
+                             + ", ".join(f"{g} ({systems.SYSTEMS[s].title})" for g, s in systems.GPU_SYSTEMS.items()))
     choose.add_argument("--system", metavar="NAME", type=str.lower, choices=list(systems.SYSTEMS),
                         help=f"a named system: {', '.join(systems.SYSTEMS)} (zerokit.theory.systems lists each "
                              f"figure with its source)")
@@ -146,7 +146,8 @@ def add_plan_command(sub):
     cluster.add_argument("--gpus-per-node", type=int,
                          help=f"default: the system's, {default.gpus_per_node} (every named system has 8)")
     cluster.add_argument("--intra-bandwidth", type=float, metavar="GB/s",
-                         help=f"per GPU each way inside a node (default: the system's, {default.intra.bandwidth / 1e9:g})")
+                         help=f"per GPU each way inside a node (default: the system's, "
+                              f"{default.intra.bandwidth / 1e9:g})")
     cluster.add_argument("--inter-bandwidth", type=float, metavar="GB/s",
                          help=f"per GPU between nodes (default: the system's, {default.inter.bandwidth / 1e9:g})")
     cluster.add_argument("--host-bandwidth", type=float, metavar="GB/s",
@@ -191,8 +192,9 @@ def add_plan_command(sub):
     lay.add_argument("--deepspeed-config", metavar="FILE", help="a DeepSpeed config JSON: its ZeRO stage, buckets, "
                                                                 "offload, batch and precision")
     step = plan_.add_argument_group("step time (an estimate: compute at a share of peak, exposed traffic, bubble)")
-    step.add_argument("--gpu-peak", metavar="GPU|TFLOPS", help="default: the system's GPU (A100: 312); a100, h100, "
-                                                               "h200, v100, or the dense 16-bit peak in TFLOP/s per GPU")
+    step.add_argument("--gpu-peak", metavar="GPU|TFLOPS",
+                      help="default: the system's GPU (A100: 312); a100, h100, h200, v100, or the dense 16-bit peak in "
+                           "TFLOP/s per GPU")
     step.add_argument("--compute-fraction", type=float, metavar="F",
                       help=f"share of that peak while computing, in (0, 1] (default "
                            f"{theory.DEFAULT_COMPUTE_FRACTION:g}: Megatron-LM on A100, within 18 %% of "
