@@ -3,7 +3,7 @@
 Lifecycle:
 
 1. **rows** (:func:`tour_rows`): the tour as data — per parallelism, zerokit's strategy on
-   its layout (dp×tp×pp) and, under it, each peer that does the same thing (torch DDP,
+   its layout (dp×tp×pp×cp×ep) and, under it, each peer that does the same thing (torch DDP,
    ZeroRedundancyOptimizer, FSDP2, DeepSpeed when it is installed, torch TP, torch's
    pipelining, torch.utils.checkpoint). Data parallelism and ZeRO 1–3 run at every
    ``--world-sizes`` entry; tensor parallelism at tp=2; pipeline 1F1B at pp=2 with 4
@@ -15,16 +15,20 @@ Lifecycle:
 2. **plan**: every row becomes a checked :class:`~zerokit.job.Job` before any process starts,
    so a row the library cannot run fails in a second, naming the row.
 3. **run**: one single-process reference per model, then each row launched for real; each result holds
-   rank 0's ledgers, the busiest rank's traffic and the parameters.
-4. **print** (:func:`table`): per row, model states per rank (memory ledger) next to
-   ``zerokit.theory``, traffic per step (the ring cost of the collectives the communication
-   ledger recorded) next to the theory's, |Δparam| against the single process, and what the
-   row is there to show (the pipeline's bubble measured and simulated, offload's host bytes
-   and copies, checkpointing's activations and recomputed forwards). The last lines say where
-   to go next.
+   rank 0's ledgers, the busiest rank's traffic and the parameters. The ranks' output passes
+   through :class:`Terminal`, which holds back DeepSpeed's set-up chatter and counts it in one line.
+4. **print** (:func:`table`), every line within :data:`WIDTH` columns: per row, model states per
+   rank (memory ledger) next to ``zerokit.theory``, traffic per step (the ring cost of the
+   collectives the communication ledger recorded) next to the theory's, |Δparam| against the
+   single process, and what the row is there to show (the pipeline's bubble measured and
+   simulated, offload's host bytes and copies, checkpointing's activations and recomputed
+   forwards). The last lines say where to go next; :func:`main` returns the results with every line it printed (:class:`TourRun`).
 """
 from __future__ import annotations
 
+import re
+import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -43,6 +47,15 @@ TOUR_WORKLOAD = dict(vocab=256, seq_len=32, d_model=64, n_layer=2, n_head=4, bat
 PIPELINE = dict(schedule="1f1b", stages=2, micro_batches=4)
 #: the expert-parallel rows' model: the tour's GPT with a mixture of experts in every block (its own reference)
 TOUR_EXPERTS = dict(n_experts=4, top_k=2)
+#: the tour's AdamW learning rate
+LR = 1e-3
+#: the columns of a terminal the tour's output fits, every line of it (tests/app/test_tour.py)
+WIDTH = 100
+#: the mesh's axes, in the order the layout column names them
+AXES = ("dp", "tp", "pp", "cp", "ep")
+#: how the strategy column writes an option (any other: ``key=value``)
+SHORT_OPTION = {"schedule": "{v}", "cp_attention": "{v}", "checkpointing": "checkpointing {v}",
+                "offload": "offload {v}"}
 #: registered strategies the tour leaves out, and why; any other strategy must have a row (tests/app/test_tour.py)
 NOT_IN_TOUR = {
     "single": "the reference every row is held against",
@@ -79,18 +92,17 @@ class Row:
 
     @property
     def layout(self) -> str:
+        """Every axis of the mesh, in :data:`AXES`' order: ``2×1×1×1×2`` is dp 2, ep 2 (ep carved out of dp)."""
         shape = self.parallel or {"dp": self.world_size}
-        axes = ("dp", "tp", "pp") + tuple(a for a in ("cp", "ep") if shape.get(a, 1) > 1)
-        return "×".join(f"{shape.get(axis, 1)}" if axis in ("dp", "tp", "pp") else f"{axis}{shape[axis]}"
-                        for axis in axes)
+        return "×".join(str(shape.get(axis, 1)) for axis in AXES)
 
     @property
     def label(self) -> str:
-        extra = [str(v) if k == "schedule" else f"{k}={v}" for k, v in self.options.items()]
+        extra = [SHORT_OPTION.get(k, "{k}={v}").format(k=k, v=v) for k, v in self.options.items()]
         extra += [f"{self.micro_batches} micro-batches"] if self.micro_batches > 1 else []
         extra = [self.short] if self.short else extra
         if self.ranks_per_node:
-            extra.append(f"{self.world_size // self.ranks_per_node} nodes of {self.ranks_per_node}")
+            extra.append(f"{self.world_size // self.ranks_per_node} nodes")
         name = f"{self.strategy} ({', '.join(extra)})" if extra else self.strategy
         return f"  ↳ {name}" if self.peer else name
 
@@ -159,7 +171,7 @@ def plan(rows: List[Row], workload, steps: int) -> list:
     jobs = []
     for row in rows:
         try:
-            job = make_job(models[row.model], row.strategy, row.world_size, steps, "fp32", "adamw", 1e-3,
+            job = make_job(models[row.model], row.strategy, row.world_size, steps, "fp32", "adamw", LR,
                            row.micro_batches, dict(row.options), parallel=row.parallel)
         except ValueError as e:
             raise ValueError(f"tour row {row.section} / {row.strategy} on {row.layout}: {e}") from e
@@ -237,37 +249,50 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
     return ""
 
 
+# --- the table --------------------------------------------------------------------------------------
+
+def _wrapped(text: str, indent: str) -> List[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+#: the strategy column's width; the layout and the five figures take the rest of :data:`WIDTH`
+_LABEL = 38
+_ROW = "{label:<38}{layout:<15}{a:>8}{b:>9}{c:>10}{d:>9}{e:>9}"
+
+
 def table(results: list, steps: int) -> str:
-    """The tour's table: one line per row, and under a row what it is there to show (the module's docstring
-    says what each column is)."""
-    width = max(len(row.label) for row, _ in results) + 2
-    header = (f"{'parallelism':<18}{'strategy':<{width}}{'dp×tp×pp':<12}{'states KiB':>21}{'traffic KiB/step':>21}"
-              f"{'|Δp| vs':>10}")
-    kinds = (f"{'':<18}{'':<{width}}{'':<12}{'ledger':>10} {'theory':>10}{'ledger':>10} {'theory':>10}"
-             f"{'single':>10}")
-    lines = [header, kinds, "-" * len(header)]
+    """The tour's table, every line within :data:`WIDTH` columns: a heading line per parallelism, then one line
+    per row and under a row what it is there to show (the module's docstring says what each column is)."""
+    lines = [f"{'strategy':<{_LABEL}}{'dp×tp×pp×cp×ep':<15}{'states KiB':>17}{'traffic KiB/step':>19}"
+             f"{'|Δp| vs':>9}",
+             _ROW.format(label="", layout="", a="ledger", b="theory", c="ledger", d="theory", e="single"),
+             "-" * WIDTH]
     ddp_at_2 = next((r for row, r in results if row.strategy == "ddp" and row.world_size == 2 and not row.options),
                     None)
     section = None
     for row, r in results:
+        if row.section != section:
+            section = row.section
+            lines.append(section)
         rank0 = r.ranks[0]
         states = sum(rank0.model_state_bytes.values())
         traffic = max(x.comm_ring_cost_bytes_per_step for x in r.ranks)
         traffic_theory = max(x.theory_comm_bytes_per_step for x in r.ranks)
         diff = "—" if r.max_abs_param_diff is None else f"{r.max_abs_param_diff:.1e}"
-        name = row.section if row.section != section else ""
-        section = row.section
-        lines.append(f"{name:<18}{row.label:<{width}}{row.layout:<12}{_kib(states):>10} "
-                     f"{_kib(rank0.theory_model_states['total']):>10}{_kib(traffic):>10} {_kib(traffic_theory):>10}"
-                     f"{diff:>10}")
+        lines.append(_ROW.format(label=row.label, layout=row.layout, a=_kib(states),
+                                 b=_kib(rank0.theory_model_states["total"]), c=_kib(traffic),
+                                 d=_kib(traffic_theory), e=diff))
+        indent = "      " if row.peer else "  "
         note = _notes(row, r, steps, ddp_at_2)
         if note:
-            lines.append(f"{'':<18}{'    ' if row.peer else '  '}{note}")
+            lines += _wrapped(note, indent)
     return "\n".join(lines)
 
 
 def legend(psi: int, steps: int) -> List[str]:
-    return [
+    """The footers, each wrapped to :data:`WIDTH` columns."""
+    paragraphs = [
         "states: rank 0's parameters, gradients and optimizer states on the device after the last step, from the "
         "memory ledger (ledger) and from zerokit.theory's formula for the layout (theory).",
         "traffic: the busiest rank's collectives per step — each call's measured payload through the ring formula "
@@ -276,18 +301,21 @@ def legend(psi: int, steps: int) -> List[str]:
         "|Δp|: largest parameter difference from one process training the same model on the same data. The "
         "gradients agree to float32 rounding (their sums run in another order); AdamW divides by √v, which turns "
         "rounding in a gradient that should be zero (an attention key bias) into steps of up to lr, so anything "
-        f"under lr·steps = {1e-3 * steps:g} can be rounding; tests/ hold each strategy to bounds derived per case.",
+        f"under lr·steps = {LR * steps:g} can be rounding; tests/ hold each strategy to bounds derived per case.",
         f"DDP holds 16Ψ = {16 * psi / 1024:,.1f} KiB of model states per rank (fp32 AdamW), plus 4 B per tensor for "
         f"Adam's step; the peers' ledgers miss what a library keeps privately.",
+        "dp×tp×pp×cp×ep: the mesh's degree on each axis; the ranks are dp·tp·pp·cp, ep is carved out of dp (its "
+        "experts spread over ep of the dp ranks).",
     ]
+    return [line for text in paragraphs for line in _wrapped(text, "")]
 
 
 NEXT = [
     "Where next:",
-    "  make lab                                 the course, lesson 00 onwards: one idea per lesson, run for real",
-    "  zerokit compare --help                   your own model (FILE.py:FUNC), any strategies side by side",
+    "  make lab                                  the course, lesson 00 onwards, every lesson run for real",
+    "  zerokit compare --help                    your own model (FILE.py:FUNC), strategies side by side",
     "  zerokit plan --preset llama-7b --gpus 64  the same formulas for a real model on a real cluster",
-    "  zerokit bench --help                     step time and peak memory as ratios against torch and DeepSpeed",
+    "  zerokit bench --help                      step time and peak memory against torch and DeepSpeed",
 ]
 
 
@@ -298,32 +326,117 @@ def prepare(world_sizes, steps: int) -> tuple:
     return workload, plan(tour_rows(world_sizes), workload, steps)
 
 
-def main(prepared: tuple, steps: int, timeout_s: float, out=print) -> list:
-    """Run the rows :func:`prepare` made, print the table; ``out(text, flush=…)`` prints (``print`` by default).
-    Returns ``[(row, StrategyResult), …]``."""
+#: a rank's line that is DeepSpeed setting itself up, not the tour: its CPU communication op loaded
+#: (``[r0] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully``) and its logger's INFO and WARNING
+#: lines (``[r0] [2026-01-01 00:00:00,000] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator
+#: to CPU…``)
+DEEPSPEED_CHATTER = re.compile(r"\[r\d+\] (DeepSpeed \S+ built successfully$|\[\d{4}-\d\d-\d\d [\d:,.]+\] "
+                               r"\[(INFO|WARNING)\] )")
+
+
+class _Lines:
+    """One of ``sys.stdout`` / ``sys.stderr`` while the tour runs: text cut into whole lines for :class:`Terminal`."""
+
+    def __init__(self, terminal: "Terminal", stream):
+        self.terminal, self.stream, self.pending = terminal, stream, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.terminal.line(line, self.stream)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.pending:
+            self.terminal.line(self.pending, self.stream)
+            self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):  # encoding, isatty, fileno…: the stream's own
+        return getattr(self.stream, name)
+
+
+class Terminal:
+    """Where the tour's text goes while it runs. Lifecycle: entering replaces ``sys.stdout`` and ``sys.stderr``
+    with a :class:`_Lines` each, so the tour's own lines and those the launcher forwards from the ranks
+    (:mod:`zerokit.runtime.output`, which looks the streams up at every write) pass through :meth:`line` whole;
+    DeepSpeed's set-up chatter (:data:`DEEPSPEED_CHATTER`) is held back in :attr:`held`, every other line goes out
+    and is kept in :attr:`printed`. Leaving puts the streams back; when a run failed, the held lines go out too
+    (to stderr), since then they may be the clue."""
+
+    def __init__(self):
+        self.printed: List[str] = []
+        self.held: List[str] = []
+
+    def __enter__(self) -> "Terminal":
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Lines(self, sys.stdout), _Lines(self, sys.stderr)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _Lines):
+                stream.finish()
+        sys.stdout, sys.stderr = self._saved
+        if error is not None and self.held:
+            sys.stderr.write("".join(line + "\n" for line in self.held))
+
+    def line(self, text: str, stream) -> None:
+        if DEEPSPEED_CHATTER.match(text):
+            self.held.append(text)
+            return
+        self.printed.append(text)
+        stream.write(text + "\n")
+
+
+class TourRun(list):
+    """``[(row, StrategyResult), …]`` as :func:`main` returns it, with every line it printed (``printed``) and the
+    ranks' lines it held back (``held``): ``zerokit tour`` keeps it whole (:mod:`zerokit.tour_results`), so the
+    tests read the output `make tour` showed."""
+
+    def __init__(self, results=(), printed=(), held=()):
+        super().__init__(results)
+        self.printed, self.held = list(printed), list(held)
+
+
+def main(prepared: tuple, steps: int, timeout_s: float, out=print) -> TourRun:
+    """Run the rows :func:`prepare` made, print the table, every line within :data:`WIDTH` columns;
+    ``out(text, flush=…)`` prints (``print`` by default: what goes through ``sys.stdout`` is filtered by
+    :class:`Terminal` and kept). Returns the :class:`TourRun`."""
     start = time.perf_counter()
     workload, jobs = prepared
     rows = [row for row, _ in jobs]
     psi = workload.param_count()
-    out(f"zerokit tour — {workload.description}; Ψ = {psi:,} parameters; fp32 AdamW, {steps} steps; "
-        f"{len(rows)} runs, each against one single-process reference.")
-    if not _have("deepspeed-zero1"):
-        out("(DeepSpeed is not installed: its rows are left out; `make install` installs it)")
-    started = []
+    with Terminal() as terminal:
+        for text in (f"zerokit tour — {workload.description}",
+                     f"Ψ = {psi:,} parameters; fp32 AdamW, {steps} steps; {len(rows)} runs, each against one "
+                     f"single-process reference."):
+            for line in _wrapped(text, ""):
+                out(line)
+        if not _have("deepspeed-zero1"):
+            out("(DeepSpeed is not installed: its rows are left out; `make install` installs it)")
+        started = []
 
-    def progress(row, result):  # one word per parallelism as its runs finish, so a minute is not silent
-        if row.section not in started:
-            started.append(row.section)
-            out(("running: " if len(started) == 1 else "         ") + row.section, flush=True)
+        def progress(row, result):  # one word per parallelism as its runs finish, so a minute is not silent
+            if row.section not in started:
+                started.append(row.section)
+                out(("running: " if len(started) == 1 else "         ") + row.section, flush=True)
 
-    _, results = run(jobs, timeout_s, progress)
-    out("")
-    out(table(results, steps))
-    out("")
-    for line in legend(psi, steps):
-        out(line)
-    out("")
-    for line in NEXT:
-        out(line)
-    out(f"\ntour finished in {time.perf_counter() - start:.1f} s")
-    return results
+        _, results = run(jobs, timeout_s, progress)
+        if terminal.held:
+            for line in _wrapped(f"(held back: {len(terminal.held)} lines DeepSpeed's ranks printed setting up — its "
+                                 f"CPU op built, its logger's notices)", ""):
+                out(line)
+        out("")
+        out(table(results, steps))
+        out("")
+        for line in legend(psi, steps):
+            out(line)
+        out("")
+        for line in NEXT:
+            out(line)
+        out(f"\ntour finished in {time.perf_counter() - start:.1f} s")
+    return TourRun(results, terminal.printed, terminal.held)

@@ -1,7 +1,7 @@
 """The runs a finished ``zerokit tour`` keeps, so ``make test`` reads them back instead of running them again.
 
 Lifecycle: ``zerokit tour`` ends with :func:`keep_results`, which pickles its ``[(row, result), …]``
-under :func:`code_key` — a digest of zerokit's sources, torch's version, whether DeepSpeed is
+(a :class:`~zerokit.tour.TourRun`, with every line the tour printed) under :func:`code_key` — a digest of zerokit's sources, torch's version, whether DeepSpeed is
 installed, the world sizes and the steps — in ``.zerokit/tour-results.pkl``; tests/app/test_tour.py
 calls :func:`kept_results`, which returns them only for exactly that key (None otherwise: the
 test runs the tour itself).

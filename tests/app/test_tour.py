@@ -1,8 +1,9 @@
-"""``zerokit tour`` end to end, run once (2 steps) for every assertion here: every registered strategy has a
+"""``zerokit tour`` end to end, run once (4 steps) for every assertion here: every registered strategy has a
 row or a stated reason not to; each of zerokit's rows holds its model states and traffic to the theory to the
-byte; the pipeline, grid, offload and checkpointing rows show what they are there to show; the table ends by
-telling the reader where to go next."""
+byte; the pipeline, grid, offload and checkpointing rows show what they are there to show; every line the tour printed fits
+100 columns, DeepSpeed's set-up chatter held back; the table ends by telling the reader where to go next."""
 import math
+import sys
 
 import pytest
 
@@ -101,3 +102,59 @@ def test_tour_arguments_are_checked_before_anything_runs(capsys):
                           (["--timeout", "0"], "--timeout 0")):
         assert cli.main(["tour", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_every_line_the_tour_printed_fits_a_terminal(ran):
+    _, results = ran
+    printed = results.printed
+    assert any(line.startswith("strategy") for line in printed) and "Where next:" in printed
+    too_wide = [line for line in printed if len(line) > tour.WIDTH]
+    assert not too_wide, f"{len(too_wide)} lines over {tour.WIDTH} columns, the first: {too_wide[0]!r}"
+
+
+def test_deepspeeds_set_up_chatter_is_held_back(ran):
+    _, results = ran
+    chatter = [line for line in results.printed if tour.DEEPSPEED_CHATTER.match(line)
+               or "shm_comm_op" in line or "real_accelerator" in line]
+    assert not chatter, chatter[:3]
+    if results.held:  # said in one line, with the count
+        assert any(f"held back: {len(results.held)} lines DeepSpeed's ranks printed" in line
+                   for line in results.printed)
+
+
+def test_the_terminal_holds_deepspeeds_lines_and_passes_the_rest_whole(capsys):
+    """DeepSpeed's lines as the ranks printed them in a tour (one an op's build, one its logger's warning), written
+    the way the launcher and print() write: several lines at once, and a line in pieces."""
+    built = "[r1] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"
+    warned = ("[r0] [2026-12-06 04:03:47,536] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
+              "accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+    failed = "[r0] RuntimeError: DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op failed to build"
+    with tour.Terminal() as terminal:
+        sys.stdout.write(f"{built}\n[r0] step 1\n")
+        sys.stderr.write(warned + "\n")
+        print("running: ZeRO-1", flush=True)
+        sys.stdout.write("[r1] par")
+        sys.stdout.write("tial\n" + failed + "\n")
+    out, err = capsys.readouterr()
+    assert terminal.held == [built, warned]
+    assert terminal.printed == ["[r0] step 1", "running: ZeRO-1", "[r1] partial", failed]
+    assert out == "[r0] step 1\nrunning: ZeRO-1\n[r1] partial\n" + failed + "\n" and err == ""
+
+
+def test_the_layout_column_names_every_axis(ran):
+    _, results = ran
+    header = tour.table(results, STEPS).splitlines()[0]
+    assert "dp×tp×pp×cp×ep" in header
+    layouts = {(row.section, row.strategy, row.world_size, row.layout) for row, _ in results}
+    assert ("context parallel", "ddp", 2, "1×1×1×2×1") in layouts
+    assert ("expert parallel", "zero1", 4, "2×2×1×1×2") in layouts
+    assert all(len(row.layout.split("×")) == len(tour.AXES) for row, _ in results)
+
+
+def test_a_failed_run_shows_what_deepspeed_said(capsys):
+    built = "[r0] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"
+    with pytest.raises(RuntimeError, match="rank 0 failed"):
+        with tour.Terminal():
+            print(built)
+            raise RuntimeError("rank 0 failed")
+    assert capsys.readouterr().err == built + "\n"  # held while the run went well, out when it failed
