@@ -22,7 +22,10 @@ Lifecycle:
    collectives the communication ledger recorded) next to the theory's, |Δparam| against the
    single process, and what the row is there to show (the pipeline's bubble measured and
    simulated, offload's host bytes and copies, checkpointing's activations and recomputed
-   forwards). The last lines say where to go next; :func:`main` returns the results with every line it printed (:class:`TourRun`).
+   forwards). Where a peer's measurement is not the formula's, a "why" line (:func:`why`)
+   says what its library does instead — read from its source, sized from the row's own
+   ledger so that formula + the note's bytes = the measurement. The last lines say where to go
+   next; :func:`main` returns the results with every line it printed (:class:`TourRun`).
 """
 from __future__ import annotations
 
@@ -249,6 +252,139 @@ def _notes(row: Row, result: StrategyResult, steps: int, without: Optional[Strat
     return ""
 
 
+# --- why a row's measured figure is not the formula's --------------------------------------------------
+
+@dataclass(frozen=True)
+class Why:
+    """Why one of a row's measured figures is not the formula's: the sentence printed under the row, and the bytes
+    it accounts for — ``states`` on rank 0 (B), ``traffic`` on the busiest rank (B/step) — each computed from the
+    library's source-read behaviour and the row's ledger, so that formula + ``explained`` = measured
+    (tests/app/test_tour.py holds every row to it). ``|Δp|`` explains a parameter difference over lr·steps."""
+
+    figure: str
+    text: str
+    explained: float = 0.0
+
+
+def gaps(row: Row, result: StrategyResult, steps: int) -> dict:
+    """The row's measured figures less the formula's, as the table prints them: ``states`` (B, rank 0),
+    ``traffic`` (B/step, the busiest rank's ledger less the largest formula), and ``|Δp|``: whether the parameter
+    difference exceeds lr·steps, what AdamW's rounding can reach (:func:`legend`)."""
+    rank0 = result.ranks[0]
+    return {"states": sum(rank0.model_state_bytes.values()) - rank0.theory_model_states["total"],
+            "traffic": (max(x.comm_ring_cost_bytes_per_step for x in result.ranks)
+                        - max(x.theory_comm_bytes_per_step for x in result.ranks)),
+            "|Δp|": result.max_abs_param_diff is not None and result.max_abs_param_diff > LR * steps}
+
+
+def _busiest(result: StrategyResult):
+    return max(result.ranks, key=lambda x: x.comm_ring_cost_bytes_per_step)
+
+
+def _ledger(rank, steps: int, phase: str, op: str) -> float:
+    """The ring cost per step of one rank's ``op`` calls in ``phase`` (the ledger's summary is over the run)."""
+    return sum(s["ring_cost_bytes"] for s in rank.comm_summary if s["phase"] == phase and s["op"] == op) / steps
+
+
+def _zero_redundancy_share(numels: List[int], n: int, rank: int) -> tuple:
+    """The elements and tensors ZeroRedundancyOptimizer gives ``rank``: whole tensors, largest first, each to the
+    rank holding the fewest elements so far (the lowest such rank on a tie) — torch's ``_partition_parameters``."""
+    sizes, tensors = [0] * n, [0] * n
+    for numel in sorted(numels, reverse=True):
+        least = sizes.index(min(sizes))
+        sizes[least] += numel
+        tensors[least] += 1
+    return sizes[rank], tensors[rank]
+
+
+def _why_zero_redundancy(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    rank0, n = result.ranks[0], row.world_size
+    numels = [p.numel() for p in tiny_gpt(**TOUR_WORKLOAD).build_model().parameters()]
+    owned, tensors = _zero_redundancy_share(numels, n, 0)
+    states = 8 * owned + 4 * tensors - rank0.theory_model_states["optimizer"]  # fp32 AdamW: m, v and a step each
+    busiest = _busiest(result)
+    broadcast = _ledger(busiest, steps, "step", "broadcast")
+    ddp = _ledger(busiest, steps, "backward", "all_reduce")
+    return [Why("states", f"ZeroRedundancyOptimizer shards whole tensors (largest first, to the least loaded "
+                          f"rank): rank 0 steps {tensors} tensors, {owned:,} elements, not Ψ/N = "
+                          f"{sum(numels) / n:,.0f}: {states:+,} B", states),
+            Why("traffic", f"after DDP's all-reduce each owner broadcasts its updated tensors: "
+                           f"+{_kib(broadcast)} KiB/step ({(ddp + broadcast) / ddp:.2f}× DDP)", broadcast)]
+
+
+def _why_deepspeed_partitions(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    """DeepSpeed stages 1 and 2 (runtime/zero/stage_1_and_2.py)."""
+    rank0, busiest = result.ranks[0], _busiest(result)
+    formula = rank0.theory_model_states
+    master = (formula["optimizer"] - formula["step_scalars"]) // 2  # fp32: m and v are 8 B per element, a copy 4
+    states = master + 4 - formula["grads"]
+    all_reduce = _ledger(busiest, steps, "backward", "all_reduce")
+    checks = _ledger(busiest, steps, "step", "all_reduce")
+    return [Why("states", f"DeepSpeed frees the gradients at its step ({-formula['grads']:+,} B) and keeps an fp32 "
+                          f"copy of its partition, even of an fp32 model, with its Adam step ({master + 4:+,} B)",
+                states),
+            Why("traffic", f"DeepSpeed all-reduces each bucket where the formula reduce-scatters "
+                           f"(use_multi_rank_bucket_allreduce, its default): +{_kib(all_reduce / 2)} KiB/step, "
+                           f"{checks:+,.0f} B/step of overflow checks", all_reduce / 2 + checks)]
+
+
+def _why_deepspeed_stage3(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    """DeepSpeed stage 3 (runtime/zero/stage3.py, partitioned_param_coordinator.py), and its hpZ."""
+    rank0, busiest, n = result.ranks[0], _busiest(result), row.world_size
+    psi, formula = rank0.param_count, rank0.theory_model_states
+    s = row.options.get("zero_hpz_partition_size", 1)
+    secondary = theory.hpz_secondary_bytes(psi, s, "fp32") if s > 1 else 0
+    hpz = f"; hpZ's secondary copy is freed at each step ({-secondary:+,} B)" if secondary else ""
+    one_pass = theory.comm_bytes_per_step(3, psi, n, 4) / 3  # an all-gather of Ψ over the N ranks
+    backward_formula = max(x.theory_comm_bytes_per_step for x in result.ranks) - 2 * one_pass
+    small = _ledger(busiest, steps, "forward", "broadcast") + _ledger(busiest, steps, "step", "all_reduce")
+    regathered = one_pass / steps - backward_formula
+    return [Why("states", f"its gradient partitions sit in a private buffer, unseen ({-formula['grads']:+,} B)"
+                          f"{hpz}; its Adam step +4 B", 4 - formula["grads"] - secondary),
+            Why("traffic", f"it keeps what forward gathered for backward (stage3_max_reuse_distance 1e9 > Ψ): only "
+                           f"step 1 gathers again, over all {n} ranks" + (", none inside a node" if secondary else "")
+                + f": {regathered / 1024:+,.1f} KiB/step, {small:+,.0f} B/step of small calls", regathered + small)]
+
+
+def _why_torch_tp(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    t = (row.parallel or {}).get("tp", 1)
+    whole = TOUR_WORKLOAD["vocab"] * TOUR_WORKLOAD["d_model"] * 4  # fp32
+    extra = whole - whole // t
+    return [Why("states", f"torch computes the token embedding's gradient whole (vocab × d) on every rank; the "
+                          f"step slices it: {extra:+,} B", extra)]
+
+
+def _why_pipelining_metadata(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    extra = gaps(row, result, steps)["traffic"]
+    return [Why("traffic", f"torch's pipelining sends the stages' tensor metadata (pickled) in its first step: "
+                           f"{extra * steps:+,.0f} B over the run", extra)]
+
+
+def _why_quantized(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    weights, gradients = (theory.block_quantization_relative_bound(bits) for bits in (8, 4))
+    return [Why("|Δp|", f"qwZ rounds each gathered weight to int8 (error ≤ absmax/{1 / weights:.0f} per block), "
+                        f"qgZ each gradient to int4 (≤ absmax/{1 / gradients:.0f}): quantization, not rounding "
+                        f"(lesson 17)")]
+
+
+#: the rows whose measured figures differ from the formula, and the function that says why
+EXPLAINED = {"torch-zero1": _why_zero_redundancy, "deepspeed-zero1": _why_deepspeed_partitions,
+             "deepspeed-zero2": _why_deepspeed_partitions, "deepspeed-zero2-offload": _why_deepspeed_partitions,
+             "deepspeed-zero3": _why_deepspeed_stage3, "deepspeed-zeropp": _why_deepspeed_stage3,
+             "torch-tp": _why_torch_tp, "torch-pp-1f1b": _why_pipelining_metadata, "zeropp": _why_quantized}
+
+
+def why(row: Row, result: StrategyResult, steps: int) -> List[Why]:
+    """The notes of the figures where this row's measurement differs from the formula (none where they agree)."""
+    gap = gaps(row, result, steps)
+    explain = EXPLAINED.get(row.strategy)
+    if explain is None or not (gap["states"] or abs(gap["traffic"]) > 0.5 or gap["|Δp|"]):
+        return []
+    return [w for w in explain(row, result, steps)
+            if (w.figure == "states" and gap["states"]) or (w.figure == "traffic" and abs(gap["traffic"]) > 0.5)
+            or (w.figure == "|Δp|" and gap["|Δp|"])]
+
+
 # --- the table --------------------------------------------------------------------------------------
 
 def _wrapped(text: str, indent: str) -> List[str]:
@@ -263,7 +399,8 @@ _ROW = "{label:<38}{layout:<15}{a:>8}{b:>9}{c:>10}{d:>9}{e:>9}"
 
 def table(results: list, steps: int) -> str:
     """The tour's table, every line within :data:`WIDTH` columns: a heading line per parallelism, then one line
-    per row and under a row what it is there to show (the module's docstring says what each column is)."""
+    per row and under a row what it is there to show and, where a measured figure is not the formula's, why
+    (the module's docstring says what each column is)."""
     lines = [f"{'strategy':<{_LABEL}}{'dp×tp×pp×cp×ep':<15}{'states KiB':>17}{'traffic KiB/step':>19}"
              f"{'|Δp| vs':>9}",
              _ROW.format(label="", layout="", a="ledger", b="theory", c="ledger", d="theory", e="single"),
@@ -287,6 +424,8 @@ def table(results: list, steps: int) -> str:
         note = _notes(row, r, steps, ddp_at_2)
         if note:
             lines += _wrapped(note, indent)
+        for w in why(row, r, steps):
+            lines += _wrapped(f"why {w.figure}: {w.text}", indent)
     return "\n".join(lines)
 
 
@@ -297,11 +436,13 @@ def legend(psi: int, steps: int) -> List[str]:
         "memory ledger (ledger) and from zerokit.theory's formula for the layout (theory).",
         "traffic: the busiest rank's collectives per step — each call's measured payload through the ring formula "
         "(ledger) — next to the theory's bytes for Ψ and the layout. A peer's private buffers and shared-memory "
-        "collectives (DeepSpeed on CPU) are not seen by the ledgers.",
+        "collectives (DeepSpeed on CPU) are not seen by the ledgers; a \"why\" line under a row says what its "
+        "library does that the formula does not.",
         "|Δp|: largest parameter difference from one process training the same model on the same data. The "
         "gradients agree to float32 rounding (their sums run in another order); AdamW divides by √v, which turns "
         "rounding in a gradient that should be zero (an attention key bias) into steps of up to lr, so anything "
-        f"under lr·steps = {LR * steps:g} can be rounding; tests/ hold each strategy to bounds derived per case.",
+        f"under lr·steps = {LR * steps:g} can be rounding; more is the row's own doing, and its \"why\" line says "
+        "what (ZeRO++ quantizes). tests/ hold each strategy to bounds derived per case.",
         f"DDP holds 16Ψ = {16 * psi / 1024:,.1f} KiB of model states per rank (fp32 AdamW), plus 4 B per tensor for "
         f"Adam's step; the peers' ledgers miss what a library keeps privately.",
         "dp×tp×pp×cp×ep: the mesh's degree on each axis; the ranks are dp·tp·pp·cp, ep is carved out of dp (its "

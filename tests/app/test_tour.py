@@ -1,6 +1,7 @@
 """``zerokit tour`` end to end, run once (4 steps) for every assertion here: every registered strategy has a
 row or a stated reason not to; each of zerokit's rows holds its model states and traffic to the theory to the
-byte; the pipeline, grid, offload and checkpointing rows show what they are there to show; every line the tour printed fits
+byte; a peer's row whose measurement is not the formula's says why, in a note whose bytes close the gap; the
+pipeline, grid, offload and checkpointing rows show what they are there to show; every line the tour printed fits
 100 columns, DeepSpeed's set-up chatter held back; the table ends by telling the reader where to go next."""
 import math
 import sys
@@ -149,6 +150,31 @@ def test_the_layout_column_names_every_axis(ran):
     assert ("context parallel", "ddp", 2, "1×1×1×2×1") in layouts
     assert ("expert parallel", "zero1", 4, "2×2×1×1×2") in layouts
     assert all(len(row.layout.split("×")) == len(tour.AXES) for row, _ in results)
+
+
+def test_each_row_whose_measurement_is_not_the_formula_says_why(ran):
+    """For every row, every figure that differs from the formula has a "why" note whose bytes — computed from the
+    library's behaviour and the row's own ledger — make up the difference: states to the byte, traffic to the
+    half byte (a ring cost is a fraction); a |Δp| over lr·steps has a note too."""
+    _, results = ran
+    text = tour.table(results, STEPS)
+    explained = set()
+    for row, r in results:
+        gap, notes = tour.gaps(row, r, STEPS), {w.figure: w for w in tour.why(row, r, STEPS)}
+        if gap["states"]:
+            assert "states" in notes, (row, gap)
+            assert notes["states"].explained == gap["states"], (row, gap, notes["states"])
+        if abs(gap["traffic"]) > 0.5:
+            assert "traffic" in notes, (row, gap)
+            assert notes["traffic"].explained == pytest.approx(gap["traffic"], abs=0.5), (row, gap, notes["traffic"])
+        if gap["|Δp|"]:
+            assert "|Δp|" in notes, (row, r.max_abs_param_diff)
+        for w in notes.values():
+            assert f"why {w.figure}: " + w.text.split()[0] in text
+            explained.add(row.strategy)
+    assert "zeropp" in explained  # its quantization is more than AdamW's rounding
+    if tour._have("deepspeed-zero1"):
+        assert {"torch-zero1", "deepspeed-zero1", "deepspeed-zero3"} <= explained
 
 
 def test_a_failed_run_shows_what_deepspeed_said(capsys):
