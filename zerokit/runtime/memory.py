@@ -81,6 +81,8 @@ class MemoryLedger:
         self.peak_by_category = {c: 0 for c in CATEGORIES + HOST_CATEGORIES}
         self.samples = 0
         self._hooks: list = []
+        #: id → weak reference of every tensor whose gradient is sampled (:meth:`instrument`)
+        self._watched: dict = {}
         #: measured by the allocator (CUDA only, else None): bytes allocated at the ledger's peak sample, and the
         #: largest allocated − ledger total over the samples, with where it was sampled
         self.allocator_at_peak: Optional[int] = None
@@ -215,14 +217,39 @@ class MemoryLedger:
 
     # -- sampling points --------------------------------------------------------------
     def instrument(self, model: torch.nn.Module) -> None:
-        """Sample after every module's forward and as every parameter's gradient is produced."""
+        """Sample after every module's forward and as every parameter's gradient is produced.
+
+        The parameters watched are those the model holds now and those a module holds when its forward
+        begins, each once, under its module's name: a sharded model swaps its gathered parameters into the
+        modules for the forward (FSDP2's unsharded parameters, ``zerokit.fully_shard``'s whole ones), and
+        autograd gives the gradients to those, never to the shards it holds at rest — so backward is sampled
+        there, per parameter, as it is for a model whose parameters stay put."""
+        for name, p in model.named_parameters():
+            self._watch_gradient(p, name)
         for name, module in model.named_modules():
             label = name or type(module).__name__
+            prefix = f"{name}." if name else ""
+            self._hooks.append(module.register_forward_pre_hook(
+                lambda m, args, prefix=prefix: self._watch_registered(m, prefix)))
             self._hooks.append(module.register_forward_hook(
                 lambda m, i, o, label=label: self._sample_hook(f"forward {label}")))
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                self._hooks.append(p.register_hook(lambda g, name=name: self._sample_hook(f"backward {name}")))
+
+    def _watch_registered(self, module: torch.nn.Module, prefix: str) -> None:
+        """A module's forward begins: watch the parameters registered in it now (after the strategy's own
+        pre-forward hooks, which swap gathered parameters in)."""
+        for name, p in module._parameters.items():
+            if p is not None:
+                self._watch_gradient(p, prefix + name)
+
+    def _watch_gradient(self, p: torch.Tensor, name: str) -> None:
+        """Sample when autograd produces ``p``'s gradient (before it lands in ``.grad``); once per tensor."""
+        if not p.requires_grad:
+            return
+        seen = self._watched.get(id(p))
+        if seen is not None and seen() is p:
+            return
+        self._watched[id(p)] = weakref.ref(p)
+        self._hooks.append(p.register_hook(lambda g, name=name: self._sample_hook(f"backward {name}")))
 
     def _sample_hook(self, where: str) -> None:
         """A hook must return None, or it would replace the module's output or the gradient."""
@@ -232,6 +259,7 @@ class MemoryLedger:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._watched.clear()
 
 
 def _allocated(device: Optional[torch.device]) -> Optional[int]:
