@@ -29,7 +29,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import shutil
+import posixpath
+import re
 import subprocess
 import sys
 import time
@@ -122,10 +123,14 @@ def _docname(path: Path, repository: Path) -> str:
     return path.relative_to(repository).with_suffix("").as_posix()
 
 
-def _opening(course_map: Path) -> str:
-    """The course map's first paragraph: what the course is."""
+def _opening(course_map: Path, repository: Path) -> str:
+    """The course map's first paragraph (what the course is), its relative links made relative to the site's
+    root, where the front page is."""
     paragraphs = course_map.read_text().split("\n\n")
-    return next(p for p in paragraphs[1:] if p.strip() and not p.lstrip().startswith(("#", "|", "```")))
+    opening = next(p for p in paragraphs[1:] if p.strip() and not p.lstrip().startswith(("#", "|", "```")))
+    folder = course_map.parent.relative_to(repository).as_posix()
+    return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)",
+                  lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})", opening)
 
 
 def index_page(sources: Sources, repository: Path) -> str:
@@ -137,7 +142,7 @@ def index_page(sources: Sources, repository: Path) -> str:
         return [f"```{{toctree}}", f":caption: {caption}", ":hidden:", "", *names, "```", ""]
 
     lessons = [_docname(p, repository) for p in sources.lessons]
-    lines = ["# zerokit: distributed training, measured", "", _opening(sources.course_map).strip(), "",
+    lines = ["# zerokit: distributed training, measured", "", _opening(sources.course_map, repository).strip(), "",
              f"Start with the [course map]({sources.course_map.relative_to(repository).as_posix()}) (the path, what "
              "each lesson needs and answers); every question the lessons end with is on the "
              "[interview page](interview.md). This site shows the committed notebooks as they ran; to run them: "
