@@ -1,6 +1,7 @@
 """Planted wrong answers, shared by the graders' tests: a solution with small edits, each edit's text found exactly
 once; the variants loaded as submissions, graded on shared ranks (one launch per scenario, every rank running the
-scenario on each submission in turn, as ``zerokit.grade.core`` does for one); a right answer passing every check and
+scenario on each submission in turn, as ``zerokit.grade.core`` does for one; a scenario without ranks runs on
+each in this process); a right answer passing every check and
 each wrong one failing the check that names it, in a learner's words, with a hint."""
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def grade_on_shared_ranks(key: str, namespaces: dict) -> dict:
     spec = get(key)
     outcomes = {name: {} for name in namespaces}
     for scenario in spec.scenarios.values():
+        if scenario.world_size == 0:  # no ranks: it runs where the submission's code does, here
+            for name, ns in namespaces.items():
+                outcomes[name][scenario.name] = core.run_scenario(scenario, ns)
+            continue
         by_rank = launch(core.each_on_the_same_ranks, scenario.world_size, scenario.fn, namespaces,
                          backend="gloo", timeout_s=60)
         for name in namespaces:

@@ -307,17 +307,18 @@ def test_cli_exit_status_and_a_class_table(tmp_path, capsys):
     folder = tmp_path / "submissions"
     (folder / "ada").mkdir(parents=True)
     (folder / "bob").mkdir()
-    shutil.copy(SOLUTIONS / "08_one_f_one_b.py", folder / "ada" / "08_one_f_one_b.py")
+    shutil.copy(SOLUTIONS / "08_one_f_one_b.ipynb", folder / "ada" / "08_one_f_one_b.ipynb")
     shutil.copy(EXERCISES / "08_one_f_one_b.ipynb", folder / "bob" / "08_one_f_one_b.ipynb")
+    shutil.copy(SOLUTIONS / "08_one_f_one_b.py", folder / "ada" / "08_one_f_one_b.py")  # a paired copy: no row
     assert main(["grade", "--table", str(folder)]) == 1
     table = capsys.readouterr().out
-    assert re.search(r"ada/08_one_f_one_b\.py\s+08_one_f_one_b\s+10/10\s+5/5\s+—", table), table
+    assert re.search(r"ada/08_one_f_one_b\.ipynb\s+08_one_f_one_b\s+10/10\s+5/5\s+—", table), table
     assert re.search(r"bob/08_one_f_one_b\.ipynb\s+08_one_f_one_b\s+0/10\s+0/5\s+well-formed", table), table
-    assert "2 submissions, 1 with every check passing" in table
-    (folder / "notes.py").write_text("x = 1\n")  # a stray file is a row that says so, not the end of the table
+    assert "2 submissions, 1 with every check passing" in table and ".py" not in table
+    (folder / "notes.ipynb").write_text('{"cells": []}')  # a stray notebook is a row that says so, not the end
     assert main(["grade", "--table", str(folder)]) == 1
-    assert re.search(r"notes\.py\s+\?\?\s+0/0\s+0/0\s+could not load", capsys.readouterr().out)
-    (folder / "notes.py").unlink()
+    assert re.search(r"notes\.ipynb\s+\?\?\s+0/0\s+0/0\s+could not load", capsys.readouterr().out)
+    (folder / "notes.ipynb").unlink()
     assert main(["grade", "--json", str(folder / "ada")]) == 0
     assert json.loads(capsys.readouterr().out)[0]["passed"] is True
 

@@ -2,8 +2,12 @@
 
 Lifecycle of ``zerokit.grade(submission, exercise=None)``:
 
-1. load the learner's code (:mod:`.loader`): a notebook's code cells, a ``.py`` file, a
-   module, or a live namespace (``globals()`` from the exercise notebook itself);
+1. a notebook or ``.py`` path is graded in a process of its own (:mod:`.isolate`): it is
+   loaded there (:mod:`.loader`), its scenarios run from there, and only their measurements,
+   as plain data (:mod:`.wire`), come back to be judged here, where its code never ran. A
+   module or a live namespace (``globals()`` from the exercise notebook itself) is graded in
+   this process, where its code already runs — zerokit's choice: the learner's own kernel has
+   no other submission to protect;
 2. find the exercise (:mod:`.exercises`): the ``exercise`` argument ("01" or
    "01_ring_allreduce"), else the submission's ``EXERCISE`` variable or file name;
 3. run its checks (:mod:`.core`): each scenario on gloo ranks through
@@ -12,6 +16,8 @@ Lifecycle of ``zerokit.grade(submission, exercise=None)``:
    (:mod:`.reference`) and :mod:`zerokit.theory`;
 4. return a :class:`~.report.GradeReport`: pass/fail, points, expected vs measured, a hint
    per failed check, and the score; ``exit_status`` is 0 only when every check passed.
+
+:func:`grade_folder` grades a class's folder (its notebooks, ``jobs`` at a time).
 
 ``hint(exercise, n)`` unfolds an exercise's hints one at a time. The module itself is
 callable, so ``zerokit.grade(...)`` and ``from zerokit.grade import grade`` are the same
@@ -25,7 +31,7 @@ import types
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import core, loader
+from . import core, isolate, loader
 from .core import CheckResult, Exercise, Fail
 from .exercises import get, KEYS
 from .report import class_table, GradeReport
@@ -42,11 +48,17 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
           timeout_s: Optional[float] = None) -> Optional[GradeReport]:
     """Grade ``submission`` (a notebook or .py path, a module, or ``globals()``) on ``exercise``.
 
-    ``checks`` grades only the named checks; ``timeout_s`` overrides every scenario's timeout.
+    ``checks`` grades only the named checks; ``timeout_s`` overrides every scenario's timeout and
+    the time a notebook may take to load. A path is graded in a process of its own.
     Returns None when called by a submission's own code while the grader loads it.
     """
     if loader.is_loading():
         return None
+    if isinstance(submission, (str, Path)):
+        report = isolate.grade_paths([isolate.Job(Path(submission), exercise, checks)], timeout_s)[0]
+        if report.exercise == "??":
+            raise ValueError(report.load_error)
+        return report
     start = time.perf_counter()
     ns, label, load_error = None, str(submission), None
     try:
@@ -60,30 +72,33 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
     spec = _exercise(key)
     if load_error is not None:
         chosen = [c for c in spec.checks if checks is None or c.name in checks]
-        results = [CheckResult(c.name, c.points, False, f"not run: {load_error}") for c in chosen]
+        results = [CheckResult(c.name, c.points, False, f"not run: {load_error}", kind="load-error") for c in chosen]
     else:
         results = core.run(spec, ns, checks, timeout_s)
     return GradeReport(spec.key, spec.title, label, results, time.perf_counter() - start, load_error)
 
 
 def submissions_in(folder) -> list:
-    """The notebooks and .py files under ``folder`` (recursively), checkpoints and hidden folders left out."""
+    """The notebooks under ``folder`` (recursively), checkpoints and hidden folders left out.
+
+    Only notebooks: a ``.py`` beside one is its paired copy (the course ships both), not a second
+    submission; a ``.py`` file is graded when it is named itself."""
     root = Path(folder)
-    found = [p for p in root.rglob("*") if p.suffix in (".ipynb", ".py") and p.is_file()
+    found = [p for p in root.rglob("*.ipynb") if p.is_file()
              and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts)]
     return sorted(found)
 
 
-def grade_folder(folder, exercise: Optional[str] = None, timeout_s: Optional[float] = None) -> list:
-    """A :class:`GradeReport` for every submission under ``folder``, labelled by its path inside it."""
-    reports = []
-    for path in submissions_in(folder):
-        try:
-            report = grade(path, exercise, timeout_s=timeout_s)
-        except ValueError as e:  # a stray file: which exercise it answers cannot be told; a row says so
-            report = GradeReport("??", "unknown exercise", str(path), load_error=str(e))
+def grade_folder(folder, exercise: Optional[str] = None, timeout_s: Optional[float] = None, jobs: int = 1) -> list:
+    """A :class:`GradeReport` for every notebook under ``folder``, labelled by its path inside it, each graded in a
+    process of its own, ``jobs`` at a time. A notebook in a subfolder is that learner's (``report.learner``)."""
+    folder = Path(folder)
+    paths = submissions_in(folder)
+    reports = isolate.grade_paths([isolate.Job(p, exercise) for p in paths], timeout_s, jobs)
+    for path, report in zip(paths, reports):
+        parts = path.relative_to(folder).parts
         report.submission = str(path.relative_to(folder))
-        reports.append(report)
+        report.learner = parts[0] if len(parts) > 1 else None
     return reports
 
 

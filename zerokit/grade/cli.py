@@ -57,6 +57,8 @@ def cmd_grade(args) -> int:
                                f"{', '.join(c.name for c in spec.checks)}")
     if args.timeout is not None and not args.timeout > 0:
         raise _usage_error(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    if args.jobs < 1:
+        raise _usage_error(f"--jobs {args.jobs}: must be a whole number of submissions graded at once, 1 or more")
     reports = []
     for text in args.paths:
         path = _by_number(text) or Path(text)
@@ -64,7 +66,7 @@ def cmd_grade(args) -> int:
             raise _usage_error(f"grade: no such file or folder: {text}")
         try:
             if path.is_dir():
-                found = grade_folder(path, args.exercise, timeout_s=args.timeout)
+                found = grade_folder(path, args.exercise, timeout_s=args.timeout, jobs=args.jobs)
                 if not found:
                     raise _usage_error(f"grade: {text} holds no notebook or .py file")
                 reports.extend(found)
@@ -94,6 +96,10 @@ def add_grade_command(sub) -> None:
     grade.add_argument("--check", action="append", metavar="NAME", help="grade only this check (repeatable)")
     grade.add_argument("--table", action="store_true", help="one row per submission (for a class's folder)")
     grade.add_argument("--json", action="store_true", help="the reports as JSON")
-    grade.add_argument("--timeout", type=float, metavar="S", help="seconds each run may take before it is a hang")
+    grade.add_argument("--timeout", type=float, metavar="S",
+                       help="seconds each run, and the loading of each notebook, may take before it is a hang "
+                            "(default: each exercise's own, 60 s; loading 60 s)")
+    grade.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="grade N submissions at once, each in a process of its own (default 1)")
     grade.add_argument("--list", action="store_true", help="list the exercises")
     grade.set_defaults(func=cmd_grade)

@@ -6,8 +6,10 @@ registered with :mod:`linecache`, so a traceback points at the learner's cell an
 IPython magics (``%…``, ``!…``) are skipped. The code runs with ``__name__`` set to
 ``zerokit_submission``: the cells of an exercise that demo or grade
 (``if __name__ == "__main__":``) do not run, and a ``zerokit.grade`` call that runs anyway
-returns at once instead of grading again. Loading is bounded by a timeout. Anything that
-goes wrong becomes a :class:`LoadError` with a learner's message.
+returns at once instead of grading again. Loading is bounded by a timeout (``LOAD_TIMEOUT_S``, or
+the grading's ``timeout_s``). Anything that goes wrong — a cell that raises, a stray
+``sys.exit()`` (a notebook stops there too), a syntax error, the time limit — becomes a
+:class:`LoadError` with a learner's message; ``timed_out`` tells the last apart.
 """
 from __future__ import annotations
 
@@ -32,7 +34,11 @@ loading = threading.local()
 
 
 class LoadError(Exception):
-    """The submission could not be loaded; the message says where and why."""
+    """The submission could not be loaded; the message says where and why. ``timed_out``: it ran past the limit."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def is_loading() -> bool:
@@ -57,23 +63,28 @@ def _strip_magics(source: str) -> str:
     return "\n".join("pass  # " + line if re.match(r"^\s*[%!]", line) else line for line in source.splitlines())
 
 
+def too_long(seconds: float) -> str:
+    """What a load that ran past ``seconds`` is told."""
+    return (f"loading took longer than {seconds:g} s: does a cell run something long outside "
+            f"`if __name__ == \"__main__\":`?")
+
+
 @contextmanager
-def _deadline(seconds: int):
+def _deadline(seconds: float):
     """Raise LoadError if the block runs longer than ``seconds`` (main thread only; elsewhere no limit)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expire(signum, frame):
-        raise LoadError(f"loading took longer than {seconds} s: does a cell run something long outside "
-                        f"`if __name__ == \"__main__\":`?")
+        raise LoadError(too_long(seconds), timed_out=True)
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
@@ -88,6 +99,9 @@ def _run_source(source: str, filename: str, ns: dict, label: str) -> None:
         exec(code, ns)
     except LoadError:
         raise
+    except SystemExit as e:  # sys.exit() in a cell: a notebook run top to bottom stops there
+        raise LoadError(f"{label} called sys.exit({'' if e.code is None else repr(e.code)}): a notebook run top "
+                        f"to bottom stops there — remove it") from e
     except Exception as e:  # noqa: BLE001 - the learner's code raised while loading: say where
         import traceback
 
@@ -95,8 +109,9 @@ def _run_source(source: str, filename: str, ns: dict, label: str) -> None:
         raise LoadError(f"{label} raised {type(e).__name__}: {e}" + (f" in {where}" if where else "")) from e
 
 
-def load_path(path: Path) -> dict:
-    """Run a notebook's code cells, or a .py file, in a fresh namespace and return it."""
+def load_path(path: Path, timeout_s: Optional[float] = None) -> dict:
+    """Run a notebook's code cells, or a .py file, in a fresh namespace and return it, within ``timeout_s``
+    seconds (None: ``LOAD_TIMEOUT_S``)."""
     if not path.is_file():
         raise LoadError(f"no such file: {path}")
     if path.suffix not in SUFFIXES:
@@ -104,7 +119,7 @@ def load_path(path: Path) -> dict:
     ns: dict = {"__name__": MODULE_NAME, "__file__": str(path), "__builtins__": __builtins__}
     loading.active = True
     try:
-        with _deadline(LOAD_TIMEOUT_S):
+        with _deadline(timeout_s or LOAD_TIMEOUT_S):
             if path.suffix == ".ipynb":
                 for k, source in enumerate(notebook_cells(path), start=1):
                     _run_source(_strip_magics(source), f"<{path.stem} cell {k}>", ns, f"code cell {k}")

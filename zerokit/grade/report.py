@@ -35,8 +35,12 @@ class GradeReport:
     submission: str
     results: List[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
-    #: why the submission could not be loaded at all (then every check failed with it)
+    #: why no check ran: the submission could not be loaded, or its process stopped first (every check says so)
     load_error: Optional[str] = None
+    #: the learner whose work it is (a class's folder: the subfolder's name); None when not known
+    learner: Optional[str] = None
+    #: the last lines the submission's process printed (its own prints, its ranks' output and stacks)
+    output: str = ""
 
     @property
     def points(self) -> int:
@@ -73,7 +77,9 @@ class GradeReport:
     def text(self) -> str:
         lines = [f"Exercise {self.exercise[:2]} · {self.title} — {self.submission}"]
         if self.load_error:
-            lines.append(_wrap(f"could not load the submission: {self.load_error}", "  "))
+            loading = not self.results or any(r.kind in ("load-error", "load-hang") for r in self.results)
+            what = "could not load the submission" if loading else "the grading stopped"
+            lines.append(_wrap(f"{what}: {self.load_error}", "  "))
         width = max((len(r.name) for r in self.results), default=0)
         for r in self.results:
             mark = "✓ pass" if r.passed else "✗ FAIL"

@@ -12,7 +12,9 @@ backward re-ran. The same launch runs a chain whose blocks hold dropout (``tanh(
 its gradients with ``k`` = 1 and 3 must equal the chain's without checkpointing under the same seed,
 which holds only when the recompute draws the masks forward drew (the RNG state saved in forward and
 restored in backward, as ``torch.utils.checkpoint``'s ``preserve_rng_state`` does). ``segments`` and
-``best_k`` are judged without ranks, ``best_k`` against the formula's minimum.
+``best_k`` are called without ranks, in the submission's process (the scenario ``calls``: its answers,
+or what each call raised, as plain data), and judged in the grader's, ``best_k`` against the formula's
+minimum.
 """
 from __future__ import annotations
 
@@ -109,25 +111,51 @@ def _run(ctx, ns, probe):
     return out
 
 
-def _not_implemented(e: NotImplementedError) -> str:
-    """The words core uses for a rank's NotImplementedError, for a check judged in the grader's process."""
+SEGMENT_CASES = ((9, 3), (8, 3), (5, 1), (4, 4), (7, 2))
+
+
+def _call(fn, *args) -> dict:
+    """One call of the learner's, in the submission's process: ``{"value": ...}``, or what it raised —
+    ``{"not-implemented": the words core uses for a rank's NotImplementedError}`` or ``{"raised": ...}``."""
     import traceback
 
-    where = learner_frame("".join(traceback.format_exception(e)), with_code=False) or "your code"
-    return f"not implemented yet — {where} still raises NotImplementedError: {e}"
+    try:
+        return {"value": fn(*args)}
+    except NotImplementedError as e:
+        where = learner_frame("".join(traceback.format_exception(e)), with_code=False) or "your code"
+        return {"not-implemented": f"not implemented yet — {where} still raises NotImplementedError: {e}"}
+    except Exception as e:  # noqa: BLE001 - the learner's code raised: the check says what and where
+        where = learner_frame("".join(traceback.format_exception(e)))
+        return {"raised": f"{type(e).__name__}: {e}" + (f" in {where}" if where else "")}
+
+
+def _calls(ctx, ns, probe) -> dict:
+    """Scenario ``calls`` (no ranks, in the submission's process): segments(n, k) and best_k(n, A, X) on every
+    case, each answer as a list or a number (or what the call raised)."""
+    def segments(n, k):
+        return [tuple(s) for s in ns["segments"](n, k)]
+
+    return {"segments": [_call(segments, n, k) for n, k in SEGMENT_CASES],
+            "best_k": [_call(ns["best_k"], n, a, x) for n, a, x in CASES]}
+
+
+def _answer(outcome: dict, call: str):
+    """The value a call returned, or a :class:`Fail` saying what it raised."""
+    if "not-implemented" in outcome:
+        raise Fail(outcome["not-implemented"], kind="not-implemented")
+    if "raised" in outcome:
+        raise Fail(f"{call} raised {outcome['raised']}")
+    return outcome["value"]
 
 
 def _expected_segments(n, k):
     return [(s, min(s + k, n)) for s in range(0, n, k)]
 
 
-def _judge_segments(_, ns):
-    for n, k in ((9, 3), (8, 3), (5, 1), (4, 4), (7, 2)):
+def _judge_segments(results, ns):
+    for (n, k), outcome in zip(SEGMENT_CASES, results["segments"]):
         want = _expected_segments(n, k)
-        try:
-            got = [tuple(s) for s in ns["segments"](n, k)]
-        except NotImplementedError as e:
-            raise Fail(_not_implemented(e)) from None
+        got = _answer(outcome, f"segments({n}, {k})")
         if got != want:
             why = ""
             if got == want[:-1] and n % k:
@@ -238,13 +266,10 @@ def _formula_best(n, a, x):
                key=lambda k: (theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=k), k))
 
 
-def _judge_best_k(_, ns):
-    for n, a, x in CASES:
+def _judge_best_k(results, ns):
+    for (n, a, x), outcome in zip(CASES, results["best_k"]):
         want = _formula_best(n, a, x)
-        try:
-            got = ns["best_k"](n, a, x)
-        except NotImplementedError as e:
-            raise Fail(_not_implemented(e)) from None
+        got = _answer(outcome, f"best_k({n}, A={a}, X={x})")
         if got != want:
             cost = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=want)
             mine = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=got) \
@@ -263,9 +288,9 @@ EXERCISE = Exercise(
     title="An activation-checkpointing policy: every k-th block",
     minutes=40,
     needs=("segments", "Recompute", "checkpointed_forward", "best_k"),
-    scenarios={"chain": Scenario("chain", N, _run)},
+    scenarios={"chain": Scenario("chain", N, _run), "calls": Scenario("calls", 0, _calls)},
     checks=[
-        Check("segments", 1, None, _judge_segments,
+        Check("segments", 1, "calls", _judge_segments,
               "segments of k consecutive blocks cover the chain; each keeps only its input"),
         Check("same-gradients", 3, "chain", _judge_gradients,
               "recomputing a segment's forward in backward gives the same gradients as keeping its activations"),
@@ -278,7 +303,7 @@ EXERCISE = Exercise(
               "the peak adds one segment's activations while it is recomputed: ⌈n/k⌉·X + k·A"),
         Check("recomputes", 1, "chain", _judge_recomputes,
               "the price of checkpointing: every block's forward runs once more, in backward"),
-        Check("best-k", 2, None, _judge_best_k,
+        Check("best-k", 2, "calls", _judge_best_k,
               "the best k minimises ⌈n/k⌉·X + k·A: √n only when A = X (Chen), ≈ √(n·X/A) otherwise"),
     ],
     hints=[

@@ -6,7 +6,9 @@ against :mod:`zerokit.theory` and shown next to a measured run of the same confi
 (``zerokit.train`` on 2 gloo ranks; for the bubble also :func:`zerokit.simulate`), so the
 learner sees the formula and the measurement agree — or, for the bubble's wall-clock
 measurement on a shared CPU, by how much they do not. The measured runs launch their own
-ranks, so their scenarios run in the grader's process.
+ranks, so their scenarios run in the submission's process without ranks of their own (each bounded by
+its ``zerokit.train`` timeout and a margin); the three numbers are the exercise's ``answers``, the
+plain values judged in the grader's process.
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ N = 2
 P, M = 2, 4
 #: relative tolerance for the byte counts, absolute for the fraction
 BYTES_RTOL, FRACTION_ATOL = 0.005, 0.005
+#: each measured run's own launch timeout; its scenario may take that and a margin
+TRAIN_TIMEOUT_S = 120
+SCENARIO_TIMEOUT_S = TRAIN_TIMEOUT_S + 30
+ANSWERS = ("ZERO1_BYTES_PER_RANK", "ZERO3_BYTES_SENT_PER_STEP", "BUBBLE_1F1B")
 
 
 def _workload():
@@ -50,20 +56,20 @@ def _answer(name: str):
 
 def _measure_zero1(ctx, ns, probe):
     rank = train(_workload(), "zero1", world_size=N, steps=1, reference=False, track_peak=False,
-                 timeout_s=120)["zero1"].ranks[0]
+                 timeout_s=TRAIN_TIMEOUT_S)["zero1"].ranks[0]
     return {"measured": sum(rank.model_state_bytes[k] for k in ("params", "grads", "optimizer"))}
 
 
 def _measure_zero3(ctx, ns, probe):
-    rank = train(_workload(), "zero3", world_size=N, steps=1, reference=False, track_peak=False, timeout_s=120,
-                 algorithm="ring")["zero3"].ranks[0]
+    rank = train(_workload(), "zero3", world_size=N, steps=1, reference=False, track_peak=False,
+                 timeout_s=TRAIN_TIMEOUT_S, algorithm="ring")["zero3"].ranks[0]
     return {"measured": rank.comm_sent_bytes_per_step}
 
 
 def _measure_bubble(ctx, ns, probe):
     sched = schedule("1f1b", P, M)
     result = train(tiny_gpt(n_layer=2), "pp", world_size=P, steps=2, micro_batches=M, schedule="1f1b",
-                   reference=False, track_peak=False, timeout_s=120)["pp"]
+                   reference=False, track_peak=False, timeout_s=TRAIN_TIMEOUT_S)["pp"]
     return {"simulated": simulate(sched).bubble_fraction,
             "measured": measured(sched, [r.pipeline_spans for r in result.ranks]).bubble_fraction}
 
@@ -124,8 +130,10 @@ EXERCISE = Exercise(
     title="Predict the number",
     minutes=20,
     needs=(),
-    scenarios={"zero1": Scenario("zero1", 0, _measure_zero1), "zero3": Scenario("zero3", 0, _measure_zero3),
-               "bubble": Scenario("bubble", 0, _measure_bubble)},
+    answers=ANSWERS,
+    scenarios={"zero1": Scenario("zero1", 0, _measure_zero1, SCENARIO_TIMEOUT_S),
+               "zero3": Scenario("zero3", 0, _measure_zero3, SCENARIO_TIMEOUT_S),
+               "bubble": Scenario("bubble", 0, _measure_bubble, SCENARIO_TIMEOUT_S)},
     checks=[
         Check("zero1-bytes-per-rank", 3, "zero1", _judge_zero1,
               "ZeRO-1 shards the optimizer states only (ZeRO §5.1)", requires=_answer("ZERO1_BYTES_PER_RANK")),
