@@ -29,8 +29,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import posixpath
-import re
 import subprocess
 import sys
 import time
@@ -129,8 +127,7 @@ def _opening(course_map: Path, repository: Path) -> str:
     paragraphs = course_map.read_text().split("\n\n")
     opening = next(p for p in paragraphs[1:] if p.strip() and not p.lstrip().startswith(("#", "|", "```")))
     folder = course_map.parent.relative_to(repository).as_posix()
-    return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)",
-                  lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})", opening)
+    return site_interview.rebased(opening, folder)
 
 
 def index_page(sources: Sources, repository: Path) -> str:
@@ -172,7 +169,8 @@ def stage(repository: Path, src: Path) -> Sources:
         _write_if_changed(src / relative, data)
 
     for path, questions in zip(sources.lessons, lessons):
-        anchors = site_interview.anchors_by_cell(questions + (seed if path == interview_lesson else []))
+        shown_here = [q for q in seed if q.shown_in == path.relative_to(repository).as_posix()]
+        anchors = site_interview.anchors_by_cell(questions + shown_here)
         notebook = _site_copy_of_lesson(json.loads(path.read_text()), anchors)
         put(path.relative_to(repository).as_posix(), _notebook_bytes(notebook))
     for path in [sources.course_map, *sources.exercises]:

@@ -25,7 +25,9 @@ import base64
 import collections
 import dataclasses
 import html
+import json
 import math
+import posixpath
 import re
 import textwrap
 from pathlib import Path
@@ -64,7 +66,8 @@ class Question:
     printed: str | None  # the cell's printed text (its stream or text/plain output), at most PRINTED_LINES lines
     figure: bytes | None  # the cell's last picture (PNG)
     shown_in: str | None  # the repository path of the notebook that holds that cell
-    command: str  # the one command that reproduces it: a `zerokit …` line, or `make lab` and the lesson run in it
+    command: str  # the one command that reproduces it
+    context: str = ""  # markdown shown under the question (the seed's original words, where it is answered): a `zerokit …` line, or `make lab` and the lesson run in it
 
 
 def cell_source(cell: dict) -> str:
@@ -228,8 +231,6 @@ def _command(answer: str, explanation: str) -> str:
 
 def lesson_questions(path: Path, repository: Path) -> list[Question]:
     """Every interview question of the lesson at ``path`` (a committed notebook), with its demonstrating cell."""
-    import json
-
     cells = json.loads(path.read_text())["cells"]
     at = interview_cell(cells)
     source = path.resolve().relative_to(repository.resolve()).as_posix()
@@ -247,37 +248,67 @@ def lesson_questions(path: Path, repository: Path) -> list[Question]:
     return questions
 
 
-def seed_questions(path: Path, repository: Path, interview_lesson: Path | None) -> list[Question]:
-    """The seed's questions, from ``docs/seed.md``: those of its sections whose heading names questions, each a
-    numbered or bulleted item (or a sub-heading) ending in '?', its answer the ``<details>`` under it or else the
-    text up to the next question. The cell that shows each is looked for in ``interview_lesson`` (lesson 12)."""
-    import json
+def rebased(markdown: str, folder: str) -> str:
+    """``markdown``'s relative links, written from ``folder`` of the repository, made relative to its root."""
+    return re.sub(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)",
+                  lambda m: f"]({posixpath.normpath(posixpath.join(folder, m.group(1)))})", markdown)
 
+
+def _table_rows(section: str) -> list[list[str]]:
+    """The body rows of the markdown tables in ``section``, each a list of its cells (header and rule dropped)."""
+    rule = re.compile(r"\s*\|?[\s:|-]*-[\s:|-]*\|?\s*")
+    rows: list[list[str]] = []
+    blocks = re.findall(r"(?:^[ \t]*\|.*\n?)+", section, flags=re.M)  # runs of consecutive table lines
+    for block in blocks:
+        lines = block.strip("\n").splitlines()
+        if len(lines) >= 2 and rule.fullmatch(lines[1]):
+            rows += [[cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))] for line in lines[2:]]
+    return rows
+
+
+def seed_questions(path: Path, repository: Path, default_lesson: Path | None) -> list[Question]:
+    """The seed's questions, from ``docs/seed.md``: those of its sections whose heading names questions. A
+    question is a row of a table there whose first cell asks something ('?'), the rest of the row shown with it
+    (the original, where it is answered) and the cell that shows it looked for in the first lesson the row links;
+    or a numbered or bulleted item (or a sub-heading) ending in '?', its answer the ``<details>`` under it or else
+    the text up to the next question, its cell looked for in ``default_lesson`` (lesson 12)."""
     text = path.read_text()
     source = path.resolve().relative_to(repository.resolve()).as_posix()
+    folder = posixpath.dirname(source)
     title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), "The seed")
-    cells = json.loads(interview_lesson.read_text())["cells"] if interview_lesson else []
-    shown_in = interview_lesson.resolve().relative_to(repository.resolve()).as_posix() if interview_lesson else None
-    before = interview_cell(cells) if cells else 0
-    item = re.compile(r"^(?:[ \t]*(?:\d+[.)]|[-*])[ \t]+|#{3,6}[ \t]+)(?P<question>[^\n]*\?[*_\"”」）)]*)[ \t]*$", re.M)
-    questions = []
+    item = re.compile(r"^(?:[ \t]*(?:\d+[.)]|[-*])[ \t]+|#{3,6}[ \t]+)(?P<question>[^\n|]*\?[*_\"”」）)]*)[ \t]*$", re.M)
+    found: list[tuple[str, str, str, Path | None]] = []  # question, answer, context, the lesson to look in
     for section in re.split(r"^(?=## )", text, flags=re.M):
         if not section.startswith("## ") or "question" not in section.splitlines()[0].lower():
             continue
+        header = next((line for line in section.splitlines() if line.lstrip().startswith("|")), "")
+        names = [cell.strip() for cell in header.strip().strip("|").split("|")]
+        for row in _table_rows(section):
+            if "?" not in row[0]:
+                continue
+            lessons = [repository / folder / link for link in re.findall(r"\]\(([^)\s#]+\.ipynb)", " ".join(row[1:]))]
+            lessons = [p.resolve() for p in lessons if p.resolve().exists()]
+            context = " · ".join(f"*{name}:* {rebased(cell, folder)}" for name, cell in zip(names[1:], row[1:]) if cell)
+            found.append((row[0], "", context, lessons[0] if lessons else default_lesson))
         matches = list(item.finditer(section))
         for match, following in zip(matches, matches[1:] + [None]):
             body = section[match.end():following.start() if following else len(section)]
             hidden = HIDDEN_ANSWER.search(body)
             answer = textwrap.dedent(hidden.group("answer") if hidden else body).strip()
-            question = " ".join(match.group("question").split()).strip("*_ ")  # a question in italics: its text
-            cell = demonstrating_cell(cells, question, answer, before) if cells else None
-            questions.append(Question(
-                source=source, lesson="seed", title=title, number=len(questions) + 1, question=question,
-                answer=answer, cell=cell,
-                anchor=f"interview-seed-{len(questions) + 1}" if cell is not None else None,
-                heading=_heading_above(cells, cell) if cell is not None else None,
-                printed=_printed_excerpt(cells[cell]) if cell is not None else None,
-                figure=figure(cells[cell]) if cell is not None else None, shown_in=shown_in, command=_command(answer, "")))
+            found.append((match.group("question"), rebased(answer, folder), "", default_lesson))
+    questions = []
+    for number, (question, answer, context, lesson) in enumerate(found, start=1):
+        question = " ".join(question.split()).strip("*_ ")  # a question in italics: its text
+        cells = json.loads(lesson.read_text())["cells"] if lesson else []
+        cell = demonstrating_cell(cells, question, answer, interview_cell(cells)) if cells else None
+        questions.append(Question(
+            source=source, lesson="seed", title=title, number=number, question=question, answer=answer,
+            cell=cell, anchor=f"interview-seed-{number}" if cell is not None else None,
+            heading=_heading_above(cells, cell) if cell is not None else None,
+            printed=_printed_excerpt(cells[cell]) if cell is not None else None,
+            figure=figure(cells[cell]) if cell is not None else None,
+            shown_in=lesson.relative_to(repository.resolve()).as_posix() if lesson else None,
+            command=_command(answer, ""), context=context))
     return questions
 
 
@@ -330,7 +361,7 @@ def render(lessons: list[list[Question]], seed: list[Question]) -> str:
 
     def entry(q: Question) -> list[str]:
         label = "seed" if q.lesson == "seed" else q.lesson.split("_", 1)[0]
-        lines = [f"### {label}.{q.number} · {q.question}", ""]
+        lines = [f"### {label}.{q.number} · {q.question}", ""] + ([q.context, ""] if q.context else [])
         if q.answer:
             lines += ["<details><summary>Answer</summary>", "", q.answer, "", "</details>", ""]
         if q.printed or q.figure:

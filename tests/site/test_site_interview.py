@@ -108,12 +108,17 @@ def test_the_anchor_stands_before_its_cell_and_changes_no_cell():
     assert len(notebook["cells"]) == 3  # the lesson itself is left as it was
 
 
-def test_the_seeds_questions_come_from_docs_seed_with_the_cell_of_lesson_12(tmp_path):
+def test_the_seeds_questions_come_from_docs_seed_with_the_cell_that_shows_each(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "docs" / "seed.md").write_text(
         "# The seed\n\nAn interview article.\n\n## Its claims\n\n- Is this a question? Not in this section.\n\n"
-        "## Its questions\n\n1. *What is the difference between data and model parallelism?*\n\n"
+        "| claim | verdict |\n|---|---|\n| Is ZeRO-1 a third? | no |\n\n"
+        "## Its questions\n\n| the question, in English | the original | answered in |\n|---|---|---|\n"
+        "| How does ZeRO handle a dynamic graph? | 深度追问：ZeRO如何处理动态计算图？ | "
+        "[lesson 06](../notebooks/06_zero3.ipynb), [12](../notebooks/12_the_interview.ipynb) |\n"
+        "| What it tests: the limits | 核心考点 | the course |\n\n"
+        "1. *What is the difference between data and model parallelism?*\n\n"
         "   <details><summary>Answer</summary>\n\n   Data parallelism copies the model.\n\n   </details>\n\n"
         "2. How does ZeRO combine the two?\n\n   It shards the states.\n\n"
         "### 深度追问: does ZeRO need gradient synchronisation?\n\nYes: a reduce-scatter.\n")
@@ -124,15 +129,26 @@ def test_the_seeds_questions_come_from_docs_seed_with_the_cell_of_lesson_12(tmp_
                                   "   b\n\n   </details>\n")],
               "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (tmp_path / "notebooks" / "12_the_interview.ipynb").write_text(json.dumps(lesson))
+    zero3 = {"cells": [_markdown("# 06 · ZeRO-3"), _markdown("## Shapes"), _code("shapes()", "a shape"),
+                       _markdown("## A dynamic graph"), _code("branch()", "the trace is stale: ZeRO-3 re-records"),
+                       *lesson["cells"][3:]], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "notebooks" / "06_zero3.ipynb").write_text(json.dumps(zero3))
     seed = interview.seed_questions(tmp_path / "docs" / "seed.md", tmp_path,
                                     tmp_path / "notebooks" / "12_the_interview.ipynb")
+    table, seed = seed[0], seed[1:]
+    assert table.question == "How does ZeRO handle a dynamic graph?" and table.answer == ""
+    assert table.shown_in == "notebooks/06_zero3.ipynb" and table.cell == 4 and table.anchor == "interview-seed-1"
+    assert table.context == ("*the original:* 深度追问：ZeRO如何处理动态计算图？ · *answered in:* "
+                             "[lesson 06](notebooks/06_zero3.ipynb), [12](notebooks/12_the_interview.ipynb)")
     assert [q.question for q in seed] == [
         "What is the difference between data and model parallelism?", "How does ZeRO combine the two?",
         "深度追问: does ZeRO need gradient synchronisation?"]
     assert [q.answer for q in seed] == ["Data parallelism copies the model.", "It shards the states.",
                                         "Yes: a reduce-scatter."]
-    assert seed[0].cell == 2 and seed[0].anchor == "interview-seed-1"
+    assert seed[0].cell == 2 and seed[0].anchor == "interview-seed-2"
     assert seed[0].shown_in == "notebooks/12_the_interview.ipynb" and seed[0].source == "docs/seed.md"
-    page = interview.render([], seed)
-    assert "## [The seed's questions](docs/seed.md)" in page and "### seed.3 · 深度追问" in page
-    assert "lesson 12, {ref}`the cell under “Q1” <interview-seed-1>`" in page
+    page = interview.render([], [table, *seed])
+    assert "## [The seed's questions](docs/seed.md)" in page and "### seed.4 · 深度追问" in page
+    assert "lesson 12, {ref}`the cell under “Q1” <interview-seed-2>`" in page
+    assert "lesson 06, {ref}`the cell under “A dynamic graph” <interview-seed-1>`" in page
+    assert "`make lab`, then run lesson 06 top to bottom" in page
