@@ -272,3 +272,42 @@ def test_load_full_state_dict_broadcasts_rank_0s_or_takes_each_ranks_own_strictl
         assert state["broadcast load"] == (True, True)  # no missing or unexpected keys; read back as sent
         assert state["own load"]  # the loaded model computes what the unwrapped one does
         assert "Missing key(s)" in state["strict"] and '"4.bias"' in state["strict"]  # torch's strict error
+
+
+# --- the memory ledger, against FSDP2's: fully-shard and fsdp2-zero3 inside zerokit.train ---------------------
+
+def deep_gpt():
+    """Four blocks, every dimension even: at 2 ranks neither side pads a unit."""
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=4, n_head=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def peaks():
+    from zerokit.job import make_job
+    from zerokit.train import run_job
+
+    return {name: run_job(make_job(deep_gpt(), name, 2, 3, "fp32", "sgd", 0.1, 1, {}), 2)
+            for name in ("fully-shard", "fsdp2-zero3")}
+
+
+def test_fully_shard_is_measured_in_backward_next_to_fsdp2(peaks):
+    """Both sampled in backward as each gathered parameter gets its gradient (fully_shard's whole parameters and
+    FSDP2's unsharded ones are swapped into the modules for the forward), both ledgers reading what each holds.
+    The bytes that differ are named: FSDP2 gathers one block ahead in backward (its params peak one block more;
+    each fully_shard call is its own zero3 unit, none gathered ahead) and keeps a block's all-gather output in
+    forward until the next copy-out (buffers); zero3's reduce-scatter bucket of each unit (allocated whole at the
+    unit's first gradient) stays in flight until the end of backward — DeepSpeed's reduce_bucket_size, which
+    fully_shard keeps — so its gradient peak is every unit's bucket and the blocks' gradient shards, where FSDP2
+    holds one reduce-scatter input at a time. The activations are the same tensors."""
+    from zerokit import theory
+    from zerokit.zero.units import form_units
+
+    units = [sum(p.numel() for p in spec.params) for spec in form_units(deep_gpt().build_model(), "block", set())]
+    block = 4 * max(units[:-1])
+    for ours, theirs in zip(peaks["fully-shard"].ranks, peaks["fsdp2-zero3"].ranks):
+        assert ours.peak_where.startswith("backward "), ours.peak_where
+        assert ours.peak_by_category["params"] == theory.hsdp_peak_param_bytes(units, 2, 4, prefetch_units=0)
+        assert theirs.peak_by_category["params"] == ours.peak_by_category["params"] + block
+        assert (ours.peak_by_category["buffers"], theirs.peak_by_category["buffers"]) == (0, block)
+        assert ours.peak_by_category["grads"] == 4 * sum(units) + 4 * sum(units[:-1]) // 2
+        assert ours.peak_by_category["activations"] == theirs.peak_by_category["activations"]

@@ -7,7 +7,11 @@ without it. Every peer also trains a GPT whose token embedding is its output hea
 import pytest
 
 import zerokit
+from zerokit import theory
 from zerokit.cli import compare
+from zerokit.job import make_job
+from zerokit.train import run_job
+from zerokit.zero.units import form_units
 from zerokit.report import param_difference
 from zerokit.peers.deepspeed import deepspeed_available
 
@@ -98,3 +102,33 @@ def test_fsdp2_unit_size_default_is_block():
 
     assert zerokit.strategies.get("fsdp2-zero2").resolve_options({})["unit_size"] == BLOCK
     assert zerokit.strategies.get("fsdp2-zero3").resolve_options({"unit_size": 4096.0})["unit_size"] == 4096.0
+
+
+# --- FSDP2's memory, as its ledger reads it ----------------------------------------------------------
+
+def deep_gpt():
+    """Four blocks, every dimension even: at 2 ranks neither FSDP2 (per parameter) nor hsdp (per unit) pads."""
+    return zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=32, n_layer=4, n_head=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def fsdp2_and_hsdp():
+    """fsdp2-zero3 and hsdp with one shard group of 2 (zero3's mechanism with FSDP2's lifecycle), 3 SGD steps."""
+    return {name: run_job(make_job(deep_gpt(), name, 2, 3, "fp32", "sgd", 0.1, 1, options), 2)
+            for name, options in (("fsdp2-zero3", {}), ("hsdp", {"shard_group_size": 2}))}
+
+
+def test_fsdp2_is_measured_in_backward_with_what_it_holds_there(fsdp2_and_hsdp):
+    """FSDP2's ledger is sampled in backward on its unsharded parameters and reads FSDP2's own buffers: the unit
+    prefetched in backward (its all-gather output) and the reduce-scatter input in flight. Each category's peak
+    is then hsdp's, which holds the same by construction (zerokit/zero/fsdp2_lifecycle.py) and is measured by
+    other code: the parameters = the shards, the root, the block computing and the one prefetched; but for the
+    buffers, where FSDP2 keeps a block's all-gather output in forward until the next block's copy-out (its
+    copy-out overlap) and hsdp gathers into the block's own buffer."""
+    units = [sum(p.numel() for p in spec.params) for spec in form_units(deep_gpt().build_model(), "block", set())]
+    block = 4 * max(units[:-1])
+    for theirs, ours in zip(fsdp2_and_hsdp["fsdp2-zero3"].ranks, fsdp2_and_hsdp["hsdp"].ranks):
+        assert theirs.peak_by_category["params"] == theory.hsdp_peak_param_bytes(units, 2, 4), theirs.rank
+        for category in ("params", "grads", "activations"):
+            assert theirs.peak_by_category[category] == ours.peak_by_category[category], (category, theirs.rank)
+        assert (theirs.peak_by_category["buffers"], ours.peak_by_category["buffers"]) == (block, 0)

@@ -14,8 +14,9 @@ Each run is launched once (module-scoped, one reference per workload and precisi
   still come, asynchronously, as the peer's), at the step with ``replicate_all_reduce="step"``, and each
   micro-batch summed once by a loop that calls backward twice without ``no_sync``;
 - FSDP2's memory defaults, on the memory ledger's bytes: the parameters held at once equal to
-  :func:`zerokit.theory.hsdp_peak_param_bytes` (the peer's ledger sees one unit less: FSDP2's prefetched
-  all-gather output), no gradient bytes from ``zero_grad`` to the next backward (as the peer), and a unit's
+  :func:`zerokit.theory.hsdp_peak_param_bytes` on both (the peer's prefetched unit is FSDP2's all-gather output),
+  the peaks at the same sample in backward and equal but for the peer's AdamW step scalars (one per parameter,
+  hsdp's one per unit), no gradient bytes from ``zero_grad`` to the next backward (as the peer), and a unit's
   gradients left in ``.grad`` until its backward is complete;
 - a bad ``shard_group_size`` or ``replicate_all_reduce`` refused before any process starts.
 """
@@ -306,23 +307,33 @@ def deep_gpt():
 
 @pytest.fixture(scope="module")
 def peaks():
-    """3 SGD steps (the prefetch follows the first step's order from the second) of hsdp and its peer, 2 × 2."""
-    return {name: run_job(make_job(deep_gpt(), name, 4, 3, "fp32", "sgd", 0.1, 1, {"shard_group_size": 2}), 4)
+    """3 AdamW steps (the prefetch follows the first step's order from the second) of hsdp and its peer, 2 × 2."""
+    return {name: run_job(make_job(deep_gpt(), name, 4, 3, "fp32", "adamw", 1e-3, 1, {"shard_group_size": 2}), 4)
             for name in ("hsdp", "fsdp2-hsdp")}
 
 
 def test_the_parameters_held_at_once_are_fsdp2s(peaks):
     """The root, the block computing and one prefetched in backward, and the shards: the formula, to the byte, on
-    every rank. The peer's ledger shows one block less: its prefetched unit sits in FSDP2's all-gather output,
-    which no module holds (its shards are hsdp's here: every dimension even, padded alike)."""
+    every rank, on both (the peer's prefetched unit sits in FSDP2's all-gather output, which the peer's ledger
+    reads from its parameter group; its shards are hsdp's here: every dimension even, padded alike)."""
     ours, peer = peaks["hsdp"].ranks, peaks["fsdp2-hsdp"].ranks
-    units = _units(deep_gpt())
-    expected = theory.hsdp_peak_param_bytes(units, 2, 4)
-    block = 4 * max(-(-u // 2) * 2 for u in units[:-1])
+    expected = theory.hsdp_peak_param_bytes(_units(deep_gpt()), 2, 4)
     for rank, theirs in zip(ours, peer):
         assert rank.peak_by_category["params"] == expected, rank.rank
-        assert theirs.peak_by_category["params"] == theory.hsdp_peak_param_bytes(units, 2, 4, prefetch_units=0)
-        assert rank.peak_by_category["params"] == theirs.peak_by_category["params"] + block
+        assert theirs.peak_by_category["params"] == expected, theirs.rank
+
+
+def test_the_peak_is_fsdp2_hsdps_at_the_same_sample_less_its_step_scalars(peaks):
+    """Both ledgers sampled in backward (the peer's on FSDP2's unsharded parameters), FSDP2's own buffers read from
+    its parameter groups: the peak at the same gradient, the same bytes in every category but the optimizer's,
+    where the peer's AdamW keeps a step scalar per parameter and hsdp's one per unit — the formulas' step_scalars."""
+    for ours, theirs in zip(peaks["hsdp"].ranks, peaks["fsdp2-hsdp"].ranks):
+        assert ours.peak_where == theirs.peak_where and ours.peak_where.startswith("backward "), ours.rank
+        scalars = theirs.theory_model_states["step_scalars"] - ours.theory_model_states["step_scalars"]
+        assert scalars > 0
+        assert {**ours.peak_breakdown, "optimizer": ours.peak_breakdown["optimizer"] + scalars} == \
+            theirs.peak_breakdown, ours.rank
+        assert ours.peak_bytes + scalars == theirs.peak_bytes, ours.rank
 
 
 def _units(work):

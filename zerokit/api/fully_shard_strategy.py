@@ -59,6 +59,10 @@ class FullyShard(Strategy):
     def track_memory(self, ledger) -> None:
         for face in self.faces:
             face.strategy.track_memory(ledger)
+        # the whole parameters of every unit: views into its gathered buffer (0 bytes while sharded), swapped into
+        # the modules only for the unit's forward, gathered in backward too (autograd's saved views hold them)
+        ledger.track("params", lambda: [whole for face in self.faces for pairs in face.swaps.values()
+                                        for _, _, whole, _ in pairs])
         # under a 16-bit compute dtype: the copies of the whole (persistent, frozen) parameters a forward swaps in
         ledger.track("params", lambda: [during for face in self.faces for *_, during in face.root_swaps])
         ledger.track_optimizer(self.optimizer)

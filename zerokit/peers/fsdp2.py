@@ -36,9 +36,11 @@ in the ledger.
 
 Note what FSDP2 calls ZeRO-2: parameters are still sharded between steps; only between
 forward and backward do they stay gathered (2Ψ traffic, not 3Ψ). The traffic is counted
-by :mod:`.recording`; memory is read from the DTensors' local shards, the unsharded
-parameters a gathered group has registered in its modules, their gradients and the
-optimizer's states.
+by :mod:`.recording`; memory is read from FSDP2's own parameter groups (:meth:`FSDP2.track_memory`): the
+shards, each gathered group's unsharded parameters and gradients, the all-gather output of the unit
+prefetched in backward, the reduce-scatter inputs in flight, and the optimizer's states. The ledger
+samples backward on the unsharded parameters, which autograd hands the gradients
+(:meth:`zerokit.runtime.memory.MemoryLedger.instrument`).
 """
 from __future__ import annotations
 
@@ -125,19 +127,53 @@ class FSDP2(Peer):
         self.optimizer.zero_grad(set_to_none=True)
 
     def track_memory(self, ledger):
+        """FSDP2's own tensors, read from its parameter groups (``torch.distributed.fsdp._fully_shard``):
+
+        - ``params``: the shards (the sharded DTensors' local tensors; the host's under CPUOffloadPolicy), each
+          gathered group's unsharded parameters (``FSDPParam.all_gather_outputs``, resized to 0 bytes when the
+          group reshards), a group's all-gather output not yet copied out (``_all_gather_result``: the unit
+          prefetched in backward, gathered ahead of its ``pre_backward``) and a shard kept after forward for a
+          smaller world (``reshard_after_forward=<int>``);
+        - ``grads``: the sharded gradients, the unsharded ones autograd has produced (``_unsharded_param.grad``,
+          an accumulated one in the reduce dtype), the reduce-scatter inputs FSDP2 keeps until the next
+          group's ``post_backward`` (``reduce_scatter_states``, one in flight by default), HSDP's all-reduce
+          buffer and its partial reduce output (micro-batches reduce-scattered, not yet all-reduced);
+        - ``buffers``: the model's buffers and the all-gather output FSDP2 keeps in forward after its copy-out
+          (``all_gather_state``, freed at the next group's copy-out: on a GPU the next gather overlaps it);
+        - ``optimizer``: the optimizer's states.
+
+        Each is read at each sample as a storage, so a freed one costs nothing and one seen twice counts once."""
         where = "host_" if self.cpu_offload else ""  # with CPUOffloadPolicy the shards rest on the host
-        # the shards (self.params, the sharded DTensors) always; and what the modules hold now: while a group is
-        # gathered, FSDP2 registers its unsharded parameters in the modules in place of the shards
-        shards = {id(p) for p in self.params}
-
-        def unsharded():
-            return [p for p in self.model.parameters() if id(p) not in shards]
-
         ledger.track(f"{where}params", lambda: [_local(p) for p in self.params])
-        ledger.track("params", lambda: [_local(p) for p in unsharded()])
+        ledger.track("params", lambda: [t for fp in self._fsdp_params() for t in fp.all_gather_outputs])
+        ledger.track("params", lambda: [g._all_gather_result.all_gather_output for g in self._param_groups()
+                                        if g._all_gather_result is not None])
+        ledger.track("params", lambda: [t for fp in self._fsdp_params()  # resharded to a smaller world after forward
+                                        if (t := getattr(fp, "_sharded_post_forward_param_data", None)) is not None])
         ledger.track(f"{where}grads", lambda: [_local(p.grad) for p in self.params if p.grad is not None])
-        ledger.track("grads", lambda: [_local(p.grad) for p in unsharded() if p.grad is not None])
+
+        def unsharded_grads():
+            for fp in self._fsdp_params():
+                unsharded = getattr(fp, "_unsharded_param", None)
+                if unsharded is not None and unsharded.grad is not None:
+                    yield _local(unsharded.grad)
+                if getattr(fp, "unsharded_accumulated_grad", None) is not None:
+                    yield _local(fp.unsharded_accumulated_grad)
+
+        def reductions():
+            for ctx in self._comm_contexts():
+                yield from (state.reduce_scatter_input for state in ctx.reduce_scatter_states)
+            for g in self._param_groups():
+                if g._all_reduce_state is not None:
+                    yield g._all_reduce_state.all_reduce_input
+                if g._partial_reduce_output is not None:
+                    yield g._partial_reduce_output
+
+        ledger.track("grads", unsharded_grads)
+        ledger.track("grads", reductions)
         ledger.track("buffers", lambda: list(self.model.buffers()))
+        ledger.track("buffers", lambda: [ctx.all_gather_state.all_gather_result.all_gather_output
+                                         for ctx in self._comm_contexts() if ctx.all_gather_state is not None])
 
         def states():
             for state in self.optimizer.state.values():
@@ -146,6 +182,29 @@ class FSDP2(Peer):
                         yield _local(v)
 
         ledger.track(f"{where}optimizer", states)
+
+    def _param_groups(self) -> list:
+        """FSDP2's parameter groups, one per ``fully_shard`` call that took parameters."""
+        from torch.distributed.fsdp import FSDPModule
+
+        out, seen = [], set()
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                if group is not None and id(group) not in seen:
+                    seen.add(id(group))
+                    out.append(group)
+        return out
+
+    def _fsdp_params(self) -> list:
+        return [fp for group in self._param_groups() for fp in group.fsdp_params]
+
+    def _comm_contexts(self) -> list:
+        """The groups' communication state (shared by every group of the root after FSDP2's lazy init)."""
+        out = {}
+        for group in self._param_groups():
+            out.setdefault(id(group.comm_ctx), group.comm_ctx)
+        return list(out.values())
 
     def full_parameters(self):
         out = {}

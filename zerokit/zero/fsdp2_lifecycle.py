@@ -25,10 +25,11 @@ backward and between steps — never what is sent:
    ``zero_grad`` (``contiguous_gradients=False``, FSDP2's ``zero_grad(set_to_none=True)``): no
    gradient memory from the step to the next backward.
 
-Peak memory (``zerokit bench zero``): ``hsdp`` then holds, sample by sample, what FSDP2 holds;
-the FSDP2 peer's ledger does not see two of FSDP2's own buffers, the prefetched unit's
-all-gather output and the reduce-scatter input in flight, nor is it sampled in backward
-(its ``named_parameters`` are the sharded DTensors, which autograd never hands a gradient).
+Peak memory (``zerokit bench zero``): ``hsdp`` then holds, sample by sample, what FSDP2 holds —
+the FSDP2 peer's ledger reads FSDP2's own buffers (the prefetched unit's all-gather output, the
+reduce-scatter input in flight) and is sampled in backward on its unsharded parameters; the peaks
+differ by the AdamW step scalars alone (``tests/zero/test_hsdp.py``). FSDP2 also keeps a unit's
+all-gather output in forward until the next unit's copy-out; ``hsdp`` gathers into the unit's own buffer.
 """
 from __future__ import annotations
 
