@@ -22,14 +22,19 @@ renderer). :func:`problems` lists what a reader would trip over:
 - **repeated labels**: two tick labels of one axis that read the same (rows a reader cannot
   tell apart);
 - **legend between panels**: a legend that sits in the gap between two axes of one row,
-  where a reader cannot tell whose it is;
-- **text on a line**: an annotation whose box a line of its axes crosses.
+  where a reader cannot tell whose it is (one under or over an axes, no wider than it, is that axes');
+- **text on a line**: an annotation whose box a line of its axes crosses;
+- **one number on a log axis**: a log-scaled axis with fewer than two labelled ticks (a reader cannot tell
+  its scale);
+- **annotations run together**: two annotations of one axes on one line whose boxes stand less than
+  :data:`ANNOTATION_GAP_PX` apart (a pipeline's ``0.0`` ``1.0`` read as ``0.01.0``).
 
 The checks are tested too: a figure built to have each fault is caught, and a sane one passes.
 """
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -50,6 +55,8 @@ EDGE_PX = 1.0
 MIN_FONT_PT = 8.0
 #: the longest bar of an axes spans at least this share of the axes (along its length): else the scale hides it
 MIN_BAR_SHARE = 0.2
+#: two annotations side by side on one line stand at least this many pixels apart: closer, a reader joins them
+ANNOTATION_GAP_PX = 5.0
 
 
 # --- reading a drawn figure ------------------------------------------------------------------------
@@ -278,7 +285,7 @@ def problems(fig) -> list:
         if t.get_fontsize() < MIN_FONT_PT - 1e-6:
             found.append(f"small text: {name} {t.get_text()!r} at {t.get_fontsize():g} pt (< {MIN_FONT_PT:g})")
     found += _bars_lost(fig, renderer) + _repeated_labels(fig) + _legends_between_panels(fig, renderer)
-    found += _texts_on_lines(fig, renderer)
+    found += _texts_on_lines(fig, renderer) + _log_axes_without_scale(fig) + _annotations_run_together(fig, renderer)
     keyed = _legend_colors(fig)
     for ax in fig.axes:
         used = _used_colors(ax)
@@ -340,10 +347,14 @@ def _repeated_labels(fig) -> list:
 
 
 def _legends_between_panels(fig, renderer) -> list:
+    """Legends in the gap between two axes of one row; one that spans no wider than an axes it sits under or
+    over (a legend below the middle of three panels) is that axes'."""
     found = []
     boxes = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
     for legend in _legends(fig):
         g = legend.get_window_extent(renderer)
+        if any(c.x0 - 1 <= g.x0 and g.x1 <= c.x1 + 1 and (g.y1 <= c.y0 + 1 or g.y0 >= c.y1 - 1) for c in boxes):
+            continue
         for a in boxes:
             for b in boxes:
                 same_row = min(a.y1, b.y1) - max(a.y0, b.y0) > 0
@@ -367,6 +378,34 @@ def _texts_on_lines(fig, renderer) -> list:
             if any(_overlap_px(box, b) > 0 for b in lines):
                 found.append(f"text on a line: {t.get_text()!r} on the axes titled {ax.get_title()!r}")
     return found
+
+
+def _log_axes_without_scale(fig) -> list:
+    """Log-scaled axes with fewer than two labelled ticks in view: one number does not give a log axis its scale."""
+    found = []
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            if axis.get_scale() == "log" and len(_drawn_tick_labels(axis)) < 2:
+                found.append(f"one number on a log axis: the {name} axis of the axes titled {ax.get_title()!r} "
+                             f"labels {[t.get_text() for t in _drawn_tick_labels(axis)]}")
+    return found
+
+
+def _annotations_run_together(fig, renderer) -> list:
+    """Annotations (ax.text) of one axes on one line, side by side, closer than ANNOTATION_GAP_PX."""
+    found = []
+    for ax in fig.axes:
+        boxes = sorted(((t.get_window_extent(renderer), t.get_text()) for t in ax.texts if _visible_text(t)),
+                       key=lambda item: item[0].x0)
+        for i, (a, text_a) in enumerate(boxes):
+            for b, text_b in boxes[i + 1:]:
+                if b.x0 - a.x1 >= ANNOTATION_GAP_PX:
+                    break  # sorted by their left edges: every later one starts further right
+                same_line = min(a.y1, b.y1) - max(a.y0, b.y0) > 0.5 * min(a.height, b.height)
+                if same_line and b.x0 >= a.x0 and a.x1 <= b.x1:
+                    found.append(f"annotations run together: {text_a!r} and {text_b!r} on the axes titled "
+                                 f"{ax.get_title()!r}")
+    return sorted(set(found))[:5]
 
 
 def _a_shade_of(color, keyed, tolerance: float = 0.02) -> bool:
@@ -427,7 +466,48 @@ def test_a_sane_figure_passes():
     assert problems(fig) == []
 
 
+def _log_figure(low_ms: float, high_ms: float, ticks):
+    """Lesson 01's α-β picture in small: milliseconds on a log axis from ``low_ms`` to ``high_ms``."""
+    fig, ax = course.new_figure(6, 3)
+    ax.plot([1e2, 1e7], [low_ms, high_ms], "o-", color="C0", label="N=2")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks(ax.yaxis)
+    ax.set_title("fit")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def test_a_log_axis_over_about_a_decade_labels_more_than_one_tick():
+    """Lesson 01's fit spanned 1.5–20 ms: a log axis labelling its decades only showed one number, "10"; the
+    course's plain_log_ticks labels 2, 4, 6 … there, and still only the decades over many."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def decades_only(axis):  # what plain_log_ticks did: the decades as plain numbers, every minor tick blank
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+    assert any("one number on a log axis" in p for p in problems(_log_figure(1.5, 20, decades_only)))
+    fig = _log_figure(1.5, 20, course.figures.plain_log_ticks)
+    assert problems(fig) == []
+    assert {"2", "10"} <= {t.get_text() for t in _drawn_tick_labels(fig.axes[0].yaxis)}
+    wide = _log_figure(0.01, 1e4, course.figures.plain_log_ticks)  # six decades: the decades alone
+    assert problems(wide) == []
+    assert all(t.get_text() in {"0.01", "0.1", "1", "10", "100", "1000", "10000"}
+               for t in _drawn_tick_labels(wide.axes[0].yaxis))
+
+
 def test_the_checks_catch_each_fault():
+    fig, ax = _sane()  # box labels side by side, 3 px apart: read as "0.01.02.0"
+    ax.set_xlim(-0.5, 4.5)
+    first = ax.text(3.0, 2.0, "0.0", ha="left", va="center")
+    box = first.get_window_extent(_renderer(fig))
+    step = ax.transData.inverted().transform([(box.x1 + 3, 0)])[0][0] - 3.0
+    for k, word in enumerate(["1.0", "2.0"], start=1):
+        ax.text(3.0 + k * step, 2.0, word, ha="left", va="center")
+    assert any("annotations run together" in p for p in problems(fig))
+
     fig, ax = _sane()
     ax.set_xticks([0, 0.05, 2], ["a long label", "another long label", "c"])
     assert any("text on text" in p for p in problems(fig))
@@ -701,6 +781,19 @@ def test_pipeline_panel(monkeypatch, name, p, m, v):
         assert "micro-batch" in keys and "chunk" in keys, keys
 
 
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1"])
+def test_lesson_08_schedule_pictures_keep_every_label_apart(name):
+    """Lesson 08's four schedules at p = 4, m = 8: every box keeps its label, and no two labels run together
+    (interleaved's "m.c" labels in one-t_f boxes were 3 px apart at 13 inches)."""
+    from zerokit.course.pipeline_panel import schedule_figure
+
+    result = zerokit.simulate(zerokit.schedule(name, 4, 8, chunks=2 if name == "interleaved" else 1))
+    fig = schedule_figure(result, title=f"{name}, p = 4, m = 8")
+    _assert_readable(fig, f"schedule_figure {name}")
+    labels = [t for t in fig.axes[0].texts if t.get_text().strip()]
+    assert len(labels) == sum(len(result.schedule.compute(r)) for r in range(4)), name
+
+
 def test_pipeline_side_by_side_figure():
     """Lesson 08's simulated schedule next to a measured one: one key at the foot, no legend between the panels."""
     from zerokit.course.pipeline_panel import side_by_side_figure
@@ -727,6 +820,13 @@ def test_timelines(monkeypatch, work, runs):
     ax, _ = plot.timeline(runs["fp32"], steps=range(1, 2))
     _assert_readable(ax.figure, "plot.timeline")
     _assert_readable(course.timeline_figure({"ddp": runs["fp32"]}, steps=range(1, 2)), "course.timeline_figure")
+    # lesson 05: two runs whose steps differ several-fold, each on its own axis, each title giving its step's length
+    own = course.timeline_figure({"ddp": runs["fp32"], "ddp again": runs["fp32"]}, steps=range(1, 2),
+                                 shared_axis=False)
+    _assert_readable(own, "course.timeline_figure(shared_axis=False)")
+    first, second = own.axes[:2]
+    assert not first.get_shared_x_axes().joined(first, second)
+    assert all(re.search(r", \d+\.\d ms — ", ax.get_title(loc="left")) for ax in (first, second))
     figures = _captured(monkeypatch, timeline_panel)
     panel = course.TimelinePanel(work, "ddp", run=False, steps=2)
     panel.last_report = runs["fp32"]
@@ -746,9 +846,52 @@ def test_context_parallel_pictures(monkeypatch):
     _assert_readable(figures[-1], "ContextPanel")
 
 
+def _loss_effect(steps=60):
+    """A stand-in for zeropp_loss_effect's result: gradients' errors about five times the weights'."""
+    import random
+
+    rng = random.Random(0)
+    tally = lambda bound: {"max_abs": 0.999 * bound, "mean_abs": bound / 2, "max_bound": bound,  # noqa: E731
+                           "over_bound": 0, "elements": 1000}
+    return {"steps": list(range(steps)),
+            "losses": {"zero3": [4 - 0.02 * i for i in range(steps)],
+                       "zeropp": [4 - 0.02 * i + 0.001 * rng.random() for i in range(steps)]},
+            "weight_error": [tally(0.004 + 1e-5 * i) for i in range(steps)],
+            "gradient_error": [tally(0.01 + 0.02 * rng.random()) for _ in range(steps)]}
+
+
+def test_loss_effect_figure_gives_weights_and_gradients_each_their_scale():
+    """Lesson 17's picture of what quantization cost: weights and gradients on axes of their own (on one, the
+    weights' errors were a flat line under the gradients'), the bound drawn over the measured error, not a band
+    that hides it."""
+    from zerokit.course.quantization_panel import loss_effect_figure
+
+    effect = _loss_effect()
+    fig = loss_effect_figure(effect, "tiny GPT, 60 steps")
+    _assert_readable(fig, "loss_effect_figure")
+    _, weights, grads = fig.axes
+    for ax, tallies in ((weights, effect["weight_error"]), (grads, effect["gradient_error"])):
+        low, high = ax.get_ylim()
+        assert max(t["max_abs"] for t in tallies) > 0.5 * high  # the series fills its own axis
+        measured, _, bound = ax.lines
+        assert bound.get_zorder() >= measured.get_zorder() and bound.get_linewidth() <= measured.get_linewidth()
+        assert bound.get_linestyle() not in ("-", "solid")  # dashed: the measured line shows between the dashes
+
+
+def test_panels_tables_are_there_for_a_reader_without_a_kernel():
+    """The quantization and MoE panels hand their table to the cell that shows them (lessons 16 and 17)."""
+    import torch
+
+    panel = course.QuantizationPanel(torch.linspace(-1, 1, 1000), block_sizes=(16, 256), block_size=16)
+    shown = panel.table()
+    assert [row["block size · bits"] for row in shown.rows] == ["16 · int8", "256 · int8"]
+    assert shown._repr_html_().startswith("<table>")
+
+
 def test_moe_panel(monkeypatch):
     from zerokit.course import moe_panel
 
     figures = _captured(monkeypatch, moe_panel)
-    course.MoEPanel(dict(SIZE), n_experts=4, top_k=2, capacity=1.0, ep=2, dp=2)
+    panel = course.MoEPanel(dict(SIZE), n_experts=4, top_k=2, capacity=1.0, ep=2, dp=2)
     _assert_readable(figures[-1], "MoEPanel")
+    assert [row["rank"] for row in panel.table().rows] == [0, 1]  # its table, for the saved notebook

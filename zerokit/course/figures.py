@@ -35,11 +35,21 @@ def new_figure(width: float, height: float, ncols: int = 1, width_ratios=None):
 
 
 def plain_log_ticks(axis) -> None:
-    """Tick labels of a log axis as plain numbers (``60``, ``0.5``), never ``6×10¹``; minor ticks unlabelled."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Tick labels of a log axis as plain numbers (``60``, ``0.5``), never ``6×10¹``, and never fewer than two.
+
+    The major ticks (the powers of the base) are labelled; the minor ones too where the view holds at most two
+    powers, as matplotlib's own log formatter picks them (``LogFormatter.set_locs``: 2, 4 and 6 × a power over
+    more than 0.4 of a decade, every multiple over less) — an axis from 1.5 to 20 reads 2, 4, 6, 10, 20, not a
+    lone 10."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:g}"
 
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(NullFormatter())
+    axis.set_minor_formatter(PlainLogFormatter(base=getattr(axis.get_transform(), "base", 10), labelOnlyBase=False,
+                                                  minor_thresholds=(2, 0.4)))
 
 
 def png(fig) -> bytes:

@@ -14,7 +14,9 @@
   ``ep`` for the all-to-alls, ``edp`` for the experts' gradients when dp > ep), measured
   (the ledger's ring cost) next to the formula (``theory_comm_bytes_by_axis``).
 
-A mesh zerokit refuses (ep not dividing dp or E, top-k above E) is shown in the status line.
+Under the picture, the table of :func:`moe_rows`; :meth:`MoEPanel.table` returns it as it stands, for a
+notebook read without a kernel. A mesh zerokit refuses (ep not dividing dp or E, top-k above E) is shown in the
+status line.
 """
 from __future__ import annotations
 
@@ -86,6 +88,8 @@ class MoEPanel(Panel):
             control.observe(self._changed, names="value")
         self.workload = self._workload()
         self.routing = None
+        #: the rows of the table under the picture (:func:`moe_rows`), one per rank
+        self.rows: list = []
         self.box = w.VBox([w.HBox([w.VBox([self.experts, self.top_k, self.capacity]), w.VBox([self.ep, self.dp])]),
                            w.HBox([self.run_button, self.progress, self.status]), self.image, self.details])
         if run:
@@ -158,4 +162,10 @@ class MoEPanel(Panel):
         self.status.value = (f"{self.status.value}; dropped <b>{sum(routing['dropped'])}</b> slots; load-balancing "
                              f"loss per layer {', '.join(f'{a:.3f}' for a in routing['aux'])} (1 = even); rank 0 "
                              f"holds {experts // self.ep.value:,} of {experts:,} expert parameters")
-        self.details.value = table(moe_rows(report, routing, self.base["d_model"]))._repr_html_()
+        self.rows = moe_rows(report, routing, self.base["d_model"])
+        self.details.value = table(self.rows)._repr_html_()
+
+    def table(self):
+        """The table under the picture as it stands, one row per rank: a cell that shows it keeps it in the saved
+        notebook, where the widget's copy is not."""
+        return table(self.rows, title=f"dp = {self.dp.value}, ep = {self.ep.value}: per rank, one step")

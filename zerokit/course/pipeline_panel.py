@@ -3,9 +3,10 @@
 :class:`PipelinePanel` runs no job: every change of a control builds the schedule
 (:func:`zerokit.schedule`), plays it out with :func:`zerokit.simulate` (t_b = 2·t_f, so
 ZB-H1's I and W one t_f each) and draws it (:func:`draw_schedule`); the status line gives
-the simulated bubble next to the formula, (p − 1)/(v·m + p − 1), and each rank's peak
-micro-batches in flight. A combination a schedule refuses (interleaved with m not a
-multiple of p, say) is shown in the status line, not raised.
+the simulated bubble next to the formula, (p − 1)/(v·m + p − 1) of the step — (p − 1)/(v·m)
+of the ideal time, as Megatron states it — and each rank's peak micro-batches in flight. A
+combination a schedule refuses (interleaved with m not a multiple of p, say) is shown in the
+status line, not raised.
 
 :func:`schedule_key` gives a drawn schedule its whole key, beside the axes: which colour is
 which micro-batch, which shade (and hatch) which pass, grey for idle, and, when ranks hold
@@ -59,6 +60,16 @@ def schedule_key(ax, sched, fontsize: float = 9, label_size: float = 8) -> None:
     _drop_crowded_labels(ax)
 
 
+def schedule_figure(result, title: str, width: float = 16.0):
+    """One simulated schedule (``zerokit.simulate``'s result) as lesson 08 draws its four: ``width`` inches, so that
+    an interleaved schedule's one-t_f boxes hold their ``m.c`` labels with :data:`LABEL_GAP_PX` to spare at p = 4,
+    m = 8, and its whole key at the foot (:func:`schedule_key`)."""
+    fig, ax = new_figure(width, 1.7 + 0.4 * result.schedule.ranks)
+    draw_schedule(result, ax=ax, title=title)
+    schedule_key(ax, result.schedule)
+    return fig
+
+
 def side_by_side_figure(sched, rank_spans, forward: float = 1.0, backward: float = 2.0):
     """The schedule simulated (left, units of one forward) next to a real run of it (right, seconds from each
     rank's start of the step; ``rank_spans`` the ranks' ``pipeline_spans`` in pipeline-rank order), as
@@ -104,8 +115,12 @@ def key_at_bottom(fig, handles, title: str, fontsize: float) -> None:
     fig.tight_layout(rect=(0, 0.01 + height, 1, 1))
 
 
+#: pixels a box label keeps clear of each edge of its box: closer, neighbouring labels ("0.0", "1.0") read as one
+LABEL_GAP_PX = 3.0
+
+
 def _drop_crowded_labels(ax) -> None:
-    """Remove each box label that is wider than the narrowest box it sits in."""
+    """Remove each box label that does not fit the narrowest box it sits in with :data:`LABEL_GAP_PX` on each side."""
     from matplotlib.patches import Rectangle
 
     fig = ax.figure
@@ -123,7 +138,7 @@ def _drop_crowded_labels(ax) -> None:
             continue
         box = min(inside, key=lambda b: b.get_width())
         (left, _), (right, _) = ax.transData.transform([(box.get_x(), 0.0), (box.get_x() + box.get_width(), 0.0)])
-        if text.get_window_extent(renderer).width + 2 > right - left:
+        if text.get_window_extent(renderer).width + 2 * LABEL_GAP_PX > right - left:
             text.remove()
 
 
@@ -172,13 +187,14 @@ class PipelinePanel:
         sched = result.schedule
         p, m, v = sched.ranks, sched.micro_batches, sched.chunks
         formula = theory.bubble_fraction(p, m, v)
-        fig, ax = new_figure(min(14.0, 3.0 + 0.35 * len(sched.compute(0))), 1.9 + 0.45 * p)
+        fig, ax = new_figure(min(16.5, 3.0 + 0.4 * len(sched.compute(0))), 1.9 + 0.45 * p)
         draw_schedule(result, ax=ax, title=f"{sched.name}, p = {p}, m = {m}" + (f", v = {v}" if v > 1 else "")
                       + f": simulated bubble {result.bubble_fraction:.1%}")
         schedule_key(ax, sched)
         self.image.value = png(fig)
         self.status.value = (f"simulated bubble <b>{result.bubble_fraction:.1%}</b> (t_b = "
-                             f"{self.backward / self.forward:g}·t_f); (p − 1)/(v·m + p − 1) = {formula:.1%}"
+                             f"{self.backward / self.forward:g}·t_f); (p − 1)/(v·m + p − 1) = {formula:.1%} of "
+                             f"the step, (p − 1)/(v·m) = {theory.bubble_over_ideal(p, m, v):.1%} of the ideal time"
                              + ((f" for 1F1B; ZB-H1 fills part of it with W: (p − 1)/(3m + p − 1) = "
                                  f"{theory.zb_h1_bubble_fraction(p, m):.1%}" if m >= p else
                                  " for 1F1B; ZB-H1 fills part of it with W") if sched.splits_backward else "")

@@ -10,7 +10,11 @@ and draws, measured next to :mod:`zerokit.theory.zeropp`:
   codes plus the float32 scales measured on the tensors the codec returned, next to
   :func:`~zerokit.theory.zeropp.quantized_bytes` (a line on the bar).
 
-:func:`quantization_rows` is the table under the picture, one row per block size and bits.
+:func:`quantization_rows` is the table under the picture, one row per block size and bits, and
+:meth:`QuantizationPanel.table` that table as it stands, for a notebook read without a kernel.
+:func:`loss_effect_figure` draws what quantization cost a training run
+(:func:`zerokit.zero.zeropp_error.zeropp_loss_effect`): the two loss curves, and the weights'
+and the gradients' round-trip errors each on an axis of its own, next to their bound.
 """
 from __future__ import annotations
 
@@ -81,6 +85,34 @@ def quantization_figure(m: dict):
     return fig
 
 
+def loss_effect_figure(effect: dict, title: str):
+    """ZeRO-3's and ZeRO++'s loss per step (left, titled ``title``), then the weights' (middle) and the gradient
+    pieces' (right) round-trip error per step, each on its own scale — the gradients' errors are several times the
+    weights', and on one axis the weights' would be a flat line at its foot. Each error panel draws the largest
+    element's error and the mean over every element, both measured, and the bound, the largest block's scale/2, as
+    a dashed line over them: where the largest error reaches its bound, the solid line shows between the dashes."""
+    fig, (loss, weights, grads) = new_figure(15, 4.0, ncols=3, width_ratios=[4, 3, 3])
+    steps = effect["steps"]
+    loss.plot(steps, effect["losses"]["zero3"], color="#4C72B0", lw=1.5, label="ZeRO-3 (exact)")
+    loss.plot(steps, effect["losses"]["zeropp"], color="#DD8452", lw=1.2, ls="--", label="ZeRO++")
+    loss.set_ylabel("training loss (measured)")
+    loss.set_title(title, fontsize=10)
+    for ax, tallies, color, what in ((weights, effect["weight_error"], "#55A868", "weights"),
+                                     (grads, effect["gradient_error"], "#C44E52", "gradient pieces")):
+        ax.plot(steps, [t["max_abs"] for t in tallies], color=color, lw=2.0, label="largest |x − x̂|")
+        ax.plot(steps, [t["mean_abs"] for t in tallies], color=color, lw=1.0, alpha=0.6, label="mean |x − x̂|")
+        ax.plot(steps, [t["max_bound"] for t in tallies], color="black", lw=1.0, ls=(0, (4, 3)),
+                label="bound: scale/2")
+        ax.set_ylim(0, 1.08 * max(t["max_bound"] for t in tallies))
+        ax.set_ylabel("round-trip error (measured)")
+        ax.set_title(f"{what}: error per step, its own scale", fontsize=10)
+    for ax in (loss, weights, grads):
+        ax.set_xlabel("step")
+        legend_outside(ax, "below", ncol=2, bbox_to_anchor=(0.5, -0.22))
+    fig.tight_layout()
+    return fig
+
+
 class QuantizationPanel:
     """Block size and bits → the measured error of each element against its bound, and the bytes against bf16."""
 
@@ -94,6 +126,8 @@ class QuantizationPanel:
         self.image = w.Image(format="png")
         self.details = w.HTML(value="")
         self.last = None
+        #: the rows of the table under the picture (:func:`quantization_rows`), one per block size
+        self.rows: list = []
         #: how many times the panel has drawn (a test reads it)
         self.runs = 0
         for control in (self.block_size, self.bits):
@@ -105,9 +139,16 @@ class QuantizationPanel:
         self.last = measure_quantization(self.values, self.block_size.value, self.bits.value)
         self.image.value = png(quantization_figure(self.last))
         others = [measure_quantization(self.values, b, self.bits.value) for b in self.block_size.options]
-        self.details.value = table(quantization_rows(others))._repr_html_()
+        self.rows = quantization_rows(others)
+        self.details.value = table(self.rows)._repr_html_()
         self.runs += 1
         return self.last
+
+    def table(self):
+        """The table under the picture as it stands (every block size at the chosen bits): a cell that shows it
+        keeps it in the saved notebook, where the widget's copy is not."""
+        return table(self.rows, title=f"every block size at int{self.bits.value}, measured on "
+                                      f"{self.values.numel():,} values")
 
     def __repr__(self) -> str:
         return (f"QuantizationPanel over {self.values.numel():,} values: an interactive panel — run this notebook in "

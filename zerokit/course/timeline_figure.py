@@ -10,8 +10,9 @@ launch to known completion (in flight), the emulated link's span when there is o
 red, and the part of it spent waiting for a peer that had not yet launched the same
 collective (:func:`zerokit.runtime.timeline.straggler_waits`) in orange, labelled with
 that peer. Every panel starts at its own step's start and all share the x-axis, so equal
-lengths are equal times. Each panel is drawn by :func:`zerokit.plot.draw_timeline` (the
-same picture as :func:`zerokit.plot.timeline`).
+lengths are equal times (``shared_axis=False``: each its own, its step time in its title).
+Each panel is drawn by :func:`zerokit.plot.draw_timeline` (the same picture as
+:func:`zerokit.plot.timeline`).
 
 Exposed time is split in two, both read from the ledgers (nothing modelled): the
 **straggler wait** — blocked before the last peer had even launched the collective, so
@@ -101,17 +102,20 @@ def timeline_legend(fig, emulated: bool, ncol: int = 4):
 
 
 def timeline_figure(runs: Dict[str, object], steps: Optional[range] = None, width: float = 11.0,
-                    calmest: bool = False):
+                    calmest: bool = False, shared_axis: bool = True):
     """One panel per run, ranks as rows, on a shared time axis from each panel's step start (see module doc).
 
     ``steps``: the steps drawn (default all). ``calmest=True`` draws one step per run, the one of ``steps`` whose
     ranks waited least for each other (:func:`calmest_step`); the titles name it, and their numbers are that
-    step's. Each title gives every rank's exposed time split into exposed − wait and the straggler wait."""
+    step's. Each title gives every rank's exposed time split into exposed − wait and the straggler wait.
+    ``shared_axis=False`` gives each panel a time axis of its own, for runs whose steps differ so much that the
+    shorter would be a sliver of the longer's axis: each panel is labelled and its title gives its slowest rank's
+    step time, so the lengths are read against their own ticks and the ratio is said, not drawn."""
     rows = sum(len(ranks_of(r)) for r in runs.values())
-    height = 1.3 + 0.8 * rows + 0.75 * len(runs)
+    height = 1.3 + 0.8 * rows + 0.75 * len(runs) + (0.3 * (len(runs) - 1) if not shared_axis else 0.0)
     fig, _ = new_figure(width, height)
     fig.clear()
-    axes = list(fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0])
+    axes = list(fig.subplots(len(runs), 1, sharex=shared_axis, squeeze=False)[:, 0])
     emulated = False
     for ax, (label, report) in zip(axes, runs.items()):
         drawn = steps
@@ -124,10 +128,14 @@ def timeline_figure(runs: Dict[str, object], steps: Optional[range] = None, widt
         if calmest and steps is not None and len(steps) > 1:
             which += f" (least straggler wait of {steps.start}–{steps.stop - 1})"
         shown = ", ".join(f"r{s['rank']} {s['exposed − wait ms']:.1f} + {s['straggler wait ms']:.1f}" for s in stats)
+        if not shared_axis:  # its own axis: the title says how long the step it draws was
+            which += f", {max(s['step ms'] for s in stats):.1f} ms"
+            ax.set_xlabel("ms from the start of the step (this panel's own scale)")
         ax.set_title(f"{label}, {which} — exposed ms, all launched + straggler wait: {shown}",
                      fontsize=LEGEND_SIZE - 1, loc="left")
         emulated = emulated or any(c.get("link") for r in ranks_of(report) for c in r.comm_records)
-    axes[-1].set_xlabel("ms from the start of the step")
+    if shared_axis:
+        axes[-1].set_xlabel("ms from the start of the step")
     legend = timeline_legend(fig, emulated)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / height))
     legend.set_bbox_to_anchor((0.5, 1.0))
