@@ -1,11 +1,13 @@
 # %% [markdown]
 # # 03 · Data parallelism: naive → bucketed → overlapped
 #
-# **The question.** The seed sums up data parallelism as *"每个GPU保存完整模型 … 自动AllReduce梯度同步"*
-# — every GPU holds the whole model and the gradients are all-reduced — with the cost
-# *"通信开销（每次迭代AllReduce）"*. How many bytes is that per step, does packing gradients
-# into buckets change it, and how much of it can hide behind backward? (And is it true, as
-# the seed says, that data parallelism stops scaling at N ≤ 8?)
+# **The question.** The seed (the interview article the course answers, [docs/seed.md](../docs/seed.md))
+# sums up data parallelism as *"every GPU keeps the whole model … the gradients are all-reduced
+# automatically"* (“每个GPU保存完整模型 … 自动AllReduce梯度同步”), at the cost of *"communication
+# overhead: an all-reduce every iteration"* (“通信开销（每次迭代AllReduce）”). How many bytes is
+# that per step, does packing gradients into buckets change it, and how much of it can hide
+# behind backward? (And is it true, as the seed says, that data parallelism stops scaling at
+# N ≤ 8?)
 #
 # **Time:** about 30 min to read and run (the run itself: 11 s on a 2-core laptop) ·
 # **Needs:** lessons 01 (the ring, α and β) and 02 (the 16Ψ of model states), nothing else ·

@@ -1,12 +1,15 @@
 # %% [markdown]
 # # 06 · ZeRO-3: sharding the parameters — prefetch, reshard_after_forward and the 1.5× traffic
 #
-# **The question.** The seed makes three claims about ZeRO-3: per-GPU memory is
-# *"(模型参数 + 梯度 + 优化器状态)/N + 临时缓存"*; its communication is *O(P/N)*; and in one case
-# study it moves *"通信量减少92%（相比传统AllReduce）"* — 92 % less than an all-reduce. Which
-# of these hold? What does a ZeRO-3 rank hold at its peak, what does it send, and what do
-# prefetching and `reshard_after_forward` trade? And its follow-up, *"ZeRO如何处理动态计算图？"*:
-# what happens to ZeRO-3 when the model's forward takes a branch chosen by the input?
+# **The question.** The seed (the interview article the course answers, [docs/seed.md](../docs/seed.md))
+# makes three claims about ZeRO-3: per-GPU memory is *"(parameters + gradients + optimizer
+# states)/N + temporary buffers"* (“(模型参数 + 梯度 + 优化器状态)/N + 临时缓存”); its
+# communication is *O(P/N)*; and in one case study it moves *"92 % less communication than a
+# conventional all-reduce"* (“通信量减少92%（相比传统AllReduce）”). Which of these hold? What
+# does a ZeRO-3 rank hold at its peak, what does it send, and what do prefetching and
+# `reshard_after_forward` trade? And its follow-up, *"How does ZeRO handle a dynamic computation
+# graph?"* (“ZeRO如何处理动态计算图？”): what happens to ZeRO-3 when the model's forward takes a
+# branch chosen by the input?
 #
 # **Time:** about 35 min to read and run (the run itself: 11 s on a 2-core laptop) ·
 # **Needs:** lessons 01 (the ring), 02 (training memory), 03 (timelines, the emulated link) and
@@ -329,8 +332,8 @@ assert all(g > deepspeed_gathered for g in gathered)               # whole block
 #
 # ## A dynamic graph: the branch changes, the trace is stale
 #
-# The seed's follow-up *"ZeRO如何处理动态计算图？"* (how does ZeRO handle a dynamic computation
-# graph?) gets the answer *"use static shapes to avoid frequent all-gathers; enable
+# The seed's follow-up *"How does ZeRO handle a dynamic computation graph?"* (“ZeRO如何处理动态
+# 计算图？”) gets the answer *"use static shapes to avoid frequent all-gathers; enable
 # torch.compile to optimise the dynamic sharding path"*. What a data-dependent branch really does
 # to ZeRO-3 is to its **trace**: prefetch walks the order the units ran in, and a branch chosen
 # by the input changes that order.

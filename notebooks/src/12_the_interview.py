@@ -1,22 +1,30 @@
 # %% [markdown]
 # # 12 · The interview: data vs model parallelism, and how ZeRO combines them — every claim checked
 #
-# **The question.** The seed is an interview article: *"What is the difference between data
-# parallelism and model parallelism? How does the ZeRO optimizer combine the two?"* (数据并行与
-# 模型并行的区别是什么？ZeRO优化器如何结合二者？). Its answer is well organised and full of
-# numbers: ZeRO-1 saves 33 %, ZeRO-3's traffic is O(P/N), data parallelism stops at N ≤ 8,
-# DeepSpeed trained LLaMA-65B at 78 % utilisation with 92 % less communication, GPT-2 1.5 B
-# under ZeRO-3 takes 4.1 GB per GPU… If an interviewer asked you the question and then each
-# follow-up, which of those numbers would survive being checked on the spot?
+# **The seed.** The course answers one interview article, which the lessons call *the seed*: a
+# Chinese post from a "large-model interview question of the day" series. [docs/seed.md](../docs/seed.md)
+# introduces it — what it is, its questions, and its claims in English beside the original, each with
+# its verdict and the lesson that checks it.
 #
-# **What you will see.** The interview in its order — the two parallelisms, ZeRO's stages,
-# the follow-ups — each answered by a small run on 2–4 CPU ranks or a call to
-# `zerokit.theory` / the planner, never a retyped formula. Every claim the seed makes (its ten
-# claims, checked against the ZeRO paper, arXiv 1910.02054, and the other primary sources) gets its check, the figure here next to the seed's, and a verdict worked out from that
-# figure. Then the seed's own follow-up questions (深度追问), its table of misconceptions and
-# its selection table (工业级技术选型建议), row by row, each with its verdict and a link to the
-# lesson that runs its demo; why the planner's DDP step grows from 8 to 64 GPUs while its
-# bytes barely do; the two verdict tables; and the one-page answer to give in the room.
+# **The question.** *"What is the difference between data parallelism and model parallelism? How
+# does the ZeRO optimizer combine the two?"* (“数据并行与模型并行的区别是什么？ZeRO优化器如何结合二者？”).
+# The seed's answer is well organised and full of numbers: ZeRO-1 saves 33 %, ZeRO-3's traffic
+# is O(P/N), data parallelism stops at N ≤ 8, DeepSpeed trained LLaMA-65B at 78 % utilisation
+# with 92 % less communication, GPT-2 1.5 B under ZeRO-3 takes 4.1 GB per GPU… If an interviewer
+# asked you the question and then each follow-up, which of those numbers would survive being
+# checked on the spot?
+#
+# **What you will see.** First the answer to give in the room, on one page. Then the check of
+# every sentence: the interview in its order — the two
+# parallelisms, ZeRO's stages, the follow-ups — each answered by a small run on 2–4 CPU ranks
+# or a call to `zerokit.theory` / the planner, never a retyped formula. Every claim the seed
+# makes (its ten claims, checked against the ZeRO paper, arXiv 1910.02054, and the other primary
+# sources) gets its check, the figure here next to the seed's, and a verdict worked out from
+# that figure. Then the seed's own follow-up questions (深度追问, "follow-ups in depth"), its
+# table of misconceptions and its selection table (工业级技术选型建议, "industrial-grade selection
+# advice"), row by row, each with its verdict and a link to the lesson that runs its demo; why
+# the planner's DDP step grows from 8 to 64 GPUs while its bytes barely do; and the two verdict
+# tables.
 #
 # **Time:** about 40 min to read and run (the run itself: about 7 s on a 2-core laptop) ·
 # **Needs:** lessons 01–11 (this lesson gathers them; each verdict links the lesson that runs
@@ -24,6 +32,53 @@
 # and model parallelism, and how does ZeRO combine them?* · *Does ZeRO need gradient
 # synchronisation, and what does it lower?* · *Why does DDP's step time grow from 8 to 64 GPUs
 # when its bytes per GPU barely do?* · *Which of the seed's numbers survive, and why?*
+
+# %% [markdown]
+# ## The one-page answer
+#
+# What to say in the room. Every sentence is checked below, by a run or a formula, or in the lesson it
+# links.
+#
+# **Data vs model parallelism.** Data parallelism copies the model to every rank and splits
+# the batch; each rank holds all of it (16Ψ bytes of states with Adam) and all-reduces the
+# gradients every step, `2(N−1)/N·Ψb` per rank — the memory doesn't shrink with N, the
+# traffic doesn't grow with it. Model parallelism splits the model: tensor parallelism cuts
+# every layer (f/g all-reduces of activations, four per layer, so it lives inside a node),
+# pipeline parallelism cuts the stack into stages (point-to-point activations at the
+# boundaries, and a bubble of `(p − 1)/(m + p − 1)`).
+#
+# **How ZeRO combines them.** ZeRO keeps data parallelism's compute and partitions its
+# redundant states as model parallelism would: optimizer states (stage 1), gradients (2),
+# parameters (3), each rank owning 1/N and fetching the rest by collectives. Per rank in mixed
+# precision: `4Ψ + 12Ψ/N`, `2Ψ + 14Ψ/N`, `16Ψ/N`. It still synchronises the gradients: stages
+# 1–2 send what DDP sends (the all-reduce split into its reduce-scatter and all-gather, the
+# reduce-scatter during backward); stage 3 sends 1.5× (parameters gathered in forward and
+# again in backward). What it lowers is memory, not traffic. It does not shard activations,
+# so checkpointing or TP still matter.
+#
+# **The other two axes.** Activations grow with the sequence, not the parameters: at long
+# context they run out first, and context parallelism cuts the sequence over cp ranks
+# (activations ÷ cp), attention reaching the other ranks' keys by a ring of key/value blocks
+# (`2(cp−1)·|K|` forward per layer, overlapped with the blocks' compute) or by Ulysses'
+# all-to-alls to heads and back (four each way; cp ≤ heads); the causal mask needs zig-zag
+# chunks to keep the ranks' work equal ([lesson 15](15_context_parallel.ipynb)). A mixture of experts multiplies the
+# parameters without the compute: each token visits k of E experts, and expert parallelism
+# spreads the experts over ep ranks carved from dp (expert states ÷ ep), moving tokens by two
+# all-to-alls per layer (`T·k·d·b` each way) instead of activations' all-reduces; the dense
+# weights still reduce over dp, the experts' over the ranks holding the same ones ([lesson 16](16_mixture_of_experts.ipynb)).
+# Five axes, one mesh: tp inside a node, cp and ep next, dp (with ZeRO) and pp across nodes.
+#
+# **In practice.** Memory first: DDP or ZeRO-1/2 while the model fits, ZeRO-3 or offload when
+# it doesn't; TP inside a node when a layer or the activations are too large; PP across nodes
+# with many micro-batches. On the data-parallel axis of a pipelined mesh, DeepSpeed's
+# PipelineEngine takes ZeRO-1 at most (it refuses ZeRO-2/3), and zerokit follows that rule;
+# it is not the field's: torchtitan runs FSDP2 inside each pipeline stage, with
+# `torch.distributed.pipelining` keeping the gradients unsharded over the micro-batches and
+# reduce-scattering them once, at the last backward. Data parallelism's bytes per GPU are flat in N; its time across
+# nodes is set by the inter-node link and by how much of the all-reduce the backward hides.
+# And the numbers to correct if you hear them: ZeRO-1 saves 0.75·(1 − 1/N), not 33 %;
+# ZeRO-3's traffic is 1.5× DDP's, not O(P/N) and not 92 % less; the "N ≤ 8" limit is tensor
+# parallelism's.
 
 # %%
 %matplotlib inline
@@ -509,18 +564,19 @@ assert "PipelineModule" in refusal and "not a DeepSpeed config key" in refusal
 # %% [markdown]
 # ## The seed's follow-ups, its misconceptions table and its selection table
 #
-# The seed ends with follow-up questions (深度追问) answered by tables, a table of "typical
-# misconceptions" (典型错误认知辨析) and a table of recommendations (工业级技术选型建议). Each
+# The seed ends with "follow-ups in depth" (深度追问) answered by tables, a table of "typical
+# misconceptions" (典型错误认知辨析) and "industrial-grade selection advice" (工业级技术选型建议). Each
 # row gets a verdict here, worked out from a run above or from `zerokit.theory` / the
 # planner, and a link to the lesson that runs its demo.
 #
-# ### "ZeRO不需要梯度同步" — "ZeRO needs no gradient synchronisation"
+# ### "ZeRO needs no gradient synchronisation" (“ZeRO不需要梯度同步”)
 #
-# The seed lists this as a misconception, and corrects it with *"实际将AllReduce拆分为多个小通信
-# 操作，降低峰值带宽需求"* — ZeRO splits the all-reduce into several small operations and so
-# lowers the peak bandwidth it needs. Read the panel's runs at N = 4: the collective each
-# stage reduces the gradients with, its bytes per step against DDP's (the ledger's ring cost,
-# and `theory.comm_bytes_per_step`), and the states it leaves on a rank:
+# The seed lists this as a misconception, and corrects it with *"it actually splits the
+# all-reduce into several small communication operations, lowering the peak bandwidth it
+# needs"* (“实际将AllReduce拆分为多个小通信操作，降低峰值带宽需求”). Read the panel's runs at
+# N = 4: the collective each stage reduces the gradients with, its bytes per step against
+# DDP's (the ledger's ring cost, and `theory.comm_bytes_per_step`), and the states it leaves on
+# a rank:
 
 # %%
 sync = []
@@ -560,7 +616,7 @@ assert [row["states ÷ DDP (measured)"] for row in sync] == sorted(row["states �
 # cutting it into pieces (buckets, which DDP has too) lowers no peak. What falls, stage by
 # stage, is the memory in the last column.
 #
-# ### "ZeRO如何处理动态计算图？" — how does ZeRO handle a dynamic graph?
+# ### "How does ZeRO handle a dynamic computation graph?" (“ZeRO如何处理动态计算图？”)
 #
 # The seed answers: use static shapes to avoid frequent all-gathers, and enable
 # `torch.compile` to optimise the "dynamic sharding path". Lesson 06 runs a model whose
@@ -588,7 +644,7 @@ follow_ups.append({"the seed says": "Q: how does ZeRO handle a dynamic graph? �
                    "demo": demo("06") + " · [exercise 13](../exercises/13_zero3_prefetch.ipynb)"})
 
 # %% [markdown]
-# ### "ZeRO-3与CPU卸载的协同？" — ZeRO-3 with CPU offload, row by row
+# ### "How do ZeRO-3 and CPU offload work together?" (“ZeRO-3与CPU卸载的协同？”) — row by row
 #
 # The seed's table: parameters — sharded, need an all-gather; gradients — sharded, an
 # asynchronous transfer hides the latency; optimizer — fully offloaded, bandwidth-sensitive
@@ -639,7 +695,7 @@ assert gathers_unchanged and pcie["none"] == 0 < pcie["optimizer"] < pcie["param
 assert offload["optimizer"].memory.model_states.total < offload["none"].memory.model_states.total / 4
 
 # %% [markdown]
-# ### "工业级技术选型建议" — the selection table, row by row
+# ### "Industrial-grade selection advice" (“工业级技术选型建议”) — the selection table, row by row
 #
 # Four rows: one machine of several GPUs → ZeRO-2 + AMP; models over 1 T parameters →
 # ZeRO-3 + tensor parallelism; long-sequence tasks → pipeline parallelism + ZeRO-1 ("less
@@ -714,49 +770,6 @@ for row in claims + follow_ups:
     assert "lesson" in row["demo"] or row["demo"] == "here", row
 
 # %% [markdown]
-# ## The one-page answer
-#
-# **Data vs model parallelism.** Data parallelism copies the model to every rank and splits
-# the batch; each rank holds all of it (16Ψ bytes of states with Adam) and all-reduces the
-# gradients every step, `2(N−1)/N·Ψb` per rank — the memory doesn't shrink with N, the
-# traffic doesn't grow with it. Model parallelism splits the model: tensor parallelism cuts
-# every layer (f/g all-reduces of activations, four per layer, so it lives inside a node),
-# pipeline parallelism cuts the stack into stages (point-to-point activations at the
-# boundaries, and a bubble of `(p − 1)/(m + p − 1)`).
-#
-# **How ZeRO combines them.** ZeRO keeps data parallelism's compute and partitions its
-# redundant states as model parallelism would: optimizer states (stage 1), gradients (2),
-# parameters (3), each rank owning 1/N and fetching the rest by collectives. Per rank in mixed
-# precision: `4Ψ + 12Ψ/N`, `2Ψ + 14Ψ/N`, `16Ψ/N`. It still synchronises the gradients: stages
-# 1–2 send what DDP sends (the all-reduce split into its reduce-scatter and all-gather, the
-# reduce-scatter during backward); stage 3 sends 1.5× (parameters gathered in forward and
-# again in backward). What it lowers is memory, not traffic. It does not shard activations,
-# so checkpointing or TP still matter.
-#
-# **The other two axes.** Activations grow with the sequence, not the parameters: at long
-# context they run out first, and context parallelism cuts the sequence over cp ranks
-# (activations ÷ cp), attention reaching the other ranks' keys by a ring of key/value blocks
-# (`2(cp−1)·|K|` forward per layer, overlapped with the blocks' compute) or by Ulysses'
-# all-to-alls to heads and back (four each way; cp ≤ heads); the causal mask needs zig-zag
-# chunks to keep the ranks' work equal ([lesson 15](15_context_parallel.ipynb)). A mixture of experts multiplies the
-# parameters without the compute: each token visits k of E experts, and expert parallelism
-# spreads the experts over ep ranks carved from dp (expert states ÷ ep), moving tokens by two
-# all-to-alls per layer (`T·k·d·b` each way) instead of activations' all-reduces; the dense
-# weights still reduce over dp, the experts' over the ranks holding the same ones ([lesson 16](16_mixture_of_experts.ipynb)).
-# Five axes, one mesh: tp inside a node, cp and ep next, dp (with ZeRO) and pp across nodes.
-#
-# **In practice.** Memory first: DDP or ZeRO-1/2 while the model fits, ZeRO-3 or offload when
-# it doesn't; TP inside a node when a layer or the activations are too large; PP across nodes
-# with many micro-batches. On the data-parallel axis of a pipelined mesh, DeepSpeed's
-# PipelineEngine takes ZeRO-1 at most (it refuses ZeRO-2/3), and zerokit follows that rule;
-# it is not the field's: torchtitan runs FSDP2 inside each pipeline stage, with
-# `torch.distributed.pipelining` keeping the gradients unsharded over the micro-batches and
-# reduce-scattering them once, at the last backward. Data parallelism's bytes per GPU are flat in N; its time across
-# nodes is set by the inter-node link and by how much of the all-reduce the backward hides.
-# And the numbers to correct if you hear them: ZeRO-1 saves 0.75·(1 − 1/N), not 33 %;
-# ZeRO-3's traffic is 1.5× DDP's, not O(P/N) and not 92 % less; the "N ≤ 8" limit is tensor
-# parallelism's.
-#
 # ## Summary
 #
 # - The seed's question answered with measurements on 2–4 ranks: data parallelism holds the
