@@ -251,10 +251,11 @@ course.latency_bandwidth.all_reduce_scaling_figure(my_link, payload_bytes=[64 * 
 # %% [markdown]
 # Solid lines, the ring: flat for large payloads (bandwidth-bound, bytes per rank barely
 # grow), then rising linearly once `2(N−1)·α` dominates — the smaller the payload, the
-# sooner. Dashed, the tree: its latency grows with log N, so once N is large its line lies
-# below the ring's for all but the largest payloads, which it sends at a little less than
-# the ring's bandwidth. The crossover is where `2S/(Nβ)` — the tree's extra bandwidth cost —
-# equals `2(N − 1 − ⌈log₂N⌉)·α`, the latency it saves.
+# sooner. Dashed, the tree: its latency grows with log N, and its bandwidth term stays
+# about `2S/β` whatever N — twice the ring's at N = 2, close to it at large N. So each
+# payload's tree line starts above its ring line and crosses below it, at a world size that
+# grows with the payload: the crossover is where `2S/(Nβ)` — the tree's extra bandwidth
+# cost — equals `2(N − 1 − ⌈log₂N⌉)·α`, the latency it saves.
 #
 # ## Why gloo's times are not a ring's
 #
@@ -298,10 +299,12 @@ course.latency_bandwidth.all_reduce_scaling_figure(my_link, payload_bytes=[64 * 
 #
 # <details><summary>Answer</summary>
 #
-# On gloo, no: its reduce-scatter is an all-reduce and a slice, so it takes at least an
-# all-reduce's time (the first sentence under the run gives this machine's numbers).
-# zerokit's ring reduce-scatter runs half the rounds and sends half the bytes of its
-# all-reduce — measured in the "sent" column — and its time follows them (the second).
+# On gloo, no: its reduce-scatter is an all-reduce and a slice, so it costs at least an
+# all-reduce (the first sentence under the run gives this machine's times). zerokit's ring
+# reduce-scatter runs half the rounds and sends half the bytes of its all-reduce — measured
+# in the "sent" column. Whether its time halves too is this machine's to say: with Python
+# in every round and the ranks sharing cores, the second sentence gives what this run
+# measured — about half where the copies set the pace, within the noise where they don't.
 #
 # </details>
 
@@ -343,7 +346,8 @@ course.table([{"algorithm": algorithm, "op": record.op, "payload B (measured)": 
 for algorithm, elsewhere in (
         ("gloo", "On NCCL, whose reduce-scatter is a real one, a large reduce-scatter would take about half an "
                  "all-reduce's time."),
-        ("zerokit ring", "The ring's reduce-scatter has half the rounds and half the bytes of its all-reduce.")):
+        ("zerokit ring", "The ring's reduce-scatter has half the rounds and half the bytes of its all-reduce: "
+                         "where each rank has a core of its own and the link sets the pace, about half the time.")):
     (rs, rs_spread), (ar, ar_spread) = timing[(algorithm, "reduce_scatter")], timing[(algorithm, "all_reduce")]
     course.show(course.speed_sentence(f"{algorithm}'s reduce-scatter", rs, f"{algorithm}'s all-reduce", ar,
                                       spread=max(rs_spread, ar_spread), elsewhere=elsewhere))
