@@ -14,8 +14,9 @@
 # asked you the question and then each follow-up, which of those numbers would survive being
 # checked on the spot?
 #
-# **What you will see.** First the answer to give in the room, on one page. Then the check of
-# every sentence: the interview in its order — the two
+# **What you will see.** First the answer to give in the room, on one page, and the numbers to
+# know (the ZeRO paper's 7.5 B parameters on 64 GPUs), computed by `zerokit.theory` and the
+# planner. Then the check of every sentence: the interview in its order — the two
 # parallelisms, ZeRO's stages, the follow-ups — each answered by a small run on 2–4 CPU ranks
 # or a call to `zerokit.theory` / the planner, never a retyped formula. Every claim the seed
 # makes (its ten claims, checked against the ZeRO paper, arXiv 1910.02054, and the other primary
@@ -29,7 +30,8 @@
 # **Time:** about 40 min to read and run (the run itself: about 7 s on a 2-core laptop) ·
 # **Needs:** lessons 01–11 (this lesson gathers them; each verdict links the lesson that runs
 # its demo); its answers on long contexts and experts link ahead to lessons 15 and 16 · **After it you can answer:** *What is the difference between data
-# and model parallelism, and how does ZeRO combine them?* · *Does ZeRO need gradient
+# and model parallelism, and how does ZeRO combine them?* · *How many GB does a 7.5 B model need
+# per GPU under DDP and each ZeRO stage on 64 GPUs?* · *Does ZeRO need gradient
 # synchronisation, and what does it lower?* · *Why does DDP's step time grow from 8 to 64 GPUs
 # when its bytes per GPU barely do?* · *Which of the seed's numbers survive, and why?*
 
@@ -37,7 +39,7 @@
 # ## The one-page answer
 #
 # What to say in the room. Every sentence is checked below, by a run or a formula, or in the lesson it
-# links.
+# links; the numbers to know follow it.
 #
 # **Data vs model parallelism.** Data parallelism copies the model to every rank and splits
 # the batch; each rank holds all of it (16Ψ bytes of states with Adam) and all-reduces the
@@ -120,6 +122,41 @@ def markdown_table(rows):
 
 
 print(work.description)
+
+# %% [markdown]
+# ## The numbers to know
+#
+# The arithmetic every interview asks for, on the ZeRO paper's own example (§5, Table 1):
+# Ψ = 7.5 B parameters on N = 64 GPUs, mixed-precision Adam — per parameter 2 bytes of 16-bit
+# weights, 2 of 16-bit gradients and K = 12 of optimizer states (the fp32 master copy, m and v).
+# Model states per GPU by stage, each line its derivation, computed by `zerokit.theory` (the
+# planner, `zerokit.plan`, gives the same figures: checked in the collapsed cell), then the
+# traffic per GPU per step:
+
+# %%
+psi_paper, n_paper, K = 7_500_000_000, 64, 12
+derivation = {"ddp": "(2 + 2 + K)·Ψ", "zero1": "(2 + 2)·Ψ + K·Ψ/N", "zero2": "2·Ψ + (2 + K)·Ψ/N",
+              "zero3": "(2 + 2 + K)·Ψ/N"}
+to_know = {s: theory.model_state_bytes(STAGE[s], psi_paper, n_paper, "bf16-mixed") for s in derivation}
+NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+print(f"Ψ = {psi_paper / 1e9:g} B parameters, N = {n_paper}, K = {K}: model states per GPU")
+for s, states in to_know.items():
+    print(f"  {NAME[s]:<7}{derivation[s]:<19} = {states.total / psi_paper:<7.6g} B × Ψ = {states.total / 1e9:5.3g} GB")
+traffic = {s: theory.comm_bytes_per_step(STAGE[s], psi_paper, n_paper, 2) for s in ("ddp", "zero3")}
+print(f"traffic per GPU per step, bf16 (b = 2 B): DDP, ZeRO-1, ZeRO-2  2(N−1)/N·Ψb = {traffic['ddp'] / 1e9:.1f} GB;"
+      f"\n  ZeRO-3  3(N−1)/N·Ψb = {traffic['zero3'] / 1e9:.1f} GB ({traffic['zero3'] / traffic['ddp']:.1f}× DDP)")
+print(f"ZeRO-1 saves (K/16)·(1 − 1/N) = {theory.zero1_saving_fraction(n_paper):.1%} of DDP's model states, not 33 %")
+
+# %% [checks]
+planned = {s: zerokit.plan(params=psi_paper, gpus=n_paper, strategy=s) for s in derivation}
+paper_table_1 = {"ddp": 120, "zero1": 31.4, "zero2": 16.6, "zero3": 1.88}  # GB, the ZeRO paper's Table 1
+for s, states in to_know.items():
+    assert planned[s].memory.model_states.total == states.total  # the planner's figure is theory's
+    assert states.total == theory.paper_model_state_bytes(STAGE[s], psi_paper, n_paper, K)
+    assert abs(states.total / 1e9 - paper_table_1[s]) < 0.05
+assert to_know["zero3"].total * n_paper == to_know["ddp"].total  # ZeRO-3: exactly 1/N of DDP's
+assert abs(traffic["zero3"] / traffic["ddp"] - 1.5) < 1e-12
+assert planned["zero3"].comm_bytes_per_step["dp"] == traffic["zero3"]
 
 # %% [markdown]
 # ## Q1. "What is the difference between data parallelism and model parallelism?"

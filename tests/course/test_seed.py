@@ -1,7 +1,7 @@
 """The seed, the interview article the course answers, is introduced once (docs/seed.md: what it is, its
 questions, its claims in English beside the original) and linked from where a learner meets it; every quote of
 it in the lessons this covers, the course map, the README and the package is given beside an English rendering,
-never bare; lesson 12 opens with its one-page answer."""
+never bare; lesson 12 opens with its one-page answer and the numbers to know."""
 import re
 from pathlib import Path
 
@@ -65,7 +65,14 @@ def test_every_quote_of_the_seed_stands_beside_an_english_rendering(path):
         assert re.search(r"[A-Za-z]{3,}(?:\W+[A-Za-z]{2,}){3,}", bare), f"{path.name}: {paragraph[:200]!r}"
 
 
-def test_the_interview_opens_with_the_one_page_answer():
+def test_the_interview_opens_with_the_one_page_answer_and_the_numbers_to_know():
     cells = nbformat.read(ROOT / "notebooks" / "12_the_interview.ipynb", as_version=4).cells
     headings = [(i, c.source.splitlines()[0]) for i, c in enumerate(cells) if c.cell_type == "markdown"]
     assert headings[1] == (1, "## The one-page answer")
+    numbers = next(i for i, h in headings if h == "## The numbers to know")
+    assert numbers <= 4
+    shown = "".join(o.get("text", "") for o in cells[numbers + 1].outputs)
+    for stage, gb in (("DDP", "120 GB"), ("ZeRO-1", "31.4 GB"), ("ZeRO-2", "16.6 GB"), ("ZeRO-3", "1.88 GB")):
+        assert re.search(rf"{stage} .*= +{gb}", shown), (stage, shown)  # the ZeRO paper's Table 1, computed
+    checks = cells[numbers + 2]
+    assert "checks" in checks.metadata.get("tags", []) and "paper_table_1" in checks.source
