@@ -176,15 +176,24 @@ assert {(r["phase"], r["op"]) for r in zero2.ranks[0].comm_summary} == {("backwa
 # The same two on a timeline — on **2** ranks, not 4: four ranks on two cores take turns, so
 # at any moment two of them are not running, and most of what each waits for is a peer that
 # has not reached the collective yet (a straggler wait, lesson 03), not the collective. Each
-# panel draws the step of 1–3 whose ranks waited least for each other; the title splits every
-# rank's exposed time into the part once both had launched and the straggler wait:
+# panel draws the step of 1–3 whose ranks waited least for each other, on a time axis of its
+# own (the two steps differ several-fold: on one axis the naive one would be a sliver), and its
+# title gives that step's length and splits every rank's exposed time into the part once both
+# had launched and the straggler wait; the sentence under the picture compares the two steps:
 
 # %%
 pair = {name: zerokit.train(work, name, world_size=2, steps=4, precision="bf16-mixed", keep_records=True,
                             reference=False, track_peak=False, **({"reduce_bucket_size": bucket}
                                                                   if name == "zero2" else {}))
         for name in ("zero2-naive", "zero2")}
-course.timeline_figure(pair, steps=range(1, 4), calmest=True)
+display(course.timeline_figure(pair, steps=range(1, 4), calmest=True, shared_axis=False))
+(naive_pair_s, naive_pair_spread), (zero2_pair_s, zero2_pair_spread) = (step_time(r, range(1, 4))
+                                                                        for r in pair.values())
+course.show(course.speed_sentence(
+    "ZeRO-2's step (steps 1–3, median)", zero2_pair_s, "the naive version's", naive_pair_s,
+    spread=max(naive_pair_spread, zero2_pair_spread),
+    elsewhere="Read each panel against its own ticks. ZeRO-2's many small calls each pay lesson 01's α, and on two "
+              "shared cores the calls in flight take turns with backward's compute: the next section prices them."))
 
 # %% [markdown]
 # The naive version computes all of backward, then blocks on one all-reduce of everything and

@@ -826,7 +826,7 @@ def test_timelines(monkeypatch, work, runs):
     _assert_readable(own, "course.timeline_figure(shared_axis=False)")
     first, second = own.axes[:2]
     assert not first.get_shared_x_axes().joined(first, second)
-    assert all(re.search(r", \d+\.\d ms — ", ax.get_title(loc="left")) for ax in (first, second))
+    assert all(re.search(r"slowest rank's step \d+\.\d ms — ", ax.get_title(loc="left")) for ax in (first, second))
     figures = _captured(monkeypatch, timeline_panel)
     panel = course.TimelinePanel(work, "ddp", run=False, steps=2)
     panel.last_report = runs["fp32"]

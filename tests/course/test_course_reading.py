@@ -54,3 +54,16 @@ def test_lesson_01_does_not_promise_the_ring_reduce_scatter_half_the_time():
                  if c["cell_type"] == "code" and "zerokit ring's reduce-scatter" in _printed(c)]
     assert sentences and re.search(r"zerokit ring's reduce-scatter [\d.]+ ms, zerokit ring's all-reduce [\d.]+ ms",
                                    sentences[0])
+
+
+# --- lesson 05 ---------------------------------------------------------------------------------------
+
+def test_lesson_05_timeline_gives_each_run_its_scale_and_says_how_the_steps_compare():
+    """zero2-naive's step was a fifth of a shared axis and the 4× was not said: each panel now has its own
+    axis, its title its step's length, and a sentence under the picture compares the two steps' times."""
+    cells = _cells("05_zero2")
+    timeline = next(c for c in cells if c["cell_type"] == "code" and "course.timeline_figure(pair" in _source(c))
+    assert "shared_axis=False" in _source(timeline)
+    printed = _printed(timeline)
+    assert re.search(r"ZeRO-2's step \(steps 1–3, median\) [\d.]+ ms, the naive version's [\d.]+ ms: "
+                     r"(ZeRO-2's step \(steps 1–3, median\) was (slower|faster), by [\d.]+×|within the noise)", printed)

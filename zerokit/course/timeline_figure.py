@@ -129,7 +129,7 @@ def timeline_figure(runs: Dict[str, object], steps: Optional[range] = None, widt
             which += f" (least straggler wait of {steps.start}–{steps.stop - 1})"
         shown = ", ".join(f"r{s['rank']} {s['exposed − wait ms']:.1f} + {s['straggler wait ms']:.1f}" for s in stats)
         if not shared_axis:  # its own axis: the title says how long the step it draws was
-            which += f", {max(s['step ms'] for s in stats):.1f} ms"
+            which += f", slowest rank's step {max(s['step ms'] for s in stats):.1f} ms"
             ax.set_xlabel("ms from the start of the step (this panel's own scale)")
         ax.set_title(f"{label}, {which} — exposed ms, all launched + straggler wait: {shown}",
                      fontsize=LEGEND_SIZE - 1, loc="left")
