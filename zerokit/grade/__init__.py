@@ -17,7 +17,8 @@ Lifecycle of ``zerokit.grade(submission, exercise=None)``:
 4. return a :class:`~.report.GradeReport`: pass/fail, points, expected vs measured, a hint
    per failed check, and the score; ``exit_status`` is 0 only when every check passed.
 
-:func:`grade_folder` grades a class's folder (its notebooks, ``jobs`` at a time).
+:func:`grade_folder` grades a class's folder (its notebooks, ``jobs`` at a time); the
+gradebook's grid, statuses, CSV and feedback files are :mod:`.gradebook`'s.
 
 ``hint(exercise, n)`` unfolds an exercise's hints one at a time. The module itself is
 callable, so ``zerokit.grade(...)`` and ``from zerokit.grade import grade`` are the same

@@ -217,8 +217,17 @@ def from_rank_failed(e: RankFailed) -> ScenarioError:
     return ScenarioError("error", f"rank {e.rank} raised {last}{at}{code}", e.rank)
 
 
+def _names(ranks: List[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
 def from_timeout(e: RankTimeout, world_size: int) -> ScenarioError:
-    waits = "; ".join(f"rank {r} last entered {e.last_collectives.get(r) or 'no collective'}" for r in e.ranks)
+    """A hang in a few lines: the ranks grouped by the collective each last entered (their stacks stay in the
+    submission's output)."""
+    groups: Dict[str, List[int]] = {}
+    for r in e.ranks:
+        groups.setdefault(e.last_collectives.get(r) or "no collective", []).append(r)
+    waits = "; ".join(f"{_names(ranks)} last entered {what}" for what, ranks in groups.items())
     return ScenarioError("hang", f"the run on {world_size} ranks did not finish in {e.timeout_s:g} s — a hang: "
                                  f"{waits}. Ranks wait for each other: a receive no rank sends, a send no "
                                  f"rank receives, or a collective that one rank skips or calls in another order")

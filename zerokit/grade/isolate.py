@@ -92,6 +92,23 @@ def _point_output_at(path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
+def _seal_descriptors(keep: set) -> None:
+    """Point every inherited descriptor but ``keep`` at /dev/null: the submission reaches neither another's pipe nor
+    the grader's files. Not closed: a file object of the grader's that still holds one (a logging handler's
+    capture file, say) would write into whatever later took its number — a rank's shared status slot."""
+    try:
+        inherited = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        inherited = list(range(3, min(os.sysconf("SC_OPEN_MAX"), 4096)))
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in inherited:
+        if fd not in keep and fd != null:
+            with contextlib.suppress(OSError):
+                os.fstat(fd)
+                os.dup2(null, fd)
+    os.close(null)
+
+
 def _measure(job: Job, timeout_s: Optional[float], announce) -> dict:
     """In the submission's process: load it, find its exercise, run the scenarios; everything as plain data."""
     sent: dict = {"key": None, "load_error": None, "load_timed_out": False, "key_error": None,
@@ -136,9 +153,7 @@ def _submission_main(job: Job, timeout_s: Optional[float], conn, output: str) ->
         die_with_parent(os.getppid())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader takes Ctrl-C
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        keep = sorted({0, 1, 2, conn.fileno()})
-        for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX")]):
-            os.closerange(low + 1, high)  # another submission's pipe, the grader's files: not for this one
+        _seal_descriptors({0, 1, 2, conn.fileno()})
         _point_output_at(output)
         import torch
 

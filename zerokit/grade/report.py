@@ -16,6 +16,10 @@ from typing import List, Optional
 from .core import CheckResult
 
 WIDTH = 100
+#: the failure kinds (:attr:`.core.CheckResult.kind`) behind each status
+_NOT_STARTED = {"not-implemented", "not-answered"}
+_HANG = {"hang", "load-hang"}
+_ERROR = {"error", "load-error", "crashed", "missing-name", "unreadable"}
 
 
 def _number(value) -> str:
@@ -39,7 +43,8 @@ class GradeReport:
     load_error: Optional[str] = None
     #: the learner whose work it is (a class's folder: the subfolder's name); None when not known
     learner: Optional[str] = None
-    #: the last lines the submission's process printed (its own prints, its ranks' output and stacks)
+    #: the last lines the submission's process printed (its own prints, its ranks' output, a hang's stacks): kept
+    #: here, out of the report's text, the table and the JSON
     output: str = ""
 
     @property
@@ -54,6 +59,23 @@ class GradeReport:
     def passed(self) -> bool:
         """Every check passed (and there was at least one)."""
         return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def status(self) -> str:
+        """A gradebook's word for it (:mod:`.gradebook`): passed, not started, hang, error or wrong — from why its
+        checks failed."""
+        if self.passed:
+            return "passed"
+        if not self.results:  # which exercise it answers could not be told
+            return "error"
+        failed = [r.kind for r in self.results if not r.passed]
+        if not any(r.passed for r in self.results) and all(kind in _NOT_STARTED for kind in failed):
+            return "not started"
+        if any(kind in _HANG for kind in failed):
+            return "hang"
+        if any(kind in _ERROR for kind in failed):
+            return "error"
+        return "wrong"
 
     @property
     def exit_status(self) -> int:
@@ -102,6 +124,7 @@ class GradeReport:
 
     def to_dict(self) -> dict:
         return {"exercise": self.exercise, "title": self.title, "submission": self.submission,
+                "learner": self.learner, "status": self.status,
                 "points": self.points, "max_points": self.max_points, "passed": self.passed,
                 "seconds": round(self.seconds, 2), "load_error": self.load_error,
                 "checks": [{**asdict(r), "expected": _json(r.expected), "measured": _json(r.measured),
