@@ -104,6 +104,28 @@ assert sent == expected_bytes
 # in another order); its model states are the 16Ψ of lesson 02 on every rank (checked in the
 # folded cell). Buckets change the **number of calls**, never the bytes.
 #
+# One figure in the table is not a whole number: `torch-ddp`'s calls per step, a mean over the
+# run's steps. Before its first backward torch's DDP cannot know in which order the gradients
+# will arrive, so its first iteration puts every gradient into one bucket (with
+# `find_unused_parameters=False` and no static graph: torch's `compute_bucket_size_limits`);
+# at the end of it the reducer rebuilds its buckets of `bucket_cap_mb` in the order the
+# gradients came. The ledger, step by step:
+
+# %%
+steps_run = range(len(report["torch-ddp"].ranks[0].step_times_s))
+per_step = {name: [sum(1 for c in report[name].ranks[0].comm_records if c["step"] == k and c["phase"] != "setup")
+                   for k in steps_run] for name in ("ddp", "torch-ddp")}
+for name, calls in per_step.items():
+    print(f"{name:9s} all-reduces in steps {steps_run.start}–{steps_run.stop - 1}: {calls}, {sum(calls)} in "
+          f"{len(calls)} steps = {sum(calls) / len(calls):g} per step")
+
+# %% [checks]
+torch_calls = per_step["torch-ddp"]
+assert sum(torch_calls) / len(torch_calls) == report["torch-ddp"].ranks[0].comm_calls_per_step  # the table's figure
+assert torch_calls[0] == 1  # the first iteration: every gradient in one bucket
+assert set(torch_calls[1:]) == set(per_step["ddp"]) == {report["ddp"].ranks[0].comm_calls_per_step}  # then ddp's
+
+# %% [markdown]
 # ## The timeline
 #
 # Each rank's step on one time axis: compute on top (forward; backward, which ends where the
@@ -276,6 +298,34 @@ hidden_share = max(0.0, 1 - held / link_per_step)
 course.show(f"Behind the emulated 1 GbE link, overlapped `ddp` still held {held:.1f} ms a step after backward "
             f"(the table), of the link's time per step in the links table above: it hid "
             f"{course.share_words(hidden_share)} the link's time ({hidden_share:.0%}).")
+
+# %% [markdown]
+# **Why can "in flight" be longer than the step?** The column sums each collective's
+# launch-to-completion time. Behind the link, `ddp`'s buckets leave during backward and are
+# carried one after another, so a bucket launched while others are still crossing waits in
+# flight behind them, and each counts its whole wait: the sum can pass the step, while the time
+# at least one bucket was in flight — the union of their spans — stays inside it
+# (`zerokit.course.in_flight`). The same runs, medians over steps 1–4, the mean of the two ranks:
+
+# %%
+from zerokit.course.in_flight import in_flight_by_step
+
+by_step = {label: [in_flight_by_step(rank, steady) for rank in r.result.ranks] for label, r in linked.items()}
+in_flight = {label: {key: statistics.mean(statistics.median(row[key] for row in rows) for rows in per_rank)
+                     for key in ("summed_s", "union_s")} for label, per_rank in by_step.items()}
+course.table([{"run": label, "step ms": round(1e3 * step_time(linked[label], steady)[0], 1),
+               "in flight ms (summed)": round(1e3 * v["summed_s"], 1),
+               "at least one in flight ms": round(1e3 * v["union_s"], 1),
+               "most in flight at once": max(row["most_at_once"] for rows in by_step[label] for row in rows)}
+              for label, v in in_flight.items()])
+
+# %% [checks]
+for label, v in in_flight.items():
+    assert math.isclose(1e3 * v["summed_s"], means[label]["in flight ms"], abs_tol=1e-6)  # the table above's figure
+    for rows in by_step[label]:
+        for row in rows:  # n spans at most k at once: their sum is at most k × their union
+            assert row["union_s"] <= row["summed_s"] + 1e-12
+            assert row["summed_s"] <= row["most_at_once"] * row["union_s"] + 1e-12
 
 # %%
 course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=steady,

@@ -156,6 +156,43 @@ for n, report in runs.items():
         assert rank.peak_breakdown["activations"] > 0
         assert rank.peak_bytes > sum(rank.model_state_bytes.values())
 
+# %% [markdown]
+# Why does ZeRO-3's activations column read *less* than DDP's, when ZeRO doesn't shard
+# activations? The table splits each rank's **peak** — the moment its total was highest — by
+# category. DDP's total peaks right after forward, every activation alive. ZeRO-3's peaks
+# later, in backward, when a unit gathered for its backward comes on top of the shards: by then
+# backward has freed the activations of the layers behind it. Each category's own peak over the
+# step (`peak_by_category`) tells the two apart:
+
+# %%
+acts = []
+for n, report in runs.items():
+    for name in ("ddp", "zero3"):
+        rank0 = report[name].ranks[0]
+        acts.append({"N": n, "strategy": name, "peak at": rank0.peak_where,
+                     "activations at the peak B": rank0.peak_breakdown["activations"],
+                     "activations, own peak B": rank0.peak_by_category["activations"],
+                     "freed before the peak B": (rank0.peak_by_category["activations"]
+                                                 - rank0.peak_breakdown["activations"])})
+display(course.table(acts))
+low = {a["strategy"]: a for a in acts if a["N"] == min(runs)}
+course.show(f"At N = {min(runs)}, ZeRO-3's rank 0 peaks at `{low['zero3']['peak at']}`, with "
+            f"{low['zero3']['freed before the peak B']:,} B of its activations already freed: "
+            f"{low['zero3']['activations at the peak B']:,} B are left of their own peak, "
+            f"{low['zero3']['activations, own peak B']:,} B — DDP's {low['ddp']['activations, own peak B']:,} B, "
+            f"to the byte. ZeRO doesn't shard activations; its peak comes later, when some are gone.")
+
+# %% [checks]
+peak_table = {(r["N"], r["strategy"]): r["activations at peak B"] for r in rows}  # the table above
+for a in acts:
+    assert a["activations at the peak B"] == peak_table[(a["N"], a["strategy"])]  # the numbers explained are its
+for n, report in runs.items():
+    ddp, zero3 = (report[name].ranks[0] for name in ("ddp", "zero3"))
+    assert zero3.peak_by_category["activations"] == ddp.peak_by_category["activations"]  # not sharded: the same
+    assert ddp.peak_breakdown["activations"] == ddp.peak_by_category["activations"]  # DDP's peak holds all of them
+    assert zero3.peak_where.startswith("backward")  # later than DDP's, some activations already freed
+    assert zero3.peak_breakdown["activations"] < ddp.peak_breakdown["activations"]
+
 # %%
 ax = course.peak_bars(zerokit.Report([runs[4]["ddp"], runs[4]["zero3"]]))
 ax.set_title("N = 4, bf16-mixed: each rank at its peak; the line is the model states at rest", fontsize=9)
