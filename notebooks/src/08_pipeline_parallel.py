@@ -4,13 +4,15 @@
 # **The question.** A pipeline gives each rank a contiguous slice of the layers (a
 # **stage**) and streams **micro-batches** through them: rank i works on micro-batch j while
 # rank i + 1 works on micro-batch j − 1. At the start and the end of every step some ranks
-# have nothing to do — the **bubble**. How large is it — `(p − 1)/(m + p − 1)`, as GPipe and
-# Megatron say? What do 1F1B, interleaving and zero-bubble schedules change: the idle time,
-# the memory, or both? And what does a pipeline send?
+# have nothing to do — the **bubble**. How large is it: `(p − 1)/(m + p − 1)`, as GPipe
+# writes it, or `(p − 1)/m`, as Megatron does — and which is right? What do 1F1B,
+# interleaving and zero-bubble schedules change: the idle time, the memory, or both? And
+# what does a pipeline send?
 #
 # **What you will see.** GPipe, 1F1B, interleaved 1F1B and ZB-H1 as tables of actions and as
-# pictures, built from the same data the executor runs; the bubble simulated next to the
-# formula, and measured on a real 2-rank run next to its simulation;
+# pictures, built from the same data the executor runs; the bubble simulated next to each
+# schedule's formula, in both of the papers' forms, and measured on a real 2-rank run next to
+# its simulation;
 # the activations each rank stashes, measured, against the schedule's peak in flight; the
 # point-to-point bytes next to `theory.pipeline_p2p_bytes`; and a panel where stages,
 # micro-batches and the schedule change the picture.
@@ -28,9 +30,9 @@ from IPython.display import display
 
 import zerokit
 from zerokit import course, theory
-from zerokit.course.pipeline_panel import schedule_key, side_by_side_figure
+from zerokit.course.pipeline_panel import schedule_figure, side_by_side_figure
 from zerokit.course.timeline_figure import step_time
-from zerokit.pipeline_parallel import draw_schedule, measured
+from zerokit.pipeline_parallel import measured
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
 NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -68,21 +70,30 @@ for name in ("gpipe", "1f1b", "zb-h1"):
 
 # %%
 simulated = {name: zerokit.simulate(s) for name, s in schedules.items()}
-for name, result in simulated.items():
-    fig, ax = course.new_figure(13, 3.3)
-    draw_schedule(result, ax=ax, title=f"{name}, p = {p}, m = {m}: bubble {result.bubble_fraction:.1%}, "
-                                       f"peak micro-batches in flight per rank {result.peak_in_flight}")
-    schedule_key(ax, result.schedule)  # the colour of each micro-batch, the shade of each pass, the m.c labels
-    display(fig)
+for name, result in simulated.items():  # each with its key: micro-batch colours, pass shades, the m.c labels
+    display(schedule_figure(result, title=f"{name}, p = {p}, m = {m}: bubble {result.bubble_fraction:.1%} of the "
+                                          f"step, peak micro-batches in flight per rank {result.peak_in_flight}"))
 
 # %% [markdown]
 # ## The bubble: simulated next to the formula
 #
 # With p equal stages and m micro-batches, the first rank starts the last forward after
 # `m` forwards and the last rank ends its first backward `p − 1` slots late: the step takes
-# `(m + p − 1)(t_f + t_b)` and each rank works `m(t_f + t_b)` of it, so the idle share is
-# `(p − 1)/(m + p − 1)` for GPipe and 1F1B alike. Interleaving with v chunks divides the
-# ramp by v: `(p − 1)/(v·m + p − 1)`. ZB-H1 (m ≥ p, I = W = t_f): `(p − 1)/(3m + p − 1)`.
+# `(m + p − 1)(t_f + t_b)` and each rank works `m(t_f + t_b)` of it — the **ideal** time, a
+# step without a bubble — and idles `(p − 1)(t_f + t_b)`. The papers divide that idle time
+# by different things, so the same bubble has two formulas:
+#
+# - **a share of the step** (of wall time): `(p − 1)/(m + p − 1)` — GPipe's form (Huang et
+#   al. 2019, §2.3: O((K − 1)/(M + K − 1)) for K partitions), `theory.bubble_fraction`;
+# - **a fraction of the ideal time**: `(p − 1)/m` — Megatron's form (Narayanan et al.
+#   2021, §2.2.1: "bubble time fraction = (p − 1)/m"), `theory.bubble_over_ideal`. It is
+#   the step's share x as x/(1 − x), larger, and grows past 1 when m < p − 1.
+#
+# Both hold for GPipe and 1F1B alike. Interleaving with v chunks divides the ramp by v:
+# `(p − 1)/(v·m + p − 1)` of the step, Megatron's `(p − 1)/(v·m)` of the ideal time. ZB-H1
+# (m ≥ p, I = W = t_f; Qi et al. 2024) has its own: `(p − 1)/(3m + p − 1)` of the step
+# (`theory.zb_h1_bubble_fraction`), a third of 1F1B's idle time. Say which form a number
+# is: "the bubble is 3/8" at p = 4, m = 8 is Megatron's form of GPipe's 3/11.
 #
 # **Predict before you run.** At p = 4 stages, what share of the step does GPipe idle with
 # m = 8 micro-batches, and what share does 1F1B idle? How many micro-batches does rank 0 hold
@@ -90,8 +101,9 @@ for name, result in simulated.items():
 #
 # <details><summary>Answer</summary>
 #
-# Both idle `(p − 1)/(m + p − 1) = 3/11 ≈ 27.3 %` — the `m = 8` rows of the table below, where
-# the simulated bubble equals the formula. They differ in what rank 0 holds: all 8
+# Both idle `(p − 1)/(m + p − 1) = 3/11 ≈ 27.3 %` of the step — `(p − 1)/m = 3/8` of the ideal
+# time in Megatron's form — the `m = 8` rows of the table below, where the simulated bubble
+# equals its schedule's formula in both forms. They differ in what rank 0 holds: all 8
 # micro-batches under GPipe, `p − 0 = 4` under 1F1B (the last column). Interleaved's count is
 # in *chunk* micro-batches — one micro-batch through one of rank 0's v chunks, 1/v of its
 # layers — so its activations are that count ÷ v stages' worth, to compare with 1F1B's 4.
@@ -99,23 +111,35 @@ for name, result in simulated.items():
 # </details>
 
 # %%
-rows = []
+#: each schedule's own closed form for the share of the step it idles
+FORMULA = {"gpipe": "(p − 1)/(m + p − 1)", "1f1b": "(p − 1)/(m + p − 1)", "interleaved": "(p − 1)/(v·m + p − 1)",
+           "zb-h1": "(p − 1)/(3m + p − 1)"}
+rows, over_ideal = [], []
 for m_ in (4, 8, 16):
     for name in NAMES:
         v = 2 if name == "interleaved" else 1
         result = zerokit.simulate(zerokit.schedule(name, p, m_, chunks=v))
         formula = theory.zb_h1_bubble_fraction(p, m_) if name == "zb-h1" else theory.bubble_fraction(p, m_, v)
-        rows.append({"schedule": name, "m": m_, "v": v, "bubble (simulated)": round(result.bubble_fraction, 4),
-                     "bubble (formula)": round(formula, 4),
+        # Megatron's form: idle time over the ideal (busy) time, simulated; its closed form for all but ZB-H1
+        ideal = result.bubble_fraction / (1 - result.bubble_fraction)
+        over_ideal.append((name, m_, v, ideal))
+        rows.append({"schedule (v)": f"{name} ({v})", "m": m_,
+                     "÷ step (simulated · formula)": f"{result.bubble_fraction:.4f} · {formula:.4f}",
+                     "÷ ideal time (simulated · Megatron's (p − 1)/(v·m))":
+                         f"{ideal:.4f} · " + ("—" if name == "zb-h1" else f"{theory.bubble_over_ideal(p, m_, v):.4f}"),
                      # interleaved holds chunk micro-batches: each is one micro-batch through 1/v of the stage's layers
                      "peak in flight, rank 0": f"{result.peak_in_flight[0]} micro-batches" if v == 1 else
                      f"{result.peak_in_flight[0]} chunk micro-batches (1/{v} stage each: "
-                     f"{result.peak_in_flight[0] / v:g} stages' worth)"})
+                     f"{result.peak_in_flight[0] / v:g} stages' worth)",
+                     "share-of-step formula": FORMULA[name]})
 course.table(rows)
 
 # %% [checks]
 for row in rows:
-    assert abs(row["bubble (simulated)"] - row["bubble (formula)"]) < 1e-4, row
+    simulated_, formula_ = (float(x) for x in row["÷ step (simulated · formula)"].split(" · "))
+    assert abs(simulated_ - formula_) < 1e-4, row
+for name, m_, v, ideal in over_ideal:  # Megatron's form: (p − 1)/(v·m) of the ideal time; ZB-H1: (p − 1)/(3m)
+    assert abs(ideal - ((p - 1) / (3 * m_) if name == "zb-h1" else theory.bubble_over_ideal(p, m_, v))) < 1e-9, name
 for m_ in (4, 8, 16):  # 1F1B idles exactly as long as GPipe, and holds min(p − i, m) micro-batches, not m
     gp, ofob = (zerokit.simulate(zerokit.schedule(n, p, m_)) for n in ("gpipe", "1f1b"))
     assert gp.bubble_fraction == ofob.bubble_fraction
@@ -123,14 +147,16 @@ for m_ in (4, 8, 16):  # 1F1B idles exactly as long as GPipe, and holds min(p �
     assert ofob.peak_in_flight == [theory.peak_stashed_microbatches("1f1b", p, m_, i) for i in range(p)]
 
 # %% [markdown]
-# **Check yourself.** Does the simulated bubble equal (p − 1)/(m + p − 1) for every schedule in the table? Predict it, then run the cell: it prints its
-# verdict, and stops with an `AssertionError` if the run disagrees.
+# **Check yourself.** Does each schedule's simulated bubble equal its own formula —
+# `(p − 1)/(m + p − 1)` for GPipe and 1F1B, `(p − 1)/(v·m + p − 1)` interleaved,
+# `(p − 1)/(3m + p − 1)` ZB-H1 — in every row of the table? Predict it, then run the cell: it
+# prints its verdict, and stops with an `AssertionError` if the run disagrees.
 
 # %%
-worst = max(abs(row["bubble (simulated)"] - row["bubble (formula)"]) for row in rows)
-print(f"{len(rows)} schedules: the largest gap between simulated bubble and formula is {worst:.1e} — "
-      f"{'the formula holds' if worst < 1e-4 else 'the formula does not hold'}")
-assert worst < 1e-4
+gaps = [abs(a - b) for a, b in (map(float, row["÷ step (simulated · formula)"].split(" · ")) for row in rows)]
+print(f"{len(rows)} rows, {len(FORMULA)} schedules, each against its own formula: the largest gap is "
+      f"{max(gaps):.1e} — {'each formula holds' if max(gaps) < 1e-4 else 'a formula does not hold'}")
+assert max(gaps) < 1e-4
 
 # %% [markdown]
 # The only lever on the bubble of GPipe and 1F1B is m: more, smaller micro-batches. 1F1B
@@ -173,8 +199,9 @@ for name, report in runs.items():
     sched = zerokit.schedule(name, P2, M2)
     real, sim = measured(sched, spans(report)), zerokit.simulate(sched)
     timed[name] = step_time(report)  # (median seconds, IQR / median)
-    rows.append({"schedule": name, "bubble (measured)": round(real.bubble_fraction, 3),
-                 "bubble (simulated)": round(sim.bubble_fraction, 3), "step ms (measured)": round(timed[name][0] * 1e3, 1),
+    rows.append({"schedule": name, "bubble ÷ step (measured)": round(real.bubble_fraction, 3),
+                 "bubble ÷ step (simulated)": round(sim.bubble_fraction, 3),
+                 "step ms (measured)": round(timed[name][0] * 1e3, 1),
                  "forward ms / micro-batch": round(per_micro_batch_ms(real, "F"), 2),
                  "backward ms / micro-batch (B or I + W)": round(per_micro_batch_ms(real, "BIW"), 2)})
 display(course.table(rows))
@@ -319,9 +346,11 @@ course.PipelinePanel(stages=(2, 3, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32), p=
 #
 # - A schedule is a list of actions per rank; the simulator, the pictures and the executor
 #   read the same list, and a real run executes it in order.
-# - GPipe and 1F1B idle `(p − 1)/(m + p − 1)` of the step (simulated = formula); only more
-#   micro-batches shrink it. Interleaving: `(p − 1)/(v·m + p − 1)`; ZB-H1 fills the bubble
-#   with weight-gradient passes.
+# - GPipe and 1F1B idle `(p − 1)/(m + p − 1)` of the step — `(p − 1)/m` of the ideal time,
+#   as Megatron states the same bubble (simulated = formula, in both forms); only more
+#   micro-batches shrink it. Interleaving: `(p − 1)/(v·m + p − 1)` of the step, `(p − 1)/(v·m)`
+#   of the ideal time; ZB-H1 fills the bubble with weight-gradient passes, `(p − 1)/(3m + p − 1)`
+#   of the step. A bubble figure means little until it says which of the two it divides by.
 # - Measured on 2 shared CPU cores the bubble is noisy and larger than simulated; the order
 #   of the actions and what each rank holds are exact. ZB-H1 shortens a real step only where
 #   I + W costs about what B costs and the gain exceeds the noise: the sentence under the
@@ -336,9 +365,11 @@ course.PipelinePanel(stages=(2, 3, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32), p=
 #
 #    <details><summary>Answer</summary>
 #
-#    The idle share `(p − 1)/(m + p − 1)` from filling and draining the pipeline; more
-#    micro-batches, interleaved chunks (`v·m`), or zero-bubble schedules that move
-#    weight-gradient work into the gaps (the simulated table and the panel).
+#    The time a stage idles while the pipeline fills and drains: `(p − 1)/(m + p − 1)` of the
+#    step, or `(p − 1)/m` of the ideal time as Megatron writes it — the same idle time over
+#    another denominator, so say which. Shrink it with more micro-batches, interleaved chunks
+#    (`v·m`), or zero-bubble schedules that move weight-gradient work into the gaps (the
+#    simulated table and the panel).
 #
 #    </details>
 #

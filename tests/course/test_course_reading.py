@@ -67,3 +67,27 @@ def test_lesson_05_timeline_gives_each_run_its_scale_and_says_how_the_steps_comp
     printed = _printed(timeline)
     assert re.search(r"ZeRO-2's step \(steps 1–3, median\) [\d.]+ ms, the naive version's [\d.]+ ms: "
                      r"(ZeRO-2's step \(steps 1–3, median\) was (slower|faster), by [\d.]+×|within the noise)", printed)
+
+
+# --- lesson 08 ---------------------------------------------------------------------------------------
+
+def test_lesson_08_teaches_both_forms_of_the_bubble_and_says_which_is_which():
+    """The bubble was taught only as (p − 1)/(m + p − 1) "as GPipe and Megatron say"; Megatron (Narayanan et al.
+    2021) states (p − 1)/m of the ideal time, (p − 1)/(v·m) interleaved."""
+    text = _markdown("08_pipeline_parallel")
+    assert "as GPipe and Megatron say" not in text
+    assert "`(p − 1)/m`" in text and "Megatron's form" in text and "GPipe's form" in text
+    assert "`(p − 1)/(v·m)` of the ideal time" in text
+    table = next(_printed(c) for c in _cells("08_pipeline_parallel")
+                 if c["cell_type"] == "code" and "FORMULA = " in _source(c))
+    assert "÷ ideal time (simulated · Megatron's (p − 1)/(v·m))" in table and "0.3750 · 0.3750" in table  # 3/8
+
+
+def test_lesson_08_check_holds_each_schedule_to_its_own_formula():
+    """The check printed "the formula holds" for every schedule, though interleaved and ZB-H1 have their own."""
+    cells = _cells("08_pipeline_parallel")
+    mark = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "**Check yourself.**" in _source(c))
+    question, check = " ".join(_source(cells[mark]).split()), _printed(cells[mark + 1])
+    assert "(p − 1)/(v·m + p − 1)` interleaved" in question and "(p − 1)/(3m + p − 1)` ZB-H1" in question
+    assert "each against its own formula" in check and "each formula holds" in check
+    assert "the formula holds" not in check
