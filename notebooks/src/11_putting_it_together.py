@@ -342,7 +342,7 @@ for name, report in runs.items():
 seed_table = rows
 course.table([{"layout": r["layout"], "states per rank ÷ one process (measured)": r["÷ one process (measured)"],
                **{f"{a} B/step (measured)": r[f"{a} B/step (ledger)"] for a in ("dp", "tp", "pp")},
-               "bubble (formula)": r["bubble (theory)"]} for r in seed_table])
+               "bubble ÷ step (formula)": r["bubble (theory)"]} for r in seed_table])
 
 # %% [checks]
 for name, report in runs.items():
@@ -408,9 +408,10 @@ fig
 #   O(P), flat in N, **not** O(P/N). Model parallelism sends activations, not parameters: tp's
 #   all-reduces and pp's point-to-point bytes scale with b·s·h and the layers, not with Ψ —
 #   the seed's O(L×A) is right in spirit.
-# - **Bubble.** Only a pipeline idles: (p − 1)/(m + p − 1) with m = 4 is 3/7 at p = 4 and 1/5
-#   at p = 2; the recorded actions of a real run give the same order of magnitude, noisier and
-#   larger here (8 processes on 2 shared cores; lesson 08 has the details).
+# - **Bubble.** Only a pipeline idles: (p − 1)/(m + p − 1) of the step with m = 4 is 3/7 at
+#   p = 4 and 1/5 at p = 2; the recorded actions of a real run give the same order of
+#   magnitude, noisier and larger here (8 processes on 2 shared cores; lesson 08 has the
+#   details).
 #
 # The table's O(·) cells hide what decides a layout: the constants (1.5×, the bubble's m)
 # and **which link** each axis's bytes cross.
@@ -438,13 +439,18 @@ fig
 #   all-reduces after every micro-batch unless `set_requires_all_reduce(False)` skips all but
 #   the last; the planner assumes it does). Memory: 16Ψ/g with Adam, not 16Ψ/N.
 # - **hpZ** (ZeRO++, `zero_hpz_partition_size: 8`): ZeRO-3 over all N, plus a **secondary
-#   copy** of the 16-bit parameters sharded over the node (2Ψ/g more per GPU), kept from the
-#   forward gather; the backward gather reads it inside the node. One of ZeRO-3's three
-#   collectives leaves the inter-node link.
+#   copy** of the 16-bit parameters sharded over the node (2Ψ/g more per GPU), filled by the
+#   step's first forward gather; every later gather of the step reads it inside the node — the
+#   backward's and, with A micro-batches, the forwards of micro-batches 2 … A too, as DeepSpeed
+#   gathers from its `ds_secondary_tensor` until the step changes the weights. Of ZeRO-3's 3A
+#   crossings per step, one gather and the A reduce-scatters remain: (1 + A)/(3A) of its bytes.
 #
 # The formulas, derived in `zerokit.theory.hierarchical`, are what the planner composes
-# (`zerokit plan --strategy hsdp` or `hpz`, `--shard-group`); zerokit's training strategies do
-# not run these two (zerokit's choice: they are planned, not measured here).
+# (`zerokit plan --strategy hsdp` or `hpz`, `--shard-group`). zerokit trains both as well — the
+# `hsdp` strategy (next to torch's own, FSDP2 on a 2-D mesh, as the peer `fsdp2-hsdp`) and
+# `zeropp` with `zero_hpz_partition_size` — and [lesson 17](17_beyond_one_node.ipynb) runs
+# them on emulated nodes, every group's bytes measured against these formulas. Here, at
+# real sizes, they are planned.
 #
 # **Predict before you run.** LLaMA-7B, 64 GPUs in 8 nodes of 8, 1 M tokens a step (512
 # sequences of 2048: A = 8 micro-batches per GPU). How many times more bytes leave each node
@@ -456,7 +462,7 @@ fig
 # that cross nodes, and a ring leaves a node once, carrying one GPU's bytes; HSDP's only
 # crossing is the all-reduce of each GPU's 1/8 shard, once a step, and all 8 GPUs of a node
 # send theirs: 8 · 2(r−1)/r·Ψb/8. The ratio is 1.5·A·(63/64)/(7/8): it grows with the
-# micro-batches per step. hpZ sits at 2/3 of ZeRO-3.
+# micro-batches per step. hpZ sits at (1 + A)/(3A) of ZeRO-3, 3/8 at A = 8 (printed too).
 #
 # </details>
 
@@ -475,7 +481,7 @@ display(course.table([{"layout (planned)": name, "GB per GPU (formula; 80 fit)":
 ratio = plans_7b["ZeRO-3"].bytes_leaving_node / plans_7b["HSDP, groups of 8"].bytes_leaving_node
 advice = zerokit.plan(preset="llama-7b", gpus=64, micro_batches=A_7B, checkpointing="full").advise()
 print(f"bytes leaving each node per step, ZeRO-3 ÷ HSDP: {ratio:.1f}; hpZ ÷ ZeRO-3: "
-      f"{plans_7b['hpZ, groups of 8'].bytes_leaving_node / plans_7b['ZeRO-3'].bytes_leaving_node:.2f}")
+      f"{plans_7b['hpZ, groups of 8'].bytes_leaving_node / plans_7b['ZeRO-3'].bytes_leaving_node:.3f}")
 print("the advisor's first three (least estimated link time):", "; ".join(o.label for o in advice.fits[:3]))
 
 # %% [checks]
@@ -489,7 +495,8 @@ for name, p in plans_7b.items():
         assert split["inter_node"] == p.comm_bytes_by_link.get("inter-node", 0), name
         assert split["intra_node"] == p.comm_bytes_by_link.get("intra-node", 0), name
 assert abs(ratio / (1.5 * A_7B * (n - 1) / n * r / (r - 1)) - 1) < 1e-3  # the answer's formula, padding aside
-assert abs(plans_7b["hpZ, groups of 8"].bytes_leaving_node / plans_7b["ZeRO-3"].bytes_leaving_node - 2 / 3) < 1e-9
+hpz_share = plans_7b["hpZ, groups of 8"].bytes_leaving_node / plans_7b["ZeRO-3"].bytes_leaving_node
+assert abs(hpz_share - (1 + A_7B) / (3 * A_7B)) < 1e-9  # one gather and A reduce-scatters of ZeRO-3's 3A
 assert not plans_7b["DDP"].fits and all(p.fits for name, p in plans_7b.items() if name != "DDP")
 labels = [o.label for o in advice.fits]
 assert labels.index("HSDP (groups of 8), dp=64, checkpointing full") < labels.index("ZeRO-3, dp=64, checkpointing full")
@@ -499,8 +506,9 @@ assert labels.index("HSDP (groups of 8), dp=64, checkpointing full") < labels.in
 # of sharding, enough for 7 B — and its bytes leaving a node are one gradient all-reduce a
 # step, about DDP's; ZeRO-3's are 1.5 × DDP's **per micro-batch**, so at a fixed global batch
 # the fewer the GPUs, the more micro-batches each runs and the more crosses nodes. hpZ keeps
-# ZeRO-3's memory (plus the 2Ψ/8 secondary copy) and moves a third of its crossing into the
-# node. ZeRO-1 fits here too and, reducing once a step, crosses about as little as HSDP; HSDP's
+# ZeRO-3's memory (plus the 2Ψ/8 secondary copy) and serves every gather after the step's
+# first from inside the node, so its crossing, (1 + A)/(3A) of ZeRO-3's, shrinks as A grows
+# (the ratio printed above). ZeRO-1 fits here too and, reducing once a step, crosses about as little as HSDP; HSDP's
 # sharded parameters and gradients leave more room for activations (ZeRO-2 would
 # reduce-scatter every micro-batch, A × its bytes). The advisor ranks all of them by the link
 # estimate; its first three are printed above.
@@ -535,7 +543,7 @@ display(course.table([{"layout (planned)": name, "micro-batches A": p.layout.mic
                "GB per GPU (formula; 80 fit)": round(p.total_bytes / 1e9, 1),
                "GB leaving each node per step (formula)": round(p.bytes_leaving_node / 1e9),
                "link s/step (estimate)": round(p.comm_seconds, 2),
-               "bubble (formula)": round(p.bubble["fraction_of_wall_time"], 3)} for name, p in plans.items()]))
+               "bubble ÷ step (formula)": round(p.bubble["fraction_of_wall_time"], 3)} for name, p in plans.items()]))
 best = min((p for p in plans.values() if p.fits), key=lambda p: p.comm_seconds)
 print(f"least estimated link time among those that fit: {best.layout.describe()} — "
       f"and it idles {best.bubble['fraction_of_wall_time']:.0%} of the step")
@@ -557,7 +565,8 @@ assert inter.comm_seconds > 5 * intra.comm_seconds  # tp 16 leaves the node: its
 assert best.bubble["fraction_of_wall_time"] > plans["ZeRO-1, tp 8 × pp 8 × dp 16"].bubble["fraction_of_wall_time"]
 z3, hpz, hsdp = plans["ZeRO-3, dp 1024"], plans["hpZ (groups of 8), dp 1024"], plans["HSDP (groups of 8), dp 1024"]
 assert z3.fits and hpz.fits and not hsdp.fits  # 16Ψ/8 = 350 GB: a node cannot hold GPT-3's states
-assert abs(hpz.bytes_leaving_node / z3.bytes_leaving_node - 2 / 3) < 1e-9
+a = z3.layout.micro_batches
+assert abs(hpz.bytes_leaving_node / z3.bytes_leaving_node - (1 + a) / (3 * a)) < 1e-9  # 1/2 at A = 2
 hsdp64 = zerokit.plan(preset="gpt3-175b", gpus=1024, strategy="hsdp", shard_group=64, micro_batches=2, checkpointing="full")
 assert hsdp64.fits and hsdp64.bytes_leaving_node > z3.bytes_leaving_node  # groups of 8 nodes: their rings cross nodes
 
@@ -568,8 +577,9 @@ assert hsdp64.fits and hsdp64.bytes_leaving_node > z3.bytes_leaving_node  # grou
 # ZeRO-3 fits with room; at A = 2 its bytes per GPU are still 3·A·Ψb, about 2 TB a step —
 # they don't shrink with N (measured above: O(P)) — and whether its gathers overlap with
 # compute depends on the link: the line above compares what a GPU would need with what the
-# planner assumes. hpZ fits (ZeRO-3's states plus the 44 GB secondary copy) and takes a third
-# of ZeRO-3's bytes off the nodes' links. tp 8 × dp 128 doesn't fit; tp 16 fits but its
+# planner assumes. hpZ fits (ZeRO-3's states plus the 44 GB secondary copy) and, at A = 2,
+# takes half of ZeRO-3's bytes off the nodes' links: of 3A = 6 crossings per step, one gather
+# and two reduce-scatters remain. tp 8 × dp 128 doesn't fit; tp 16 fits but its
 # all-reduces leave the node (the link time jumps). The pipelines fit with the fewest bytes;
 # with 128 or 256 micro-batches per step their bubble is about 5 %, and the planner's link
 # estimate does not include it, so weigh the two.
@@ -591,8 +601,9 @@ assert hsdp64.fits and hsdp64.bytes_leaving_node > z3.bytes_leaving_node  # grou
 #    across two nodes: the planner's link time jumps).
 # 4. **Still too large: add pipeline stages across nodes.** pp sends only point-to-point
 #    activations at stage boundaries (the smallest traffic in every table above) but idles
-#    `(p − 1)/(m + p − 1)`: keep m ≥ 4p, use 1F1B for memory (lesson 08), interleaving or
-#    zero-bubble schedules for time. Only ZeRO-1 goes with it.
+#    `(p − 1)/(m + p − 1)` of the step (lesson 08 has Megatron's form too): keep m ≥ 4p, use
+#    1F1B for memory (lesson 08), interleaving or zero-bubble schedules for time. Only ZeRO-1
+#    goes with it.
 # 5. **Then let the planner rank what fits** — `zerokit plan --preset … --gpus …` or
 #    `zerokit.plan(...).advise()`, which ranks DDP, ZeRO-1–3, HSDP and hpZ together — and
 #    measure the chosen layout small, as above, before spending the cluster.
@@ -644,8 +655,8 @@ panel
 #   current choice, not the field's (Megatron-Core runs them together).
 # - Choose by memory first, then by which link each axis crosses, at the global batch the
 #   recipe fixes: DDP/ZeRO-1/2 while states fit; HSDP when 16Ψ/g fits a GPU (one all-reduce
-#   across nodes a step), else ZeRO-3 (1.5 × DDP's bytes per micro-batch), with hpZ to keep its
-#   backward gather in the node, or offload; TP inside a node, PP across nodes with m ≫ p; and
+#   across nodes a step), else ZeRO-3 (1.5 × DDP's bytes per micro-batch), with hpZ to keep
+#   every gather after the step's first in the node, or offload; TP inside a node, PP across nodes with m ≫ p; and
 #   the planner to rank what fits.
 #
 # ## Interview questions
@@ -683,8 +694,8 @@ panel
 #    nodes, once a step — about DDP's bytes leaving a node, against ZeRO-3's 1.5 × DDP's per
 #    micro-batch (13.5 × less at 8 micro-batches, in the table above). The cost is memory:
 #    16Ψ/8 = 14 GB of states per GPU instead of 16Ψ/64. If that does not fit, ZeRO++'s hpZ
-#    keeps ZeRO-3's sharding, adds a 2Ψ/8 secondary copy, and takes the backward gather (a
-#    third of the crossing bytes) into the node. Where 4Ψ + 12Ψ/N and the activations fit,
+#    keeps ZeRO-3's sharding, adds a 2Ψ/8 secondary copy, and serves every gather after the
+#    step's first from inside the node: (1 + A)/(3A) of ZeRO-3's crossing bytes, 3/8 at A = 8. Where 4Ψ + 12Ψ/N and the activations fit,
 #    ZeRO-1 with gradient accumulation also crosses nodes once a step.
 #
 #    </details>
@@ -692,4 +703,5 @@ panel
 # %% [markdown]
 # **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — predict a rank's
 # ZeRO-1 bytes, ZeRO-3's bytes per step and a 1F1B bubble before a run shows them, graded by
-# `zerokit grade 09` · **Next:** [lesson 12 — the interview](12_the_interview.ipynb)
+# `zerokit grade 09` · **Next:** [lesson 12 — the interview](12_the_interview.ipynb); HSDP and
+# hpZ, planned here, are run and measured in [lesson 17 — beyond one node](17_beyond_one_node.ipynb)

@@ -91,3 +91,24 @@ def test_lesson_08_check_holds_each_schedule_to_its_own_formula():
     assert "(p − 1)/(v·m + p − 1)` interleaved" in question and "(p − 1)/(3m + p − 1)` ZB-H1" in question
     assert "each against its own formula" in check and "each formula holds" in check
     assert "the formula holds" not in check
+
+
+# --- lesson 11 ---------------------------------------------------------------------------------------
+
+def test_lesson_11_sends_hsdp_and_hpz_to_lesson_17_where_they_run():
+    """11 said zerokit does not run HSDP or hpZ ("planned, not measured"); lesson 17 runs and measures both."""
+    text = _markdown("11_putting_it_together")
+    assert "planned, not measured" not in text and "do not run these two" not in text
+    assert "[lesson 17](17_beyond_one_node.ipynb) runs them on emulated nodes" in text
+    closing = _source(_cells("11_putting_it_together")[-1])
+    assert "(17_beyond_one_node.ipynb)" in closing.split("**Next:**", 1)[1]
+
+
+def test_lesson_11_hpz_share_is_the_one_the_planner_prints():
+    """hpZ serves every gather after the step's first from its secondary copy: (1 + A)/(3A) of ZeRO-3's crossing
+    bytes, as the planner prints — not the 2/3 the prose kept from before gradient accumulation was counted."""
+    text = _markdown("11_putting_it_together")
+    assert "hpZ sits at 2/3" not in text and "a third of its crossing" not in text
+    printed = next(_printed(c) for c in _cells("11_putting_it_together")
+                   if c["cell_type"] == "code" and "hpZ ÷ ZeRO-3" in _source(c))
+    assert "hpZ ÷ ZeRO-3: 0.375" in printed and "(1 + A)/(3A) of ZeRO-3, 3/8 at A = 8" in text
