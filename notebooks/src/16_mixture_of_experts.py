@@ -285,6 +285,8 @@ for rank in ep_run.ranks:
 model = work.build_model()
 expert_numel = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
 dense_numel = sum(p.numel() for p in model.parameters()) - expert_numel
+print(f"the experts hold {expert_numel:,} of the model's {expert_numel + dense_numel:,} parameters: "
+      f"{expert_numel / (expert_numel + dense_numel):.0%}")
 course.table([{"layout": "one process (ep = 1)", "expert params": expert_numel, "dense params": dense_numel,
                "params B (computed, fp32)": 4 * (dense_numel + expert_numel), "params B (measured)": ""}]
              + [{"layout": f"dp = 2, ep = 2: rank {rank.rank}", "expert params": expert_numel // 2,
@@ -296,8 +298,8 @@ for rank in ep_run.ranks:
     assert rank.model_state_bytes["params"] == 4 * (dense_numel + expert_numel // 2)
 
 # %% [markdown]
-# The experts are most of a MoE model's parameters (two thirds here; in Mixtral-8x7B about
-# 45 of 47 B), so ÷ ep is most of the saving. It composes with ZeRO over each parameter
+# The experts are most of a MoE model's parameters (the share printed above the table; in
+# Mixtral-8x7B about 45 of 47 B), so ÷ ep is most of the saving. It composes with ZeRO over each parameter
 # group's own data-parallel ranks: dense over dp, experts over edp (DeepSpeed-MoE's
 # expert-data-parallel groups).
 #
@@ -401,12 +403,18 @@ assert len(moe_tp) == 3 * L  # f on the tokens, f on the gates, g on the output:
 # the tiny MoE GPT one step on those ranks and draws the slots each expert received on the
 # step's batch (with the capacity line and the slots dropped) and rank 0's bytes on each
 # axis, measured, next to the formula. Its table lists, per rank, the slots its dispatch
-# carried (the ledger), the bytes per axis and the parameters it holds. Try c = 1.0 against
-# dropless, top-k 1 against 2, and dp = 4 with ep = 2 for the `edp` axis.
+# carried (the ledger), the bytes per axis and the parameters it holds; the cell prints it
+# under the panel too, as the first run left it, for a reader without a kernel (the panel's
+# own copy follows its controls). Try c = 1.0 against dropless, top-k 1 against 2, and
+# dp = 4 with ep = 2 for the `edp` axis.
 
 # %%
-course.MoEPanel(dict(vocab=64, seq_len=S, d_model=H, n_layer=L, n_head=2, batch_size=B), n_experts=E, top_k=K,
-                capacity=None, ep=2, dp=2)
+from IPython.display import display
+
+panel = course.MoEPanel(dict(vocab=64, seq_len=S, d_model=H, n_layer=L, n_head=2, batch_size=B), n_experts=E,
+                        top_k=K, capacity=None, ep=2, dp=2)
+display(panel)
+panel.table()  # the table under the picture, as the first run left it
 
 # %% [markdown]
 # ## Summary
@@ -473,6 +481,6 @@ course.MoEPanel(dict(vocab=64, seq_len=S, d_model=H, n_layer=L, n_head=2, batch_
 # %% [markdown]
 # **Exercise:** [exercises/16_moe_dispatch.ipynb](../exercises/16_moe_dispatch.ipynb) — the
 # dispatch (slots sorted by owner rank, counts exchanged, rows all-to-all'd) and the combine
-# (back, token order, gates, sum per token), graded by `zerokit grade 16` · **Next:** the
-# [course map](README.md); [lesson 12 — the interview](12_the_interview.ipynb) gathers all
-# five axes
+# (back, token order, gates, sum per token), graded by `zerokit grade 16` · **Next:** [lesson
+# 17 — beyond one node: HSDP and ZeRO++](17_beyond_one_node.ipynb); [lesson 12 — the
+# interview](12_the_interview.ipynb) gathers all five axes
