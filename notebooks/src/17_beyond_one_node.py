@@ -3,12 +3,13 @@
 #
 # **The question.** Lesson 06 counted ZeRO-3's traffic as one number, 3(N−1)/N·Ψ·b per rank
 # per step, as if every link were the same. A cluster has two tiers: the GPUs of one node
-# talk over NVLink, the nodes over a network a few dozen times narrower. Which of ZeRO-3's
+# talk over NVLink, the nodes over a network several times narrower per GPU (how many
+# times, the table of named systems below computes from their datasheets). Which of ZeRO-3's
 # bytes cross that network, and what do FSDP2's **HSDP** (shard inside a node, replicate
 # across) and DeepSpeed's **ZeRO++** (quantize the weights, keep a copy per node, quantize
 # the gradients) each do about them — at what price in memory and in accuracy?
 #
-# **What you will see.** The two tiers' links, and for a 7 B model on 4 nodes of 8 GPUs the
+# **What you will see.** The two tiers' links of named systems, and for a 7 B model on 4 nodes of 8 GPUs the
 # bytes each layout sends inside and across nodes, from `zerokit.theory`; the tiny GPT on
 # 4 ranks laid out as 2 emulated nodes of 2, trained under `zero3`, `hsdp` (and torch's own
 # HSDP, FSDP2 on a 2-D mesh) and `zeropp` (each of ZeRO++'s three pieces alone, then all
@@ -28,11 +29,13 @@
 %matplotlib inline
 import matplotlib
 import torch
+from IPython.display import display
 
 import zerokit
 from zerokit import course, theory
-from zerokit.runtime.link import LINKS
+from zerokit.theory import systems
 from zerokit.zero.units import form_units
+from zerokit.course.quantization_panel import loss_effect_figure
 from zerokit.zero.zeropp_error import zeropp_loss_effect
 
 matplotlib.rcParams["figure.dpi"] = course.DPI
@@ -46,14 +49,24 @@ print(f"{work.description}\nΨ = {PSI:,} parameters in {len(UNITS)} ZeRO-3 units
 # %% [markdown]
 # ## Two tiers of links
 #
-# Inside a node, NVLink; between nodes, InfiniBand or Ethernet, one NIC per GPU at best. The
-# presets zerokit's emulated links use (`zerokit.runtime.link.LINKS`):
+# Inside a node, NVLink (PCIe where there is none); between nodes, InfiniBand or Ethernet,
+# one network card per GPU at best. zerokit's named systems, `zerokit.theory.systems`, give
+# each GPU's two bandwidths, one direction, each figure with its datasheet source
+# (`systems.SYSTEMS["dgx-h100"].source`) — one table, read both by the planner (`zerokit plan
+# --system dgx-h100`) and by the emulated links (`link="dgx-h100"`):
 
 # %%
-fast, slow = LINKS["nvlink"], LINKS["ib-100g"]
-course.table([{"tier": "inside a node", "link": fast.name, "bandwidth GB/s (preset)": fast.bandwidth_Bps / 1e9},
-              {"tier": "between nodes", "link": slow.name, "bandwidth GB/s (preset)": slow.bandwidth_Bps / 1e9},
-              {"tier": "ratio", "link": "", "bandwidth GB/s (preset)": round(fast.bandwidth_Bps / slow.bandwidth_Bps)}])
+display(course.table([{"system": s.title, "inside a node": s.intra.what, "GB/s per GPU inside": s.intra.bandwidth / 1e9,
+               "between nodes": s.inter.what, "GB/s per GPU between": s.inter.bandwidth / 1e9,
+               "inside ÷ between": round(s.intra.bandwidth / s.inter.bandwidth, 1)}
+                      for s in systems.SYSTEMS.values()]))
+SYSTEM = systems.system(systems.DEFAULT_SYSTEM)  # the planner's default: the estimates below price its two tiers
+fast, slow = SYSTEM.intra, SYSTEM.inter
+dgx = [systems.system(name) for name in ("dgx-a100", "dgx-h100")]
+course.show(" ".join(f"A {s.title}'s NVLink gives each GPU {s.intra.bandwidth / s.inter.bandwidth:.0f}× the "
+                     f"bandwidth of its network card ({s.intra.bandwidth / 1e9:.0f} against "
+                     f"{s.inter.bandwidth / 1e9:.0f} GB/s)." for s in dgx)
+            + f" The estimates below price a rank's bytes on the planner's default, the {SYSTEM.title}.")
 
 # %% [markdown]
 # A collective over a group runs at the pace of its slowest hop. ZeRO-3's all-gathers and
@@ -82,18 +95,18 @@ zpp7 = [theory.zeropp_bytes_leaving_a_node([P7], N7, B, ranks_per_node=G7, hpz_p
 def link_s(v):
     """A rank's seconds on the links per step: its bytes inside the node at the fast tier's bandwidth, those on
     rings across nodes at the slow tier's (one rail per GPU, the planner's assumption; latency left out)."""
-    return (theory.link_seconds(v["intra_node"], 0, fast.bandwidth_Bps, 0)
-            + theory.link_seconds(v["inter_node"], 0, slow.bandwidth_Bps, 0))
+    return (theory.link_seconds(v["intra_node"], 0, fast.bandwidth, 0)
+            + theory.link_seconds(v["inter_node"], 0, slow.bandwidth, 0))
 
 
 course.table([{"layout": name, "a rank sends in its node, GB (formula)": round(v[0]["intra_node"] / 1e9, 2),
                "a rank sends across, GB (formula)": round(v[0]["inter_node"] / 1e9, 2),
-               f"a rank's time on {fast.name} + {slow.name}, s (estimate)": round(link_s(v[0]), 2),
+               f"a rank's link time on a {SYSTEM.title}, s (estimate)": round(link_s(v[0]), 2),
                "leaving each node, GB (formula)": round(v[0]["leaving_node"] / 1e9, 2),
                f"… with {A} micro-batches, GB (formula)": round(v[1]["leaving_node"] / 1e9, 2)}
               for name, v in layouts.items()]
              + [{"layout": "ZeRO++: qwZ + hpZ (8) + qgZ", "a rank sends in its node, GB (formula)": "",
-                 "a rank sends across, GB (formula)": "", f"a rank's time on {fast.name} + {slow.name}, s (estimate)": "",
+                 "a rank sends across, GB (formula)": "", f"a rank's link time on a {SYSTEM.title}, s (estimate)": "",
                  "leaving each node, GB (formula)": round(sum(zpp7[0].values()) / 1e9, 2),
                  f"… with {A} micro-batches, GB (formula)": round(sum(zpp7[1].values()) / 1e9, 2)}])
 
@@ -114,7 +127,8 @@ assert link_s(hs[0]) < link_s(z3[0]) / 5  # the same traffic, mostly moved onto 
 # The time column is why layouts care: it prices each rank's bytes at its tier's bandwidth,
 # and HSDP, sending about as many bytes in all as ZeRO-3, spends a fraction of ZeRO-3's
 # time on the links, because most of its bytes move onto the fast tier. (An estimate on the
-# presets' bandwidths, one link per GPU; the runs below count bytes.)
+# planner's default system's two tiers, named in the column, one network card per GPU; the
+# runs below count bytes.)
 #
 # HSDP's cross-node bytes are the replicas' all-reduce: 2(r−1)/r·Ψb leave each node,
 # against ZeRO-3's 3(N−1)/N·Ψb — about half here with r = 4 replicas, two thirds with
@@ -350,23 +364,8 @@ STEPS = 200
 effect = zeropp_loss_effect(work, 2, STEPS, options=dict(zero_quantized_weights=True, zero_quantized_gradients=True),
                             ranks_per_node=1, precision="fp32")
 weights, grads = effect["weight_error"], effect["gradient_error"]
-fig, (left, right) = course.new_figure(12, 4.0, ncols=2)
-left.plot(effect["steps"], effect["losses"]["zero3"], color="#4C72B0", lw=1.5, label="ZeRO-3 (exact)")
-left.plot(effect["steps"], effect["losses"]["zeropp"], color="#DD8452", lw=1.2, ls="--", label="ZeRO++ qwZ + qgZ")
-left.set_xlabel("step")
-left.set_ylabel("training loss (measured)")
-left.set_title(f"tiny GPT, {STEPS} steps, fp32, 2 ranks", fontsize=10)
-course.figures.legend_outside(left, "below", ncol=2, bbox_to_anchor=(0.5, -0.28))
-for tallies, color, what in ((weights, "#55A868", "weights"), (grads, "#C44E52", "gradient pieces")):
-    right.plot(effect["steps"], [t["max_bound"] for t in tallies], color=color, lw=5, alpha=0.3,
-               label=f"{what}: scale/2 (bound)")
-    right.plot(effect["steps"], [t["max_abs"] for t in tallies], color=color, lw=1, label=f"{what}: max |x − x̂|")
-right.set_xlabel("step")
-right.set_ylabel("round-trip error (measured)")
-right.set_title("quantization error per step, next to its bound", fontsize=10)
-course.figures.legend_outside(right, "below", ncol=2, bbox_to_anchor=(0.5, -0.28))
-fig.tight_layout()
-fig
+# the loss curves; then the weights' and the gradients' errors, each on its own scale, the bound dashed over them
+loss_effect_figure(effect, title=f"tiny GPT, {STEPS} steps, fp32, 2 ranks; ZeRO++ = qwZ + qgZ")
 
 # %%
 gap = [abs(d) for d in effect["loss_difference"]]
@@ -414,12 +413,16 @@ assert measured == formula
 # The quantizer on the tiny GPT's weights, all of them as one flat tensor: choose the block
 # size and int8 or int4 (qgZ's width). The histogram shows how much of its bound each
 # weight used (never more than all of it); the bars, the bytes against bf16 and fp32, with
-# `theory.quantized_bytes` on the measured bar; the table, every block size at once. Try
-# blocks of 16 against 4,096: the scales' bytes against the error of the small weights.
+# `theory.quantized_bytes` on the measured bar; the table under them, every block size at
+# once — printed under the cell too, as the first draw left it, for a reader without a
+# kernel. Try blocks of 16 against 4,096: the scales' bytes against the error of the small
+# weights.
 
 # %%
-course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_model().parameters()]),
-                         block_size=256, bits=8)
+panel = course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_model().parameters()]),
+                                 block_size=256, bits=8)
+display(panel)
+panel.table()  # the table under the picture, as the first draw left it
 
 # %% [markdown]
 # ## Summary
@@ -448,7 +451,8 @@ course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_m
 #
 #    On one node every ring runs on NVLink; on four, every all-gather and reduce-scatter of
 #    ZeRO-3 is a ring over all ranks that crosses the network, and each node sends out as
-#    much as one rank sends in all — 3Ψb per step — over links tens of times narrower.
+#    much as one rank sends in all — 3Ψb per step — over links several times narrower than
+#    NVLink (the systems table at the top).
 #    HSDP (FSDP2's 2-D mesh, MiCS) shards inside the node and only all-reduces a shard
 #    across, at the price of 1/g instead of 1/N memory. ZeRO++ keeps 1/N and cuts the
 #    cross-node bytes to about a quarter: int8 weights (qwZ), a per-node secondary copy for
@@ -491,6 +495,6 @@ course.QuantizationPanel(torch.cat([p.detach().reshape(-1) for p in work.build_m
 # **Exercise:** [exercises/17_quantized_allgather.ipynb](../exercises/17_quantized_allgather.ipynb)
 # — block quantize and dequantize (int8, absmax per block, a short last block, an all-zero
 # block) and the quantized all-gather through zerokit's ledgered collectives, graded by
-# `zerokit grade 17` · **Next:** the [course map](README.md); [lesson 12 — the
-# interview](12_the_interview.ipynb) gathers the axes, and lesson 11's planner
-# (`zerokit plan --strategy hsdp`) sizes HSDP and hpZ for real clusters
+# `zerokit grade 17` · **Next:** the path ends here: back to the [course map](README.md);
+# [lesson 12 — the interview](12_the_interview.ipynb) gathers the axes, and lesson 11's
+# planner (`zerokit plan --strategy hsdp`) sizes HSDP and hpZ for real clusters

@@ -112,3 +112,62 @@ def test_lesson_11_hpz_share_is_the_one_the_planner_prints():
     printed = next(_printed(c) for c in _cells("11_putting_it_together")
                    if c["cell_type"] == "code" and "hpZ ÷ ZeRO-3" in _source(c))
     assert "hpZ ÷ ZeRO-3: 0.375" in printed and "(1 + A)/(3A) of ZeRO-3, 3/8 at A = 8" in text
+
+
+# --- lesson 16 ---------------------------------------------------------------------------------------
+
+def test_lesson_16_experts_share_is_the_printed_one():
+    """16 said the experts were "two thirds" of the tiny MoE GPT's parameters; they are 66,816 of 80,448."""
+    assert "two thirds here" not in _markdown("16_mixture_of_experts")
+    printed = next(_printed(c) for c in _cells("16_mixture_of_experts")
+                   if c["cell_type"] == "code" and "expert_numel = " in _source(c))
+    held, total, share = re.search(r"the experts hold ([\d,]+) of the model's ([\d,]+) parameters: (\d+)%",
+                                   printed).groups()
+    assert round(100 * int(held.replace(",", "")) / int(total.replace(",", ""))) == int(share) > 67
+
+
+def _panel_table_shown(lesson: str, panel: str, header: str) -> bool:
+    cell = next(c for c in _cells(lesson) if c["cell_type"] == "code" and f"course.{panel}(" in _source(c))
+    html = [o["data"]["text/html"] for o in cell["outputs"] if "text/html" in o.get("data", {})]
+    return any(header in ("".join(h) if isinstance(h, list) else h) for h in html)
+
+
+def test_the_tables_lessons_16_and_17_promise_are_in_the_saved_notebook():
+    """16 ("its table lists…") and 17 ("the table, every block size at once") promised a table that lived only in
+    a live widget: the panel's cell now shows it as a static output too."""
+    assert _panel_table_shown("16_mixture_of_experts", "MoEPanel", "slots dispatched, all layers (ledger)")
+    assert _panel_table_shown("17_beyond_one_node", "QuantizationPanel", "block size · bits")
+
+
+# --- the path ----------------------------------------------------------------------------------------
+
+def test_the_next_links_walk_every_lesson_from_00():
+    """Following each closing cell's first **Next:** link from lesson 00 reaches every lesson (it stopped at 16,
+    which pointed back to the map and lesson 12: lesson 17 was never reached)."""
+    lessons = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    seen, name = [], lessons[0]
+    while name and name not in seen:
+        seen.append(name)
+        closing = _source(_cells(name)[-1]).split("**Next:**", 1)[1]
+        link = re.search(r"\]\((\d\d_\w+)\.ipynb\)", closing)
+        name = link.group(1) if link else None
+    assert seen == lessons, f"the Next chain stops after {seen[-1]}; never reached: {sorted(set(lessons) - set(seen))}"
+
+
+# --- lesson 17 ---------------------------------------------------------------------------------------
+
+def test_lesson_17_takes_its_links_from_the_named_systems():
+    """17's "a network a few dozen times narrower" (36×) rested on a 100 Gb/s NIC per GPU; a DGX H100 has 400 Gb/s
+    per GPU (9×), a DGX A100 200 Gb/s (12×): the lesson shows theory.systems' table and computes its ratios."""
+    from zerokit.theory import systems
+
+    text = _markdown("17_beyond_one_node")
+    assert "a few dozen times narrower" not in text and "tens of times narrower" not in text
+    cell = next(c for c in _cells("17_beyond_one_node") if c["cell_type"] == "code" and "systems.SYSTEMS" in _source(c))
+    printed = _printed(cell)
+    for s in systems.SYSTEMS.values():
+        assert s.title in printed
+    for name in ("dgx-a100", "dgx-h100"):
+        s = systems.system(name)
+        assert f"A {s.title}'s NVLink gives each GPU {s.intra.bandwidth / s.inter.bandwidth:.0f}×" in printed
+    assert "LINKS[\"ib-100g\"]" not in "".join(_source(c) for c in _cells("17_beyond_one_node"))
