@@ -17,7 +17,8 @@
 #    with zerokit's ring on send/recv (`algorithm="ring"`: the bytes are counted on the wire).
 #    Each layer is a unit; every layer's parameter count is even, so again no padding.
 # 3. `BUBBLE_1F1B` — the fraction of wall time a rank idles in a 1F1B pipeline of p = 2 stages
-#    and m = 4 micro-batches.
+#    and m = 4 micro-batches: the share of the step (GPipe's form), not Megatron's idle time
+#    over the ideal time — lesson 08 teaches both.
 #
 # **What the grader checks** (`zerokit.grade.checks("09")`):
 # - `zero1-bytes-per-rank` — yours against `theory.model_state_bytes(1, …)` (within 0.5 %),
@@ -26,6 +27,9 @@
 #   `zerokit.train(…, "zero3", algorithm="ring")` counts on the wire;
 # - `bubble-1f1b` — against `theory.bubble_fraction(2, 4)` (within 0.005), next to
 #   `zerokit.simulate`'s and a measured run's.
+#
+# **When.** After lessons 04 (ZeRO-1's bytes), 06 (ZeRO-3's) and 08 (the 1F1B bubble): the
+# course map lists it after lesson 11, which gathers the three.
 #
 # **Time.** About 20 minutes.
 #

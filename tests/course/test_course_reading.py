@@ -171,3 +171,34 @@ def test_lesson_17_takes_its_links_from_the_named_systems():
         s = systems.system(name)
         assert f"A {s.title}'s NVLink gives each GPU {s.intra.bandwidth / s.inter.bandwidth:.0f}×" in printed
     assert "LINKS[\"ib-100g\"]" not in "".join(_source(c) for c in _cells("17_beyond_one_node"))
+
+
+# --- the course map: exercises and glossary ----------------------------------------------------------
+
+def _glossary() -> dict:
+    readme = (NOTEBOOKS / "README.md").read_text()
+    entries = re.findall(r"^- \*\*(.+?)\*\* — (.+)$", readme[readme.index("## Glossary"):], flags=re.M)
+    return dict(entries)
+
+
+def test_exercise_09_follows_the_lessons_it_needs():
+    """Exercise 09 asks for ZeRO-1's bytes, ZeRO-3's bytes and a 1F1B bubble (lessons 04, 06, 08), and was listed
+    "after lesson 02"."""
+    readme = (NOTEBOOKS / "README.md").read_text()
+    after = re.search(r"^\| \[09 predict\]\(\.\./exercises/09_predict\.ipynb\) \| \[(\d\d)\]", readme, flags=re.M)
+    assert int(after.group(1)) >= 8, f"exercise 09 listed after lesson {after.group(1)}"
+    header = (ROOT / "solutions" / "09_predict.py").read_text().split("\n# %%\n", 1)[0]  # the opening cell
+    assert "After lessons 04 (ZeRO-1's bytes), 06 (ZeRO-3's) and 08 (the 1F1B bubble)" in " ".join(
+        line.lstrip("# ").strip() for line in header.splitlines())
+
+
+def test_the_glossary_tells_hsdp_from_hpz_and_gives_both_bubble_forms():
+    """The glossary called hpZ "shard within a node, replicate across nodes" — HSDP's layout; hpZ keeps ZeRO-3's 1/N
+    shards and adds a secondary copy per node. And the bubble: both the papers' forms, each named."""
+    words = _glossary()
+    assert "HSDP / hpZ" not in words
+    assert "1/s of the model states" in words["HSDP"] and "replicas" in words["HSDP"]
+    assert "ZeRO-3's 1/N shards" in words["hpZ"] and "secondary copy" in words["hpZ"]
+    assert "replicate across" not in words["hpZ"]
+    assert "`(p − 1)/(m + p − 1)` of the step (GPipe's form)" in words["bubble"]
+    assert "`(p − 1)/m` of the ideal, bubble-free time (Megatron's form" in words["bubble"]
