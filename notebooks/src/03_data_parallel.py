@@ -136,9 +136,10 @@ assert set(torch_calls[1:]) == set(per_step["ddp"]) == {report["ddp"].ranks[0].c
 # that adds to the step time. It has two parts, both read from the ledgers:
 #
 # - **straggler wait** (orange): blocked while the other rank had not even launched the same
-#   collective — it was still computing. No link carries anything then; the rank waits for
-#   its peer's compute. Two ranks sharing two cores (with everything else the machine runs)
-#   drift apart by a few milliseconds every step, so this part can be most of the blocked time;
+#   collective — it was still computing (or, behind an emulated link below, still sleeping
+#   out the link's time). No link carries anything then; the rank waits for its peer. Ranks
+#   sharing a machine's cores (with everything else it runs) drift apart every step, so this
+#   part can be most of the blocked time;
 # - **exposed − wait** (red): blocked once both ranks had launched — the collective itself,
 #   the communication that did not hide. This is the idea of the lesson.
 #
@@ -195,18 +196,31 @@ for name in positions:  # the split adds up to the ledger's blocked time
 # Without overlap every collective starts after backward and the rank waits for all of it.
 # With overlap, all buckets but the last leave while backward is still computing; only what
 # is still in flight when backward ends is exposed. The **last** bucket (the first layers,
-# whose gradients come last) can never hide: it is why torch lets you make the first buckets
-# small. (Table: medians over steps 1–4. torch's DDP waits inside its own reducer, where the
-# ledger cannot see: its exposed time reads 0.)
+# whose gradients come last) can never hide. (Table: medians over steps 1–4. torch's DDP waits
+# inside its own reducer, where the ledger cannot see: its exposed time reads 0.)
+#
+# torch's DDP makes one bucket small, and it is the **first**, not that last one. With
+# `bucket_cap_mb` left at its default (25 MiB), one bucket is capped at
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB. After the first iteration the reducer
+# rebuilds its buckets in the order the gradients arrived (`find_unused_parameters=False`, the
+# default), and the 1 MiB cap goes to bucket 0: the last layers' gradients, which backward
+# computes first and which are reduced first. A small first bucket fills early, so the first
+# all-reduce leaves early in backward instead of waiting for 25 MiB of gradients — communication
+# starts sooner; the exposed last bucket keeps its 25 MiB. (torch's reducer puts the small cap
+# on the last bucket only when asked, `DDP_SET_LAST_BUCKET_CAP=1`, or with
+# `find_unused_parameters=True`, whose buckets are never rebuilt and keep the small one for the
+# first-defined parameters. A `bucket_cap_mb` you pass, as this lesson's `bucket_mb`, caps every
+# bucket alike.)
 #
 # ## Does overlap pay on this machine?
 #
 # Overlap saves time only if there is communication to hide *and* something else runs it
-# while the cores compute. Here the ranks talk through shared memory, so this model's
-# gradients cross in a few milliseconds (in flight, below); and the machine may have as
-# few cores as ranks: then gloo's threads, which run an all-reduce launched during
-# backward, take a core that backward needed, and overlapped backward stretches by about
-# what it hides. Where the cores are spare it stretches less. On a GPU the all-reduce is
+# while the cores compute. Here the ranks talk through shared memory, and this model's
+# gradients are 120 KB: what there is to hide is the "in flight" time printed below; and the
+# machine may have as few cores as ranks: then gloo's threads, which run an all-reduce
+# launched during backward, take a core that backward needed, and overlapped backward
+# stretches (the backward compute printed below, with and without overlap). Where the cores
+# are spare it stretches less. On a GPU the all-reduce is
 # NCCL kernels on a stream of their own: they occupy some of the GPU's SMs and share its
 # memory bandwidth with backward's kernels, so backward still stretches a little there —
 # overlap lowers what communication costs the step, it does not remove it.
@@ -216,10 +230,10 @@ for name in positions:  # the split adds up to the ledger's blocked time
 #
 # <details><summary>Answer</summary>
 #
-# It depends on the machine, and the sentence under the next cell gives this run's verdict
-# from its numbers. With two ranks on two shared cores expect little or nothing: a few
-# milliseconds of communication to hide, and backward stretched by the gloo threads that
-# hide it. With spare cores, or on GPUs, the hidden part is a saving.
+# It depends on the machine, and the sentences under the next cell give this run's verdict
+# from its numbers. Where the ranks share every core expect little or nothing: little
+# communication to hide, and backward stretched by the gloo threads that hide it. With spare
+# cores, or on GPUs, the hidden part is a saving.
 #
 # </details>
 
@@ -238,6 +252,10 @@ course.show(course.speed_sentence(
     elsewhere="Where the ranks have cores to spare, or on GPUs, backward stretches less and the hidden part of the "
               "communication comes off the step, less what the collectives still take from backward (on a GPU, "
               "NCCL's kernels hold some SMs and memory bandwidth)."))
+with_overlap, without = (round(mean(name, "backward ms"), 1) for name in ("ddp", "ddp-bucketed"))
+course.show(f"Backward computed for {with_overlap:.1f} ms with overlap and {without:.1f} ms without: "
+            + ("longer with the all-reduces running beside it (by how much is this run's, noise included)."
+               if with_overlap > without else "no longer with the all-reduces running beside it, on this run."))
 
 # %% [markdown]
 # Where ranks share cores, a straggler wait is one rank waiting for the other's compute, not
@@ -253,9 +271,12 @@ course.show(course.speed_sentence(
 # its completion until an **emulated** link has carried the ring's bytes — each rank's
 # transfers one after another, `rounds·α + bytes/bandwidth` by `theory.link_seconds`. The hold
 # is a sleep, so the cores stay wholly free for backward — overlap's best case, freer than a
-# GPU whose NCCL kernels take some SMs and memory bandwidth. A gradient big enough to matter on a link needs a bigger model: the tiny GPT at
-# width 256 and 4 layers. First, what a link would take for its gradients (the formula),
-# against what this machine's gloo took (measured, `ddp-bucketed`, which waits for all of it):
+# GPU whose NCCL kernels take some SMs and memory bandwidth. A gradient big enough to matter on
+# a link needs a bigger model: the tiny GPT at width 256 and 4 layers. First, what each named
+# link would take for its gradients (the formula), against what this machine's gloo took
+# (measured, `ddp-bucketed`, which waits for all of it). The links are those of
+# `zerokit.theory.systems`, the table the planner reads too (each figure with its source there;
+# `nvlink` and `pcie` are old names of two of them):
 
 # %%
 wide = zerokit.tiny_gpt(vocab=64, seq_len=16, d_model=256, n_layer=4, n_head=4, batch_size=12)
@@ -264,19 +285,21 @@ linked = {f"{name}, {link}": zerokit.train(wide, name, world_size=2, steps=5, bu
           for link in ("this machine", "1gbe") for name in ("ddp-bucketed", "ddp")}
 calls = [c for c in linked["ddp-bucketed, this machine"].result.ranks[0].comm_records if c["step"] == 4]
 gloo_ms = 1e3 * sum(c["t_end"] - c["t_launch"] for c in calls)
-link_ms = {name: 1e3 * sum(link.seconds(c["op"], c["ring_cost_bytes"], 2) for c in calls)
-           for name, link in zerokit.links.LINKS.items()}
-rows = [{"link": name, "α µs": 1e6 * link.alpha_s, "GB/s": link.bandwidth_Bps / 1e9,
-         "link ms/step (formula)": round(link_ms[name], 2)} for name, link in zerokit.links.LINKS.items()]
+link_ms = {name: 1e3 * sum(zerokit.links.LINKS[name].seconds(c["op"], c["ring_cost_bytes"], 2) for c in calls)
+           for name in theory.systems.LINKS}
+old_names = {new: old for old, new in zerokit.links.ALIASES.items()}
+rows = [{"link": name + (f" (or {old_names[name]})" if name in old_names else ""), "what": spec.what,
+         "α µs": 1e6 * spec.latency, "GB/s": spec.bandwidth / 1e9, "link ms/step (formula)": round(link_ms[name], 2)}
+        for name, spec in theory.systems.LINKS.items()]
 print("links whose formula time exceeds this machine's gloo here, so their holds show:",
       ", ".join(name for name, ms in link_ms.items() if ms > gloo_ms) or "none")
-course.table(rows + [{"link": "this machine: gloo, measured", "link ms/step (formula)": round(gloo_ms, 1)}])
+course.table(rows + [{"link": "this machine", "what": "gloo, measured", "link ms/step (formula)": round(gloo_ms, 1)}])
 
 # %% [markdown]
 # A link only ever *delays* a collective: it completes at the later of gloo's end and the
-# link's. Where the link's formula time is below gloo's own (the table), nothing is held; where
-# it is above — the links printed under the table — the holds show. The runs behind `1gbe`
-# and on this machine alone, medians over steps 1–4, the mean of the two ranks:
+# link's. Where the link's formula time is below gloo's own (the table's last row), nothing is
+# held; where it is above — the links printed above the table — the holds show. The runs
+# behind `1gbe` and on this machine alone, medians over steps 1–4, the mean of the two ranks:
 
 # %%
 columns = ("in flight ms", "exposed − wait ms", "emulated held ms", "straggler wait ms")
@@ -328,8 +351,21 @@ for label, v in in_flight.items():
             assert row["summed_s"] <= row["most_at_once"] * row["union_s"] + 1e-12
 
 # %%
-course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")}, steps=steady,
-                       calmest=True)
+display(course.timeline_figure({label: linked[label] for label in ("ddp-bucketed, 1gbe", "ddp, 1gbe")},
+                               steps=steady, calmest=True))
+# ddp-bucketed's blocked time behind the link, as the table above splits it (the same rounding)
+bucketed = {k: round(v, 1) for k, v in means["ddp-bucketed, 1gbe"].items()}
+blocked = bucketed["exposed − wait ms"] + bucketed["straggler wait ms"]
+against = "about" if abs(blocked / link_per_step - 1) <= 0.2 else "more than" if blocked > link_per_step else "less than"
+course.show(
+    f"After backward, `ddp-bucketed` waits for every bucket to cross the link (grey: the link busy). The table splits "
+    f"its blocked time into {bucketed['exposed − wait ms']:.1f} ms once both ranks had launched and "
+    f"{bucketed['straggler wait ms']:.1f} ms of straggler wait: {blocked:.1f} ms a step, {against} the link's "
+    f"{round(link_per_step, 2):.4g} ms per step (the links table). "
+    + ("Behind an emulated link a straggler wait can be the link too: each rank sleeps out its own copy of the "
+       "link's time after each bucket, and the rank whose sleep ends first launches the next bucket and waits there "
+       "for its peer, still asleep — waiting for the emulated wire, not for the peer's compute."
+       if bucketed["straggler wait ms"] > 0 else "None of it was straggler wait on this run."))
 
 # %% [checks]
 gbe = zerokit.links.LINKS["1gbe"]
@@ -346,14 +382,13 @@ exposed = {label: statistics.mean(row["exposed ms"] for row in course.timeline_s
 assert exposed["ddp, 1gbe"] < exposed["ddp-bucketed, 1gbe"]  # overlap hides the link behind backward
 
 # %% [markdown]
-# After backward, `ddp-bucketed` waits for every bucket to cross the link: its exposed time
-# is about the link's time per step (grey: the link busy). Overlapped `ddp` launches each
-# bucket as backward fills it, but the link carries them one after another: what it has
-# carried by the end of backward is hidden, the rest is "emulated held" — the part of the
-# link's time the sleep could not hide behind backward. Overlap can hide at most backward's
-# own length of the link's time; the sentences under the table say how much it hid in this
-# run and what the step came to. On a real link the link's time is the same formula, and it
-# is the exposed − wait part that sets the step.
+# Overlapped `ddp` launches each bucket as backward fills it, but the link carries them one
+# after another: what it has carried by the end of backward is hidden, the rest is "emulated
+# held" — the part of the link's time the sleep could not hide behind backward. Overlap can
+# hide at most backward's own length of the link's time; the sentences under the table say
+# how much it hid in this run and what the step came to. On a real link the link's time is the
+# same formula, with no sleep on either rank to be read as a wait: it is the exposed − wait part
+# that sets the step.
 #
 # ## Bucket size: calls, not bytes
 #
@@ -385,8 +420,9 @@ for r in sweep.values():
 # Small buckets: many calls, each paying the ring's latency (lesson 01), but the first
 # can leave early. One huge bucket: one call, which can only start when the whole
 # backward is done — no overlap at all. The sweet spot sits in between where the link is
-# slow enough to matter; with a few milliseconds of communication to trade, as here, the
-# step times may not separate from their noise (the sentence above says whether they did).
+# slow enough to matter; with as little communication to trade as here (this model's 120 KB
+# over shared memory), the step times may not separate from their noise (the sentence above
+# says whether they did).
 #
 # ## Traffic per rank against the world size
 #

@@ -1,0 +1,144 @@
+"""What a reading of lessons 00, 02–04, 06, 07, 09, 10 and 12–15 found, held: each sentence against the outputs it
+sits over, each fact against its source (the papers, torch's and DeepSpeed's code), each quote of the seed in
+English first with the original beside it.
+
+Like ``test_course_reading.py`` (the other lessons), these tests read the committed notebook (the outputs of a
+clean run) or the lesson's source, never re-run a lesson; where a sentence states how torch behaves, the test
+asks the installed torch.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _cells(name: str) -> list:
+    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _markdown(name: str) -> str:
+    """Every markdown cell of a lesson, its line breaks folded to spaces (a phrase may wrap)."""
+    return " ".join(" ".join(_source(c).split()) for c in _cells(name) if c["cell_type"] == "markdown")
+
+
+def _printed(cell) -> str:
+    """What a code cell showed a reader: its streams, plain text, markdown and HTML."""
+    out = []
+    for output in cell.get("outputs", []):
+        if "text" in output:
+            out.append("".join(output["text"]) if isinstance(output["text"], list) else output["text"])
+        for mime in ("text/plain", "text/markdown", "text/html"):
+            value = output.get("data", {}).get(mime)
+            if value is not None:
+                out.append("".join(value) if isinstance(value, list) else value)
+    return "\n".join(out)
+
+
+def _code_cell(name: str, marker: str) -> dict:
+    """The one code cell of a lesson whose source holds ``marker``."""
+    found = [c for c in _cells(name) if c["cell_type"] == "code" and marker in _source(c)]
+    assert len(found) == 1, (name, marker, len(found))
+    return found[0]
+
+
+def _html_rows(html: str) -> list:
+    """A rendered table's body rows, each a list of its cells' text."""
+    body = html.split("<tbody>", 1)[1] if "<tbody>" in html else html
+    return [[re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, flags=re.S)]
+
+
+# --- lesson 03 ---------------------------------------------------------------------------------------
+
+def test_lesson_03_says_torchs_small_bucket_is_the_first_reduced():
+    """03 said the exposed last bucket "is why torch lets you make the first buckets small": torch's 1 MiB bucket
+    (``_DEFAULT_FIRST_BUCKET_BYTES``) is bucket 0 after the rebuild — the last layers' gradients, reduced first —
+    so communication starts early; it does not shrink the last bucket."""
+    text = _markdown("03_data_parallel")
+    assert "it is why torch lets you make the first buckets small" not in text
+    assert "`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB" in text
+    assert "the last layers' gradients, which backward computes first and which are reduced first" in text
+    assert "communication starts sooner; the exposed last bucket keeps its 25 MiB" in text
+    assert "`DDP_SET_LAST_BUCKET_CAP=1`" in text
+
+
+def test_torch_ddp_caps_its_first_rebuilt_bucket_with_the_last_layers_as_lesson_03_says():
+    """The installed torch, asked: with the default bucket_cap_mb the rebuilt bucket 0 is the small one and holds
+    the last layer's parameters; a bucket_cap_mb given caps every bucket alike (no small first bucket)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    assert dist._DEFAULT_FIRST_BUCKET_BYTES == 1 << 20
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        def buckets(**options):
+            torch.manual_seed(0)
+            model = nn.Sequential(*[nn.Linear(300, 300) for _ in range(8)])  # 361,200 B of weight + bias each
+            names = {id(p): n for n, p in model.named_parameters()}
+            ddp = nn.parallel.DistributedDataParallel(model, **options)
+            for _ in range(2):  # the first iteration records the gradients' order; its end rebuilds the buckets
+                ddp(torch.randn(4, 300)).sum().backward()
+            return [(b.buffer().numel() * 4, {names[id(p)].split(".")[0] for p in b.parameters()})
+                    for b in ddp.reducer._get_zeros_like_grad_buckets()]
+
+        default = buckets()
+        first_bytes, first_layers = default[0]
+        assert first_bytes <= 3 * 361_200 < (1 << 20) + 361_200  # filled up to the 1 MiB cap: three layers
+        assert first_layers == {"7", "6", "5"}  # the last layers: backward computes them first
+        assert all(size > first_bytes for size, _ in default[1:])  # the later buckets are the 25 MiB ones
+        given = buckets(bucket_cap_mb=1)
+        assert [layers for _, layers in given][0] == {"7", "6", "5"} and len(given) == 3  # every bucket ≤ 1 MiB
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lesson_03_exposed_time_behind_the_link_follows_the_printed_split():
+    """03 called ddp-bucketed's exposed time "about the link's time per step (103 ms)" over a table splitting it
+    into 66.1 ms and 45.9 ms of "straggler wait" (the emulated peer's sleep): the sentence now quotes the table's
+    split, its sum, and says why behind an emulated link a straggler wait can be the link."""
+    text = _markdown("03_data_parallel")
+    assert "its exposed time is about the link's time per step" not in text
+    table = _printed(_code_cell("03_data_parallel", 'columns = ("in flight ms", "exposed − wait ms"'))
+    row = next(r for r in _html_rows(table) if r and r[0] == "ddp-bucketed, 1gbe")
+    wire, waited = float(row[3]), float(row[5])  # run, step ms, in flight, exposed − wait, held, straggler wait
+    sentence = _printed(_code_cell("03_data_parallel", "display(course.timeline_figure("))
+    m = re.search(r"blocked time into ([\d.]+) ms once both ranks had launched and ([\d.]+) ms of straggler wait: "
+                  r"([\d.]+) ms a step, (about|more than|less than) the link's ([\d.]+) ms per step", sentence)
+    assert m, sentence
+    assert (float(m.group(1)), float(m.group(2))) == (wire, waited)
+    assert abs(float(m.group(3)) - (wire + waited)) < 0.051
+    links = _printed(_code_cell("03_data_parallel", "link_ms = {"))
+    gbe = next(r for r in _html_rows(links) if r and r[0] == "1gbe")
+    assert float(m.group(5)) == float(gbe[-1])
+    if waited > 0:
+        assert "waiting for the emulated wire, not for the peer's compute" in sentence
+
+
+def test_lesson_03_link_table_lists_the_named_links_once_with_their_old_names():
+    """The table loops over the named systems' links (zerokit.theory.systems): one row each, the two aliases
+    named beside the link they stand for, and the prose says the links that hold are printed above it."""
+    from zerokit.runtime.link import ALIASES
+    from zerokit.theory import systems
+
+    rows = _html_rows(_printed(_code_cell("03_data_parallel", "link_ms = {")))
+    names = [r[0] for r in rows]
+    expected = [name + (f" (or {old})" if (old := {v: k for k, v in ALIASES.items()}.get(name)) else "")
+                for name in systems.LINKS]
+    assert names == expected + ["this machine"]
+    text = _markdown("03_data_parallel")
+    assert "the links printed under the table" not in text and "the links printed above the table" in text
+    assert "`zerokit.theory.systems`, the table the planner reads too" in text
