@@ -191,16 +191,24 @@ def test_wrong_answer_is_named(tmp_path, key, what, edits, check, words):
     assert result.hint and report.exit_status == 1
 
 
-def test_a_hang_is_reported_with_where_each_rank_waits(tmp_path):
-    """A ring whose ranks all receive before anyone sends: reported as a hang within the timeout, never waited out."""
+def test_a_hang_is_reported_with_where_each_rank_waits(tmp_path, capfd):
+    """A ring whose ranks all receive before anyone sends: reported as a hang within the timeout, never waited out,
+    in a few lines — the ranks grouped by where they wait, their stacks kept in the submission's output
+    (``report.output``), out of the grader's."""
     blocking = "    dist.recv(tensor.clone(), src=left, group=group)\n    dist.send(tensor, dst=right, group=group)\n"
     path = tmp_path / "01_ring_allreduce.py"
     path.write_text(_edited("01_ring_allreduce", _block("01_ring_allreduce", 0, blocking)))
+    capfd.readouterr()
     start = time.perf_counter()
     report = grade(path, checks=["sum-2-ranks"], timeout_s=3)
     assert time.perf_counter() - start < 15
     detail = report.result("sum-2-ranks").detail
     assert "a hang" in detail and "recv" in detail, detail
+    out, err = capfd.readouterr()
+    assert out == err == "", out + err
+    assert report.status == "hang" and 'File "' in report.output
+    assert len(report.text().splitlines()) <= 8, report.text()
+    assert "a hang: ranks 0, 1 last entered recv of 48 B (grader's call #0)" in detail, detail
 
 
 def test_a_learner_assertion_is_reported_not_raised(tmp_path):

@@ -163,10 +163,10 @@ _AT_CALL = re.compile(r"(?:^|; )(rank (\d+) is|ranks ([\d, ]+) are) (?:dead; it 
                       r"\(grader's call #(\d+)\)")
 
 
-def _collectives_disagree(e: RankFailed) -> Optional[str]:
+def _collectives_disagree(e: RankFailed) -> Optional[ScenarioError]:
     """When the failure is only a peer's loss (a connection closed, a rank aborted by gloo), whether the ranks
-    called different collectives — one rank returned while another waited, or two ranks at the same call of the
-    probe in different collectives — said in a learner's words, naming the rank; None otherwise."""
+    called different collectives — one rank returned while another waited (the error is the returned rank's), or
+    two ranks at the same call of the probe in different collectives — said in a learner's words; None otherwise."""
     if not any(sign in e.traceback.lower() for sign in _PEER_LOSS) or not e.where:
         return None
     at = {}
@@ -181,9 +181,11 @@ def _collectives_disagree(e: RankFailed) -> Optional[str]:
         count = f" after {after.group(1)} collective{'' if after.group(1) == '1' else 's'}" if after else ""
         first = int(re.search(r"\d+", waiting).group(0))
         what = f" in {at[first][1]} (the grader's call #{at[first][0]})" if first in at else " in a collective"
-        return (f"{skipped} skipped a collective that {waiting} called: {skipped} returned{count} while {waiting} "
-                f"waited{what}. Every rank must make the same collective calls in the same order — is one under "
-                f"`if rank == …`, or in a loop that runs a different number of times on one rank?")
+        return ScenarioError("error", f"{skipped} skipped a collective that {waiting} called: {skipped} returned"
+                                      f"{count} while {waiting} waited{what}. Every rank must make the same collective "
+                                      f"calls in the same order — is one under `if rank == …`, or in a loop that "
+                                      f"runs a different number of times on one rank?",
+                             int(re.search(r"\d+", skipped).group(0)))
     by_call: Dict[int, Dict[str, List[int]]] = {}
     for rank, (call, what) in sorted(at.items()):
         by_call.setdefault(call, {}).setdefault(what, []).append(rank)
@@ -191,9 +193,10 @@ def _collectives_disagree(e: RankFailed) -> Optional[str]:
         if len(whats) > 1:
             parts = "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} in {w}"
                               for w, r in whats.items())
-            return (f"the ranks called different collectives at the grader's call #{call}: {parts}. One rank "
-                    f"skipped a collective, or called them in another order — every rank must make the same "
-                    f"collective calls in the same order")
+            return ScenarioError("error", f"the ranks called different collectives at the grader's call #{call}: "
+                                          f"{parts}. One rank skipped a collective, or called them in another order "
+                                          f"— every rank must make the same collective calls in the same order",
+                                 e.rank)
     return None
 
 
@@ -210,7 +213,7 @@ def from_rank_failed(e: RankFailed) -> ScenarioError:
                                                 f"NotImplementedError: {what}", e.rank)
     disagree = _collectives_disagree(e)
     if disagree:
-        return ScenarioError("error", disagree, e.rank)
+        return disagree
     where = learner_frame(e.traceback)
     at = f" in {where}" if where else ""
     code = f" (exit code {e.exitcode})" if e.exitcode is not None and not lines else ""

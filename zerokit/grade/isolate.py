@@ -9,9 +9,10 @@ Lifecycle of :func:`grade_paths`, in the grader's process:
    where :func:`zerokit.launch` would not fork: outside Linux, or once this process holds a
    process group or CUDA). The keeper leads a session of its own, dies with the grader, becomes
    the subreaper of everything below it (Linux) and forks the *submission's process*, which
-   closes every inherited descriptor but its pipe (another submission's pipe, the grader's
-   files), points fd 1 and 2 at a file (what the learner's code and its ranks print; a report keeps the last
-   lines), loads the notebook within the load limit (``timeout_s``, else
+   leads a process group of its own, points every inherited descriptor but its pipe (another
+   submission's pipe, the grader's files) at /dev/null and fd 1 and 2 at a file (what the
+   learner's code and its ranks print; a report keeps the last lines), loads the notebook
+   within the load limit (``timeout_s``, else
    :data:`.loader.LOAD_TIMEOUT_S`), says which exercise it answers, measures
    (:func:`.core.measure`: the scenarios on gloo ranks launched from there), sends the
    measurements as plain data (:mod:`.wire`) and leaves by ``os._exit`` — a ``SystemExit`` or any
@@ -151,6 +152,7 @@ def _submission_main(job: Job, timeout_s: Optional[float], conn, output: str) ->
     """The submission's process, forked by its keeper; never returns."""
     try:
         die_with_parent(os.getppid())
+        os.setpgid(0, 0)  # what it starts is in its group, which the keeper kills (where no subreaper is)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader takes Ctrl-C
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _seal_descriptors({0, 1, 2, conn.fileno()})
@@ -290,6 +292,7 @@ class _Grading:
         self.exit_code: Optional[int] = None
         self.killed: Optional[str] = None  # why the grader stopped it
         self.kill_at: Optional[float] = None
+        self.too_big = False
         self.done = False
 
     def start(self, method: str) -> None:
@@ -318,7 +321,11 @@ class _Grading:
     def receive(self) -> None:
         try:
             message = self.conn.recv_bytes(MAX_RESULT_BYTES)
-        except (EOFError, OSError):  # closed (or more than the limit: read as no result)
+        except EOFError:
+            self.conn.close()
+            return
+        except OSError:  # more than the limit: no result
+            self.too_big = True
             self.conn.close()
             return
         tag, body = message[:1], message[1:]
@@ -430,6 +437,9 @@ def _judged(g: _Grading) -> GradeReport:
         if g.killed:
             kind = "load-hang" if g.key is None else "hang"
             return _not_run(job, fallback, g.killed, kind)
+        if g.too_big:
+            return _not_run(job, fallback, f"the measurements came to more than {MAX_RESULT_BYTES >> 20} MiB: does "
+                                           f"your code return what the interface says?", "crashed")
         return _not_run(job, fallback, _ended(g.exit_code), "crashed")
     try:
         sent = wire.decode(g.result)
