@@ -205,8 +205,9 @@ assert shares == sorted(shares, reverse=True)  # the larger the payload, the sma
 # 4 ranks against 2 on 2 ranks (this run's two times are compared under the next table).
 # NCCL therefore also runs all-reduce on a **tree** (a
 # pipelined double binary tree): reduce up the tree, broadcast down, `2⌈log₂N⌉` hops — 20
-# on 1,024 ranks — for about `2S/β` of bandwidth, a little more than the ring's
-# `2(N−1)/N·S/β`. Small messages or many ranks: the tree; large messages on few ranks: the
+# on 1,024 ranks — for about `2S/β` of bandwidth whatever N: twice the ring's
+# `2(N−1)/N·S/β` at N = 2, a little more than it on many ranks. Small messages or many
+# ranks: the tree; large messages on few ranks: the
 # ring (NCCL chooses per call). `theory.communication.all_reduce_seconds` prices both —
 # first with the α and β fitted on this machine, for one 25 MiB bucket:
 

@@ -56,6 +56,19 @@ def test_lesson_01_does_not_promise_the_ring_reduce_scatter_half_the_time():
                                    sentences[0])
 
 
+def test_lesson_01_tree_costs_twice_the_ring_bandwidth_on_two_ranks():
+    """The tree's `2S/β` was "a little more than the ring's" while the table under it priced the tree at twice the
+    ring at N = 2 (58 against 29.6 ms): the prose now says how the gap depends on N."""
+    text = _markdown("01_collectives")
+    assert "for about `2S/β` of bandwidth, a little more than the ring's" not in text
+    assert "twice the ring's `2(N−1)/N·S/β` at N = 2" in text
+    table = next(_printed(c) for c in _cells("01_collectives")
+                 if c["cell_type"] == "code" and "all_reduce_seconds(bucket_bytes" in _source(c))
+    row = next(line.split() for line in table.splitlines() if line.split()[:1] == ["2"])
+    ring_total, tree_total = float(row[-2].replace(",", "")), float(row[-1].replace(",", ""))
+    assert tree_total > 1.5 * ring_total
+
+
 # --- lesson 05 ---------------------------------------------------------------------------------------
 
 def test_lesson_05_timeline_gives_each_run_its_scale_and_says_how_the_steps_compare():
