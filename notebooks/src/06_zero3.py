@@ -261,8 +261,9 @@ assert peak[(False, False)] > peak[(False, True)]            # kept units are he
 # ## Prefetch behind an emulated link
 #
 # What prefetch buys is time, and only where a gather takes long next to the compute it could
-# overlap. Here the ranks talk over shared memory: a unit of this small model crosses in a
-# fraction of a millisecond. So, as in lesson 03, the ranks sit behind an emulated **1 GbE**
+# overlap. Here the ranks talk over shared memory, and a unit of this small model is 25 KB in
+# bf16: little for a gather to take, and little to overlap. So, as in lesson 03, the ranks sit
+# behind an emulated **1 GbE**
 # link (`link="1gbe"`: each collective runs for real on gloo, and completes when the link's
 # `rounds·α + bytes/bandwidth` has passed), with a wider model — 4 blocks of width 128, fp32 —
 # whose blocks take the link a few milliseconds each. No memory ledger, 5 steps, medians over
@@ -289,6 +290,13 @@ course.show(course.speed_sentence(
     elsewhere="Where the link is fast next to a unit's compute (NVLink inside a node, for a small model), there is "
               "little to overlap and prefetch mostly costs memory; where it is slow (across nodes, for large units), "
               "each gather it launches early can overlap the compute of the unit before it."))
+link_stats = {label: course.timeline_stats(r, steady) for label, r in linked.items()}
+held = {label: sum(row["emulated held ms"] for row in rows) / sum(row["exposed ms"] for row in rows)
+        for label, rows in link_stats.items()}  # the table's two columns, summed over the ranks
+off_share, on_share = held["prefetch=False, 1gbe"], held["prefetch=True, 1gbe"]
+course.show(f"Without prefetch the link's hold (the table's \"emulated held\") was {course.share_words(off_share)} "
+            f"the exposed time ({off_share:.0%} over both ranks; the rest is gloo's own time and the straggler waits); "
+            f"with prefetch, {course.share_words(on_share)} it ({on_share:.0%}).")
 
 # %%
 course.timeline_figure(linked, steps=range(4, 5))
@@ -306,10 +314,11 @@ for label, r in linked.items():
 
 # %% [markdown]
 # Without prefetch each unit's gather is launched when the unit begins and waited for at once:
-# the whole link time of every gather is exposed (the table's "exposed", most of it "emulated
-# held"). With prefetch the next gathers are launched while the current unit computes, and a
-# unit waits only for what the link has not finished by then. The sentence above is chosen by
-# this run's numbers; the grey link bars in the picture show why.
+# the whole link time of every gather is exposed — slept as the link's hold, or waited while a
+# peer is still in its own (the table's columns; the second sentence above says how much of the
+# exposed time was the hold). With prefetch the next gathers are launched while the current
+# unit computes, and a unit waits only for what the link has not finished by then. The
+# sentences above are chosen by this run's numbers; the grey link bars in the picture show why.
 #
 # ## How far ahead: the prefetch budget
 #
@@ -539,36 +548,56 @@ course.table([{"model": name, "Ψ": size, "seed's GB per GPU (N = 8)": claimed,
 # formulas of `zerokit.theory`, nothing runs) adds the activations of one 1,024-token
 # sequence (Korthikanti et al., with and without activation checkpointing), the buckets and
 # the gathered units, on 8 GPUs of the seed's sizes (GPT-2 at 4.1 GB, T5-3B at 4.3 GB; all
-# computed):
+# computed) — and, as a third row each, with the optimizer offloaded to the host (ZeRO-Offload,
+# [lesson 09](09_offload.ipynb): the fp32 master, m and v on the host, the gradients streamed
+# out to it):
 
 # %%
 rows = []
 for preset, claimed in (("gpt2-1.5b", 4.1), ("t5-3b", 4.3)):
-    for checkpointing in ("none", "full"):
-        per_gpu = zerokit.plan(preset=preset, gpus=8, strategy="zero3", micro_batch_size=1,
+    for checkpointing, offload in (("none", "none"), ("full", "none"), ("full", "optimizer")):
+        per_gpu = zerokit.plan(preset=preset, gpus=8, strategy="zero3", micro_batch_size=1, offload=offload,
                                checkpointing=checkpointing, gpu_memory=claimed * 1e9).to_dict()["per_gpu"]
-        rows.append({"model": preset, "checkpointing": checkpointing, "seed's GB": claimed,
+        rows.append({"model": preset, "checkpointing": checkpointing, "offload": offload, "seed's GB": claimed,
+                     "layout": f"checkpointing {checkpointing}" + (", optimizer offloaded" if offload != "none" else ""),
                      "model states GB": round(per_gpu["model_state_bytes"]["total"] / 1e9, 2),
                      "activations GB": round(per_gpu["activation_bytes"] / 1e9, 2),
                      "buffers GB": round(per_gpu["buffer_bytes"] / 1e9, 2),
                      "total GB": round(per_gpu["total_bytes"] / 1e9, 2), "fits": per_gpu["fits"]})
-course.table(rows, ["model", "checkpointing", "model states GB", "activations GB", "buffers GB", "total GB"])
+display(course.table(rows, ["model", "layout", "model states GB", "activations GB", "buffers GB", "total GB"]))
+fits = {(r["model"], r["offload"]): r for r in rows if r["checkpointing"] == "full"}
+t5_alone, t5_offloaded, gpt2_offloaded = fits[("t5-3b", "none")], fits[("t5-3b", "optimizer")], \
+    fits[("gpt2-1.5b", "optimizer")]
+t5_gb, gpt2_gb = t5_alone["seed's GB"], gpt2_offloaded["seed's GB"]
+course.show(f"Without offload T5-3B's model states alone, {t5_alone['model states GB']:.2f} GB, exceed the seed's "
+            f"{t5_gb} GB. With the optimizer offloaded a GPU keeps of them only its 16-bit parameter shard, "
+            f"{t5_offloaded['model states GB']:.2f} GB, and the whole plan comes to {t5_offloaded['total GB']:.2f} GB: "
+            + ("it fits" if t5_offloaded["fits"] else "it still does not fit") + f" in {t5_gb} GB, and GPT-2's "
+            f"offloaded plan ({gpt2_offloaded['total GB']:.2f} GB) "
+            + ("fits" if gpt2_offloaded["fits"] else "does not fit") + f" in {gpt2_gb} GB.")
 
 # %% [checks]
-t5 = [r for r in rows if r["model"] == "t5-3b"]
-assert all(not r["fits"] and r["model states GB"] > r["seed's GB"] for r in t5)  # impossible whatever else
-gpt2 = [r for r in rows if r["model"] == "gpt2-1.5b"]
+t5 = [r for r in rows if r["model"] == "t5-3b" and r["offload"] == "none"]
+assert all(not r["fits"] and r["model states GB"] > r["seed's GB"] for r in t5)  # without offload: impossible
+assert t5_offloaded["fits"] and t5_offloaded["model states GB"] < t5_offloaded["seed's GB"]  # offloaded, it fits
+gpt2 = [r for r in rows if r["model"] == "gpt2-1.5b" and r["offload"] == "none"]
 assert all(r["model states GB"] < r["seed's GB"] for r in gpt2)  # the states fit; the rest decides
 assert gpt2[1]["activations GB"] < gpt2[0]["activations GB"]     # checkpointing is what leaves room
+assert fits[("gpt2-1.5b", "optimizer")]["fits"] and not fits[("gpt2-1.5b", "none")]["fits"]
 
 # %% [markdown]
 # GPT-2 1.5B is tight but possible: its model states fit in 4.1 GB, and the rest fits only with
 # activation checkpointing and either buckets much smaller than DeepSpeed's defaults (the
 # 2 GB of buffers above) or the optimizer offloaded to the host — `zerokit plan --preset
 # gpt2-1.5b --gpus 8 --gpu-memory 4.1GB --strategy zero3 --checkpointing full` lists the
-# layouts that fit. T5-3B at 4.3 GB is impossible: its model states alone take more. And "92 %
-# less communication than an all-reduce": by the ring cost of the payloads measured above,
-# ZeRO-3 sends **50 % more**.
+# layouts that fit. T5-3B at 4.3 GB is impossible **without offload**: its model states alone
+# take more. The answer GPT-2 gets is T5-3B's too: ZeRO-Offload ([lesson 09](09_offload.ipynb))
+# moves the optimizer states — three quarters of the model states — to the host, and the
+# offloaded row above is what is left on the GPU (the sentence under the table says whether it
+# fits). So the seed's T5-3B row is impossible under ZeRO-3 as it names it, possible as another
+# layout, which pays the host's memory, PCIe every step and the host's Adam (lesson 09). And
+# "92 % less communication than an all-reduce": by the ring cost of the payloads measured
+# above, ZeRO-3 sends **50 % more**.
 #
 # ## Try it
 #
@@ -626,8 +655,9 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 #    <details><summary>Answer</summary>
 #
 #    For model states at rest, yes; at the peak add the gathered units and the activations (the
-#    peak table). So T5-3B cannot train in 4.3 GB per GPU: its states alone are 5.7 GB (the
-#    planner's table).
+#    peak table). So T5-3B cannot train under ZeRO-3 alone in 4.3 GB per GPU: its states alone
+#    are 5.7 GB (the planner's table). With the optimizer offloaded to the host (ZeRO-Offload,
+#    lesson 09) a GPU keeps only its 16-bit parameter shard, and it can.
 #
 #    </details>
 #

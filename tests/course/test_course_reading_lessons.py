@@ -142,3 +142,42 @@ def test_lesson_03_link_table_lists_the_named_links_once_with_their_old_names():
     text = _markdown("03_data_parallel")
     assert "the links printed under the table" not in text and "the links printed above the table" in text
     assert "`zerokit.theory.systems`, the table the planner reads too" in text
+
+
+# --- lesson 06 ---------------------------------------------------------------------------------------
+
+def test_lesson_06_t5_3b_is_impossible_only_without_offload():
+    """06 said "T5-3B at 4.3 GB is impossible" while proposing the optimizer on the host for GPT-2 in the same
+    paragraph: ZeRO-Offload leaves a GPU its 16-bit parameter shard, and the offloaded plan fits."""
+    text = _markdown("06_zero3")
+    assert "T5-3B at 4.3 GB is impossible: its model states alone take more" not in text
+    assert "T5-3B at 4.3 GB is impossible **without offload**" in text
+    assert "So T5-3B cannot train under ZeRO-3 alone in 4.3 GB per GPU" in text
+    printed = _printed(_code_cell("06_zero3", 'for checkpointing, offload in (("none", "none")'))
+    rows = {(r[0], r[1]): r for r in _html_rows(printed)}
+    offloaded = rows[("t5-3b", "checkpointing full, optimizer offloaded")]
+    assert float(offloaded[2]) < 4.3 and float(offloaded[-1]) < 4.3  # the states, and the whole plan
+    assert float(rows[("t5-3b", "checkpointing full")][2]) > 4.3
+    assert re.search(rf"the whole plan comes to {float(offloaded[-1]):.2f} GB: it fits in 4.3 GB", printed)
+
+
+def test_lesson_06_says_how_much_of_the_exposed_time_the_link_held_from_the_table():
+    """06 said without prefetch the exposed time was "most of it emulated held" over a table where the hold was
+    about half: the share is now computed from the table's two columns and worded by its size."""
+    from zerokit.course.claims import share_words
+
+    text = _markdown("06_zero3")
+    assert 'most of it "emulated held"' not in text
+    table = _printed(_code_cell("06_zero3", "one block's all-gather holds the link"))
+    rows = [r for r in _html_rows(table) if r and r[0].startswith("prefetch=")]
+    share = {}
+    for label in ("prefetch=False, 1gbe", "prefetch=True, 1gbe"):
+        mine = [r for r in rows if r[0] == label]  # run, rank, step ms, exposed ms, emulated held ms, straggler wait
+        share[label] = sum(float(r[4]) for r in mine) / sum(float(r[3]) for r in mine)
+    sentence = _printed(_code_cell("06_zero3", "link_stats = {"))
+    m = re.search(r"was (most of|about half of|part of|almost none of) the exposed time \((\d+)% over both ranks",
+                  sentence)
+    assert m, sentence
+    assert abs(int(m.group(2)) / 100 - share["prefetch=False, 1gbe"]) < 0.02  # the table rounds to 0.1 ms
+    near = share["prefetch=False, 1gbe"]
+    assert m.group(1) in {share_words(min(1.0, max(0.0, near + d))) for d in (-0.02, 0, 0.02)}  # words by the size
