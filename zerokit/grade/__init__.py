@@ -55,6 +55,7 @@ def grade(submission, exercise: Optional[str] = None, checks: Optional[Sequence[
     """
     if loader.is_loading():
         return None
+    isolate.check_timeout(timeout_s)
     if isinstance(submission, (str, Path)):
         report = isolate.grade_paths([isolate.Job(Path(submission), exercise, checks)], timeout_s)[0]
         if report.exercise == "??":

@@ -261,13 +261,25 @@ def _start_method() -> str:
     return _choose_start_method(None, "gloo")
 
 
+def check_timeout(timeout_s) -> None:
+    """``timeout_s`` is None (each exercise's own) or a positive number of seconds; else ``ValueError``."""
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r} must be None (each exercise's own timeouts) or a positive number "
+                         f"of seconds")
+
+
 def _prepare(jobs: Sequence[Job]) -> None:
-    """Import here what every submission's process needs, once, before the first fork."""
+    """Refuse what is wrong before any process starts (an exercise or a check named that does not exist); import
+    here what every submission's process needs, once, before the first fork."""
     import torch._dynamo  # noqa: F401 - see zerokit.runtime.launch._import_before_fork
 
     for job in jobs:
-        key = job.exercise or loader.exercise_key(job.path, None)
-        with contextlib.suppress(ValueError, TypeError):
+        if job.exercise is not None:
+            core.select(get(job.exercise), job.checks)
+            continue
+        key = loader.exercise_key(job.path, None)
+        with contextlib.suppress(ValueError):
             if key:
                 get(key)
 
@@ -480,6 +492,7 @@ def grade_paths(jobs: Sequence[Job], timeout_s: Optional[float] = None, workers:
     that does not exist, or an unknown check, raises ``ValueError`` (after every process has been stopped)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"jobs={workers!r} must be a whole number of submissions graded at once, 1 or more")
+    check_timeout(timeout_s)
     _prepare(jobs)
     method = _start_method()
     waiting = list(enumerate(jobs))[::-1]
