@@ -47,7 +47,8 @@
 # traffic doesn't grow with it. Model parallelism splits the model: tensor parallelism cuts
 # every layer (f/g all-reduces of activations, four per layer, so it lives inside a node),
 # pipeline parallelism cuts the stack into stages (point-to-point activations at the
-# boundaries, and a bubble of `(p − 1)/(m + p − 1)`).
+# boundaries, and a bubble of `(p − 1)/(m + p − 1)` of the step — `(p − 1)/m` of the ideal
+# time, as Megatron writes it).
 #
 # **How ZeRO combines them.** ZeRO keeps data parallelism's compute and partitions its
 # redundant states as model parallelism would: optimizer states (stage 1), gradients (2),
@@ -458,7 +459,8 @@ assert split[3]["latency term s/step"] < split[2]["latency term s/step"] / 5  # 
 # ring's `2(N−1)` hops per call (14 on 8 GPUs, 126 on 64). What turns a tenth of a second into
 # seconds is the **link hierarchy**: past 8 GPUs the ring leaves the node, and the planner
 # prices a ring at the slowest link it crosses — one 25 GB/s InfiniBand link per GPU against
-# NVLink's 300 GB/s, with a larger α (zerokit's model, `zerokit/planner/cluster.py`; NCCL runs
+# NVLink's 300 GB/s, with a larger α (the planner's default system, a DGX A100, from
+# `zerokit/theory/systems.py`, each figure with its source; NCCL runs
 # rings over all of a node's NICs at once and trees across nodes, so plug in your cluster's
 # measured bus bandwidth). A tree cuts the latency term to `2⌈log₂N⌉` hops per call.
 #
@@ -545,29 +547,39 @@ assert 0.4 < mfu < 0.55
 #
 # ZeRO-3's model states alone are 16Ψ/N. The planner, 8 GPUs (paper convention, decimal GB),
 # with the smallest activations a step can have (one sequence per micro-batch, every layer
-# checkpointed):
+# checkpointed) — and the same plan with the optimizer offloaded to the host (ZeRO-Offload,
+# [lesson 09](09_offload.ipynb)), which leaves a GPU only its 16-bit parameter shard of the
+# model states:
 
 # %%
 claimed = {"gpt2-1.5b": 4.1, "t5-3b": 4.3}
 table_plans = {name: zerokit.plan(preset=name, gpus=8, strategy="zero3", micro_batch_size=1, checkpointing="full")
                for name in claimed}
+offloaded_plans = {name: zerokit.plan(preset=name, gpus=8, strategy="zero3", micro_batch_size=1, checkpointing="full",
+                                      offload="optimizer", gpu_memory=claimed[name] * 1e9) for name in claimed}
 display(course.table([{"model": name, "seed's GB per GPU": claimed[name], "Ψ": p.model.param_count,
                        "ZeRO-3 model states GB (formula)": round(p.memory.model_states.total / 1e9, 2),
-                       "+ activations (micro-batch 1, checkpointed) GB (formula)": round(p.total_bytes / 1e9, 2)}
+                       "+ activations (micro-batch 1, checkpointed) GB (formula)": round(p.total_bytes / 1e9, 2),
+                       "the same, optimizer offloaded GB (formula)": round(offloaded_plans[name].total_bytes / 1e9, 2)}
                       for name, p in table_plans.items()]))
 gpt2_states, t5_states = (table_plans[n].memory.model_states.total / 1e9 for n in ("gpt2-1.5b", "t5-3b"))
 possible = {name: table_plans[name].memory.model_states.total / 1e9 <= claimed[name] for name in claimed}
+with_offload = {name: offloaded_plans[name].fits for name in claimed}  # the whole plan, in the seed's GB
 claims.append({"the seed says": "GPT-2 1.5B ZeRO-3 4.1 GB × 8; T5-3B 4.3 GB × 8",
                "figure here": f"states alone: GPT-2 {gpt2_states:.1f} GB, T5-3B {t5_states:.1f} GB; a GPT-2 step "
-                              f"≈ {table_plans['gpt2-1.5b'].total_bytes / 1e9:.1f} GB",
+                              f"≈ {table_plans['gpt2-1.5b'].total_bytes / 1e9:.1f} GB; optimizer offloaded, T5-3B's "
+                              f"≈ {offloaded_plans['t5-3b'].total_bytes / 1e9:.1f} GB",
                "verdict": "true" if all(possible.values()) else "false" if not any(possible.values()) else
-                          "half-true: " + "; ".join(f"{name} {'possible' if ok else 'impossible'}"
-                                                     for name, ok in possible.items()),
-               "demo": demo("11", here=True)})
+                          "half-true: " + "; ".join(
+                              f"{name} possible" if ok else f"{name} impossible under ZeRO-3 alone" + (
+                                  ", possible with the optimizer offloaded (ZeRO-Offload)" if with_offload[name] else
+                                  ", with the optimizer offloaded too") for name, ok in possible.items()),
+               "demo": demo("09", "11", here=True)})
 
 # %% [checks]
 assert gpt2_states < claimed["gpt2-1.5b"]  # the states fit under the claim: possible, if activations are small
-assert t5_states > claimed["t5-3b"]  # the states alone exceed the claim: impossible
+assert t5_states > claimed["t5-3b"]  # the states alone exceed the claim: impossible without offload
+assert all(with_offload.values())  # ZeRO-Offload leaves a GPU its 16-bit shard: both plans fit the seed's GB
 
 # %% [markdown]
 # The planner panel, to try other GPU sizes, stages and models (T5-3B on 8 GPUs of 16 GB):
@@ -649,9 +661,10 @@ assert [row["states ÷ DDP (measured)"] for row in sync] == sorted(row["states �
 # %% [markdown]
 # Every stage synchronises the gradients — stages 1–3 with a reduce-scatter, which with the
 # all-gather of the parameters is DDP's all-reduce cut in two (lesson 01). The bytes per step
-# are DDP's (1.5× at stage 3); a collective runs at its link's bandwidth whatever its size, so
-# cutting it into pieces (buckets, which DDP has too) lowers no peak. What falls, stage by
-# stage, is the memory in the last column.
+# are DDP's (1.5× at stage 3); a large collective runs at its link's full bandwidth while it
+# lasts (a small one is latency-bound and reaches less), so cutting it into pieces (buckets,
+# which DDP has too) spreads the same bytes over more calls and lowers no peak. What falls,
+# stage by stage, is the memory in the last column.
 #
 # ### "How does ZeRO handle a dynamic computation graph?" (“ZeRO如何处理动态计算图？”)
 #

@@ -181,3 +181,25 @@ def test_lesson_06_says_how_much_of_the_exposed_time_the_link_held_from_the_tabl
     assert abs(int(m.group(2)) / 100 - share["prefetch=False, 1gbe"]) < 0.02  # the table rounds to 0.1 ms
     near = share["prefetch=False, 1gbe"]
     assert m.group(1) in {share_words(min(1.0, max(0.0, near + d))) for d in (-0.02, 0, 0.02)}  # words by the size
+
+
+# --- lesson 12 ---------------------------------------------------------------------------------------
+
+def test_lesson_12_t5_3b_verdict_names_offload():
+    """12's verdict said "t5-3b impossible": only under ZeRO-3 alone; the table gains the offloaded plan and the
+    verdict says it fits with the optimizer on the host (ZeRO-Offload, lesson 09)."""
+    printed = _printed(_code_cell("12_the_interview", "offloaded_plans = {"))
+    rows = {r[0]: r for r in _html_rows(printed)}
+    assert float(rows["t5-3b"][3]) > 4.3 and float(rows["t5-3b"][5]) < 4.3  # states alone; offloaded, the whole plan
+    verdicts = _printed(_code_cell("12_the_interview", "course.show(markdown_table(claims))"))
+    line = next(x for x in verdicts.splitlines() if x.startswith("| GPT-2 1.5B ZeRO-3 4.1 GB × 8"))
+    assert "t5-3b impossible under ZeRO-3 alone, possible with the optimizer offloaded (ZeRO-Offload)" in line
+    assert "[lesson 09](09_offload.ipynb)" in line
+
+
+def test_lesson_12_names_the_bubbles_form_and_the_planners_link_table():
+    """The one-page answer gave the bubble as (p − 1)/(m + p − 1) without saying of what; the link figures now come
+    from zerokit/theory/systems.py (the planner's default system), not zerokit/planner/cluster.py."""
+    text = _markdown("12_the_interview")
+    assert "`(p − 1)/(m + p − 1)` of the step — `(p − 1)/m` of the ideal time" in text
+    assert "`zerokit/planner/cluster.py`" not in text and "`zerokit/theory/systems.py`" in text
