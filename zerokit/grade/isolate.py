@@ -22,8 +22,9 @@ Lifecycle of :func:`grade_paths`, in the grader's process:
 3. the grader waits on every pipe and keeper at once, each submission under a deadline (the
    load limit, then the exercise's scenario timeouts, each with a margin): past it the keeper is
    told to kill everything (SIGTERM), and is killed if it does not;
-4. once a keeper has exited, its measurements are read (weights-only) and judged here
-   (:func:`.core.verdicts`), against references computed here. What a submission's code did in
+4. its measurements are read (weights-only) and judged here as soon as they arrive, while the
+   keeper cleans up (:func:`.core.verdicts`, against references computed here); the grading is
+   over when the keeper has exited. What a submission's code did in
    its process — ``sys.exit()``, a default dtype, the grader's functions replaced, processes
    started and left — reaches neither its verdict nor another submission's.
 
@@ -165,9 +166,9 @@ def _submission_main(job: Job, timeout_s: Optional[float], conn, output: str) ->
             data = b"R" + _encode_checked(sent)
         except BaseException:  # noqa: BLE001 - SystemExit too: the grader hears how it ended
             data = b"R" + wire.encode({"crash": traceback.format_exc(limit=-4)})
-        conn.send_bytes(data)
-        sys.stdout.flush()
+        sys.stdout.flush()  # all of its output is in the file before the grader reads it, on the measurements
         sys.stderr.flush()
+        conn.send_bytes(data)
     finally:
         os._exit(0)
 
@@ -305,6 +306,7 @@ class _Grading:
         self.killed: Optional[str] = None  # why the grader stopped it
         self.kill_at: Optional[float] = None
         self.too_big = False
+        self.judged: Optional[GradeReport] = None
         self.done = False
 
     def start(self, method: str) -> None:
@@ -409,11 +411,14 @@ class _Grading:
         return "\n".join(text.splitlines()[-OUTPUT_LINES:])[-OUTPUT_CHARS:]
 
     def report(self) -> GradeReport:
-        output = self.output_tail()
-        report = _judged(self)
-        report.seconds = time.monotonic() - self.started
-        report.output = output
-        return report
+        """The verdicts — as soon as the measurements are here, while the keeper still cleans up (judging here
+        overlaps the processes' exits), or once the keeper has exited without them."""
+        if self.judged is None:
+            output = self.output_tail()
+            self.judged = _judged(self)
+            self.judged.seconds = time.monotonic() - self.started
+            self.judged.output = output
+        return self.judged
 
 
 def _not_run(job: Job, key: Optional[str], why: str, kind: str) -> GradeReport:
@@ -514,9 +519,10 @@ def grade_paths(jobs: Sequence[Job], timeout_s: Optional[float] = None, workers:
                 handles[ready]()
             now = time.monotonic()
             for grading in list(running):
+                if grading.result is not None or grading.done:
+                    reports[grading.index] = grading.report()
                 if grading.done:
                     running.remove(grading)
-                    reports[grading.index] = grading.report()
                 elif now >= grading.next_deadline():
                     grading.expire(now)
     finally:
