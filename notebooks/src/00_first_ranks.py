@@ -1,9 +1,10 @@
 # %% [markdown]
 # # 00 · Set-up and first ranks
 #
-# **The question.** The seed interview opens with *"数据并行与模型并行的区别是什么？"* — what
-# is the difference between data and model parallelism? Before either can be answered we
-# need the three words every answer uses: a **rank**, a **process group** and a
+# **The question.** The seed (the interview article the course answers,
+# [docs/seed.md](../docs/seed.md)) opens with *"What is the difference between data
+# parallelism and model parallelism?"* (“数据并行与模型并行的区别是什么？”). Before either can
+# be answered we need the three words every answer uses: a **rank**, a **process group** and a
 # **collective**. What are they, and what happens to the whole job when one rank fails?
 #
 # **What you will see.** A function defined in this notebook runs on 4 processes at once;
