@@ -1,9 +1,10 @@
 # %% [markdown]
 # # 02 · Anatomy of training memory
 #
-# **The question.** The seed's next interview question: *"大模型训练中显存占用的主要来源有哪些？"* —
-# where does the memory of training go? How many bytes per parameter does Adam cost, and
-# does bf16 mixed precision halve it?
+# **The question.** The seed's next interview question ([docs/seed.md](../docs/seed.md)): *"What
+# are the main sources of GPU memory use in training a large model?"*
+# (“大模型训练中显存占用的主要来源有哪些？”) — where does the memory of training go? How many bytes
+# per parameter does Adam cost, and does bf16 mixed precision halve it?
 #
 # **What you will see.** A tiny GPT trained with data parallelism on 2 ranks, in fp32 and in
 # bf16 mixed precision; the **memory ledger** of each rank — parameters, gradients,
@@ -15,7 +16,7 @@
 # **Needs:** lesson 00 (ranks and `zerokit.train`), nothing else ·
 # **After it you can answer:** *Where does the memory of training go?* · *How many bytes per
 # parameter does Adam cost, in fp32 and in bf16 mixed precision?* · *Why doesn't mixed precision
-# halve it, and why does DeepSpeed's estimator say 18?* · *What sets the activations, and what
+# halve it, and why do DeepSpeed's estimators say more?* · *What sets the activations, and what
 # does flash attention remove?*
 
 # %%
@@ -69,7 +70,7 @@ for precision, report in runs.items():
     for category in ("params", "grads", "optimizer"):
         measured = report.result.ranks[0].model_state_bytes[category]
         rows.append({"precision": precision, "category": category, "measured B (rank 0)": measured,
-                     "theory B": expected.as_dict()[category], "bytes per parameter": round(measured / psi, 3)})
+                     "theory B": expected.as_dict()[category], "bytes per parameter": f"{measured / psi:.3f}"})
 course.table(rows)
 
 # %% [checks]
@@ -110,16 +111,27 @@ for ax, (precision, report) in zip(axes, runs.items()):
 fig.tight_layout()
 
 # %% [markdown]
-# DeepSpeed's own memory estimator counts **18** bytes per parameter for mixed precision:
-# it keeps fp32 gradients (4 bytes) where the ledger above holds bf16 ones (2 bytes). Same
-# model, a different gradient dtype — know which one an estimate assumes.
+# DeepSpeed's own memory estimators count more for mixed precision, because its optimizer keeps
+# an **fp32 copy of the gradients** (4 bytes) where the ledger above holds bf16 ones (2 bytes).
+# Its ZeRO-3 estimator (`estimate_zero3_model_states_mem_needs`) charges **18** bytes per
+# parameter, divided by the GPUs, plus 4 × the largest layer for what is gathered; its ZeRO-2
+# one charges `2Ψ + 18Ψ/N`, whose 18 its code spells out as 16-bit gradients 2 + fp32 gradients 4
+# + fp32 parameters 4 + m and v 8 — both gradient copies, **20** bytes per parameter on one GPU
+# (`theory.deepspeed_zero2_estimate`, `theory.deepspeed_zero3_estimate`, their formulas as
+# DeepSpeed 0.19.8 computes them). Same model, a different gradient dtype — know which one an
+# estimate assumes.
 
 # %%
-course.table([{"counted by": "zerokit ledger, bf16-mixed, Adam",
-               "bytes per parameter": (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values())
-                                       - 4 * tensors) / psi},
-              {"counted by": "DeepSpeed estimator (fp32 gradients)",
-               "bytes per parameter": theory.deepspeed_estimator_bytes_per_param()}])
+largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in work.build_model().modules())
+zero3_host, zero3_gpu, gathered = theory.deepspeed_zero3_estimate(psi, largest_layer)  # one GPU
+estimated = {"zerokit ledger, bf16-mixed, Adam (bf16 gradients)":
+             (sum(runs["bf16-mixed"].result.ranks[0].model_state_bytes.values()) - 4 * tensors) / psi,
+             "DeepSpeed's ZeRO-3 estimator, less its 4 × largest layer": (zero3_gpu - gathered) / psi,
+             "DeepSpeed's ZeRO-2 estimator, one GPU (2Ψ + 18Ψ/N)": theory.deepspeed_zero2_estimate(psi)[1] / psi}
+course.table([{"counted by": who, "bytes per parameter": round(per, 3)} for who, per in estimated.items()])
+
+# %% [checks]
+assert list(estimated.values()) == [16, theory.deepspeed_estimator_bytes_per_param(), 20]  # 16; 18; 2 + 18 at N = 1
 
 # %% [markdown]
 # The same formula at the scale of real models — what plain data parallelism asks of every
@@ -349,7 +361,9 @@ course.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4),
 #
 #    <details><summary>Answer</summary>
 #
-#    Neither: it assumes fp32 gradients.
+#    Neither: it assumes fp32 gradients (4 bytes, where bf16 ones take 2) — 18 in its ZeRO-3
+#    estimator; its ZeRO-2 one keeps the 16-bit gradients as well, 20 bytes per parameter on one
+#    GPU (the estimators' table above).
 #
 #    </details>
 
