@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 04 · ZeRO-1: sharding the optimizer states
 #
-# **The question.** The seed: *"ZeRO-1：优化器状态分片 … ZeRO-1节省33%显存"* — ZeRO-1 shards the
-# optimizer states and saves 33 % of the memory. Does it? How much does it save, on how many
-# GPUs, and what does it cost in communication?
+# **The question.** The seed ([docs/seed.md](../docs/seed.md)): *"ZeRO-1: the optimizer states
+# sharded … ZeRO-1 saves 33 % of the GPU memory"* (“ZeRO-1：优化器状态分片 … ZeRO-1节省33%显存”).
+# Does it? How much does it save, on how many GPUs, and what does it cost in communication?
 #
 # **What you will see.** ZeRO-1 (`zero1`) next to DDP on 2, 3 and 4 ranks in bf16 mixed
 # precision: each rank's model states measured to the byte against the ZeRO paper's
@@ -165,7 +165,8 @@ course.MemoryPanel(work, strategies=("ddp", "zero1", "zero2", "zero3"), world_si
 # ## Summary
 #
 # - ZeRO-1 shards the optimizer states (fp32 master + m + v): `4Ψ + 12Ψ/N` per rank in mixed
-#   precision, measured to the byte (padding and step scalars included).
+#   precision, the paper's form, within 1 % of the measured bytes; zerokit's exact figure
+#   (padded shards, Adam's step scalars) equals them to the byte.
 # - It saves `0.75·(1 − 1/N)` of DDP's model states — not a fixed 33 % — and stays O(Ψ):
 #   parameters and gradients are still whole on every rank.
 # - On a ring it sends what DDP sends: reduce-scatter + all-gather = all-reduce (the ring
