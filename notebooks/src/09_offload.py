@@ -253,10 +253,11 @@ course.table(rows)
 #
 # ## The seed's "ZeRO-3 and CPU offload" table, row by row
 #
-# The seed answers *"ZeRO-3与CPU卸载的协同？"* (how do ZeRO-3 and CPU offload work together?)
-# with a table: parameters "sharded, need AllGather"; gradients "sharded, asynchronous
-# transfer hides the latency"; optimizer "fully offloaded, bandwidth-sensitive (RDMA
-# recommended)". Each row next to what rank 0 held and copied in the `zero3` runs above
+# The seed answers *"How do ZeRO-3 and CPU offload work together?"* (“ZeRO-3与CPU卸载的协同？”)
+# with a table: parameters "sharded, need AllGather" (“分片存储”, “需要AllGather”); gradients
+# "sharded, asynchronous transfer hides the latency" (“分片存储”, “异步传输隐藏延迟”); optimizer
+# "fully offloaded, bandwidth-sensitive (RDMA recommended)" (“完全卸载”, “带宽敏感（建议RDMA）”).
+# Each row next to what rank 0 held and copied in the `zero3` runs above
 # (N = 2, bf16, one micro-batch; `offload="params"` is DeepSpeed's `offload_param`):
 
 # %%
@@ -366,8 +367,8 @@ course.OffloadPanel(work, stage="zero3", offload="params", world_sizes=(2, 3, 4)
 #    <details><summary>Answer</summary>
 #
 #    The CPU optimizer: a non-vectorised Adam (a Python for-loop over tensors, or too few
-#    threads) takes several times a fused kernel's time (the AdamW table above), and the step
-#    waits for it. Then whether the copies overlap the backward and use pinned memory. Then
+#    threads) can take several times a fused kernel's time (the AdamW table above compares the
+#    two on this machine), and the step waits for it. Then whether the copies overlap the backward and use pinned memory. Then
 #    whether offload is needed at all: it is there for memory. On a GPU its copies and host step
 #    add to every step unless they overlap the backward, and it pays back in time only where the
 #    memory it frees buys a larger micro-batch or a layout that communicates less.
