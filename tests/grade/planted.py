@@ -5,6 +5,7 @@ each in this process); a right answer passing every check and
 each wrong one failing the check that names it, in a learner's words, with a hint."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from zerokit.grade import core, loader
@@ -29,6 +30,18 @@ def planted(source: str, edits, label: str) -> str:
         assert text.count(old) == 1, f"{label}: the edit's text {old[:60]!r} is not in the solution exactly once"
         text = text.replace(old, new)
     return text
+
+
+def stubbed(source: str, name: str, label: str = "") -> str:
+    """``source`` with the solution block of the function (or method) ``name`` — the first block after its ``def`` —
+    left as the exercise leaves it: ``raise NotImplementedError(what to write)``, the rest of the solution kept."""
+    lines = source.splitlines(True)
+    start = next((i for i, line in enumerate(lines) if re.match(rf"\s*def {re.escape(name)}\(", line)), None)
+    assert start is not None, f"{label}: no def {name} in the solution"
+    begin = next(i for i in range(start, len(lines)) if "# BEGIN SOLUTION" in lines[i])
+    end = next(i for i in range(begin, len(lines)) if "# END SOLUTION" in lines[i])
+    indent, what = re.match(r"(\s*)# BEGIN SOLUTION(?::\s*(.*))?$", lines[begin].rstrip("\n")).groups()
+    return "".join(lines[:begin] + [f"{indent}raise NotImplementedError({(what or '').strip()!r})\n"] + lines[end + 1:])
 
 
 def load_variants(folder: Path, key: str, variants: dict) -> dict:

@@ -25,7 +25,9 @@ Nothing here raises at the learner: every outcome becomes a :class:`CheckResult`
 """
 from __future__ import annotations
 
+import linecache
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -142,8 +144,28 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _LIBRARY = ("/torch/", "/zerokit/", "/multiprocessing/", "/python3.", "/site-packages/", "<frozen")
 
 
+def _qualified(file: str, number: int, func: str) -> str:
+    """``Class.func`` when ``func`` at line ``number`` of ``file`` is a method (read from :mod:`linecache`, where
+    the loader registers a notebook's cells), else ``func`` — so that a ``forward`` says whose."""
+    lines = linecache.getlines(file)
+    indent = None
+    for line in reversed(lines[:number]):
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        depth = len(line) - len(stripped)
+        if indent is None:
+            if re.match(rf"(?:async\s+)?def {re.escape(func)}\b", stripped):
+                indent = depth
+        elif depth < indent:
+            enclosing = re.match(r"class (\w+)", stripped)
+            return f"{enclosing.group(1)}.{func}" if enclosing else func
+    return func
+
+
 def learner_frame(traceback_text: str, with_code: bool = True) -> str:
-    """``"func (code cell K, line N): code"`` for the deepest frame of the learner's own code, or ''."""
+    """``"func (code cell K, line N): code"`` for the deepest frame of the learner's own code, or ''; a method is
+    named with its class (``Class.func``) where the source is at hand."""
     lines = traceback_text.splitlines()
     found = ""
     for i, line in enumerate(lines):
@@ -153,7 +175,7 @@ def learner_frame(traceback_text: str, with_code: bool = True) -> str:
             cell = re.match(r"<.* cell (\d+)>$", file)
             place = f"code cell {cell.group(1)}, line {number}" if cell else f"{file.rsplit('/', 1)[-1]}, line {number}"
             code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
-            found = f"{func} ({place})" + (f": {code}" if code and with_code else "")
+            found = f"{_qualified(file, int(number), func)} ({place})" + (f": {code}" if code and with_code else "")
     return found
 
 
@@ -200,6 +222,36 @@ def _collectives_disagree(e: RankFailed) -> Optional[ScenarioError]:
     return None
 
 
+def not_implemented(traceback_text: str, what: str) -> str:
+    """A NotImplementedError in a learner's words: which of their functions is still unwritten, where, and what
+    its stub says to write."""
+    where = learner_frame(traceback_text, with_code=False) or "your code"
+    return f"not implemented yet — {where} still raises NotImplementedError: {what.strip() or 'write this part'}"
+
+
+def learner_call(fn, *args) -> dict:
+    """One call of a learner's function in the submission's process, for a scenario that checks a pure function on
+    its own (so that another function still unwritten fails only the checks that need it): ``{"value": ...}``, or
+    what it raised — ``{"not-implemented": the words :func:`not_implemented` uses}`` or ``{"raised": ...}``."""
+    try:
+        return {"value": fn(*args)}
+    except NotImplementedError as e:
+        return {"not-implemented": not_implemented("".join(traceback.format_exception(e)), str(e))}
+    except Exception as e:  # noqa: BLE001 - the learner's code raised: the check says what and where
+        where = learner_frame("".join(traceback.format_exception(e)))
+        return {"raised": f"{type(e).__name__}: {e}" + (f" in {where}" if where else "")}
+
+
+def learner_answer(outcome: dict, what: str):
+    """The value a :func:`learner_call` returned, or a :class:`Fail` saying what it raised (``what``: the call, as the
+    learner would write it)."""
+    if "not-implemented" in outcome:
+        raise Fail(outcome["not-implemented"], kind="not-implemented")
+    if "raised" in outcome:
+        raise Fail(f"{what} raised {outcome['raised']}")
+    return outcome["value"]
+
+
 def from_rank_failed(e: RankFailed) -> ScenarioError:
     lines = [line for line in e.traceback.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else "the rank died without a traceback"
@@ -207,10 +259,7 @@ def from_rank_failed(e: RankFailed) -> ScenarioError:
     if mistake:
         return ScenarioError(mistake.group(1), f"rank {e.rank}: {mistake.group(2)}", e.rank)
     if last.startswith("NotImplementedError"):
-        what = last.partition(":")[2].strip() or "write this part"
-        where = learner_frame(e.traceback, with_code=False) or "your code"
-        return ScenarioError("not-implemented", f"not implemented yet — {where} still raises "
-                                                f"NotImplementedError: {what}", e.rank)
+        return ScenarioError("not-implemented", not_implemented(e.traceback, last.partition(":")[2]), e.rank)
     disagree = _collectives_disagree(e)
     if disagree:
         return disagree
@@ -275,6 +324,8 @@ def run_scenario(scenario: Scenario, ns: dict, timeout_s: Optional[float] = None
         try:
             grader_conditions()
             return scenario.fn(None, ns, None)
+        except NotImplementedError as e:
+            return ScenarioError("not-implemented", not_implemented("".join(traceback.format_exception(e)), str(e)))
         except BaseException as e:  # noqa: BLE001 - SystemExit too: the measurement broke, a check says so
             first = str(e).splitlines()[0] if str(e) else ""
             return ScenarioError("error", f"the measured run failed: {type(e).__name__}: {first}")
@@ -374,10 +425,11 @@ def verdicts(exercise: Exercise, checks: Sequence[Check], ns, outcomes: dict) ->
                 outcome = ScenarioError("error", f"the run {c.scenario!r} brought back no measurements")
         owner = _owner(checks, c.scenario, outcome.kind) if isinstance(outcome, ScenarioError) else None
         result = _judge(c, outcome, ns, owner)
-        if isinstance(outcome, ScenarioError) and outcome.kind == "not-implemented":
-            if outcome.message in shown:  # said once is enough
-                result.detail = f"not implemented yet (see {shown[outcome.message]!r})"
-            shown.setdefault(outcome.message, c.name)
+        if not result.passed and result.kind == "not-implemented":
+            said = result.detail
+            if said in shown:  # said once is enough
+                result.detail = f"not implemented yet (see {shown[said]!r})"
+            shown.setdefault(said, c.name)
         results.append(result)
     return results
 

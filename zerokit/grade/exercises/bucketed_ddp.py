@@ -5,8 +5,10 @@ group=None)`` whose post-accumulate-grad hooks copy each gradient into its bucke
 launch the bucket's asynchronous all-reduce as soon as it is full, and whose ``finish()``
 (called after backward) waits for every bucket and copies the averages back into
 ``p.grad``. ``self.buckets`` (lists of parameters, in reduction order) is part of the
-interface. Graded on 2 ranks: an MLP in 3 buckets, and a model with tied weights
-(torch's reducer, picotron's DP wrapper; zerokit's ``ddp`` strategy).
+interface. Graded: ``make_buckets`` on its own (a pure function, called in the submission's
+process on the grader's MLP: a ``BucketedDDP`` still unwritten fails only the checks that need
+it); then on 2 ranks an MLP in 3 buckets, and a model with tied weights (torch's reducer,
+picotron's DP wrapper; zerokit's ``ddp`` strategy).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from ... import theory
 from .. import reference as ref
-from ..core import Check, Exercise, Fail, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 from ..probe import Mistake
 from .common import same_params, unwaited
 
@@ -47,6 +49,20 @@ def _run(make_model, get_batch, loss_fn, bucket_numel):
             optimizer.zero_grad()
         return {**out, "params": ref.named_params(model), "calls": probe.calls()}
     return fn
+
+
+def _buckets(ctx, ns, probe):
+    """Scenario ``buckets`` (no ranks, in the submission's process): make_buckets on its own — a pure function — on
+    the grader's MLP's parameters, so that a BucketedDDP still unwritten fails only the checks that need it. The
+    buckets as parameter names, or what the call raised."""
+    model = ref.mlp()
+    names = {p: n for n, p in model.named_parameters()}
+
+    def buckets():
+        return [[names.get(p, "?") for p in bucket] for bucket in ns["make_buckets"](list(model.parameters()),
+                                                                                      BUCKET_NUMEL)]
+
+    return learner_call(buckets)
 
 
 def _refuse_duplicates(buckets, names, holders) -> None:
@@ -84,13 +100,13 @@ def expected_buckets(named_sizes, bucket_numel):
 def _judge_buckets(results, ns):
     sizes = [(n, p.numel()) for n, p in ref.mlp().named_parameters()]
     expected = expected_buckets(sizes, BUCKET_NUMEL)
-    got = results[0]["buckets"]
+    got = learner_answer(results, f"make_buckets(params, bucket_numel={BUCKET_NUMEL})")
     if got != expected:
         why = ""
         if got and got[0] and got[0][0] == sizes[0][0]:
             why = ": the first bucket starts with the first layer — backward produces the last layer's gradients " \
                   "first, so buckets are filled in reverse registration order"
-        raise Fail(f"buckets for bucket_numel = {BUCKET_NUMEL} differ from the rule{why}", expected, got, 0)
+        raise Fail(f"buckets for bucket_numel = {BUCKET_NUMEL} differ from the rule{why}", expected, got)
     return f"{len(expected)} buckets, last layer first: {expected}"
 
 
@@ -180,11 +196,12 @@ EXERCISE = Exercise(
     title="Bucketed, overlapped data parallelism",
     minutes=50,
     needs=("make_buckets", "BucketedDDP"),
-    scenarios={"train": Scenario("train", 2, _run(ref.mlp, ref.batch, ref.mse, BUCKET_NUMEL)),
+    scenarios={"buckets": Scenario("buckets", 0, _buckets),
+               "train": Scenario("train", 2, _run(ref.mlp, ref.batch, ref.mse, BUCKET_NUMEL)),
                "tied": Scenario("tied", 2, _run(ref.tied_lm, ref.token_batch, ref.cross_entropy,
                                                 TIED_BUCKET_NUMEL))},
     checks=[
-        Check("buckets", 2, "train", _judge_buckets,
+        Check("buckets", 2, "buckets", _judge_buckets,
               "buckets hold parameters in reverse registration order (backward's order); a bucket closes once it "
               "holds bucket_numel elements"),
         Check("same-as-one-process", 3, "train", _judge_gradients,

@@ -25,7 +25,7 @@ import torch
 from ... import theory
 from ...checkpointing.measure import scale_chain
 from ...runtime.memory import MemoryLedger
-from ..core import Check, Exercise, Fail, learner_frame, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 
 N = 2
 BLOCKS, ROWS, WIDTH = 9, 4, 16
@@ -114,38 +114,14 @@ def _run(ctx, ns, probe):
 SEGMENT_CASES = ((9, 3), (8, 3), (5, 1), (4, 4), (7, 2))
 
 
-def _call(fn, *args) -> dict:
-    """One call of the learner's, in the submission's process: ``{"value": ...}``, or what it raised —
-    ``{"not-implemented": the words core uses for a rank's NotImplementedError}`` or ``{"raised": ...}``."""
-    import traceback
-
-    try:
-        return {"value": fn(*args)}
-    except NotImplementedError as e:
-        where = learner_frame("".join(traceback.format_exception(e)), with_code=False) or "your code"
-        return {"not-implemented": f"not implemented yet — {where} still raises NotImplementedError: {e}"}
-    except Exception as e:  # noqa: BLE001 - the learner's code raised: the check says what and where
-        where = learner_frame("".join(traceback.format_exception(e)))
-        return {"raised": f"{type(e).__name__}: {e}" + (f" in {where}" if where else "")}
-
-
 def _calls(ctx, ns, probe) -> dict:
     """Scenario ``calls`` (no ranks, in the submission's process): segments(n, k) and best_k(n, A, X) on every
     case, each answer as a list or a number (or what the call raised)."""
     def segments(n, k):
         return [tuple(s) for s in ns["segments"](n, k)]
 
-    return {"segments": [_call(segments, n, k) for n, k in SEGMENT_CASES],
-            "best_k": [_call(ns["best_k"], n, a, x) for n, a, x in CASES]}
-
-
-def _answer(outcome: dict, call: str):
-    """The value a call returned, or a :class:`Fail` saying what it raised."""
-    if "not-implemented" in outcome:
-        raise Fail(outcome["not-implemented"], kind="not-implemented")
-    if "raised" in outcome:
-        raise Fail(f"{call} raised {outcome['raised']}")
-    return outcome["value"]
+    return {"segments": [learner_call(segments, n, k) for n, k in SEGMENT_CASES],
+            "best_k": [learner_call(ns["best_k"], n, a, x) for n, a, x in CASES]}
 
 
 def _expected_segments(n, k):
@@ -155,7 +131,7 @@ def _expected_segments(n, k):
 def _judge_segments(results, ns):
     for (n, k), outcome in zip(SEGMENT_CASES, results["segments"]):
         want = _expected_segments(n, k)
-        got = _answer(outcome, f"segments({n}, {k})")
+        got = learner_answer(outcome, f"segments({n}, {k})")
         if got != want:
             why = ""
             if got == want[:-1] and n % k:
@@ -269,7 +245,7 @@ def _formula_best(n, a, x):
 def _judge_best_k(results, ns):
     for (n, a, x), outcome in zip(CASES, results["best_k"]):
         want = _formula_best(n, a, x)
-        got = _answer(outcome, f"best_k({n}, A={a}, X={x})")
+        got = learner_answer(outcome, f"best_k({n}, A={a}, X={x})")
         if got != want:
             cost = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=want)
             mine = theory.checkpointed_activation_bytes(n, a, x, "every-k", segment_layers=got) \

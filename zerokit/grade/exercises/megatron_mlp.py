@@ -4,10 +4,11 @@ Interface: ``CopyToTensorParallelRegion`` (f: identity forward, all-reduce backw
 ``ReduceFromTensorParallelRegion`` (g: all-reduce forward, identity backward) as
 ``torch.autograd.Function``\\ s, each ``apply(x, group)``; ``shard_mlp(w1, b1, w2, rank,
 world_size)`` (w1 and b1 by output features, w2 by input features); ``parallel_mlp(x, w1_shard,
-b1_shard, w2_shard, b2, group=None)``. Graded on 2 ranks: f and g alone (forward and
-backward), the shards, the MLP (run on the grader's shards, so that each part is judged on
-its own) — output and every gradient against the unsharded MLP — and
-the traffic against :func:`zerokit.theory.tp_comm_bytes_per_step`.
+b1_shard, w2_shard, b2, group=None)``. Graded: the shards on their own (``shard_mlp`` is a pure
+function, called in the submission's process as each rank would call it); then on 2 ranks f and
+g alone (forward and backward), the MLP (run on the grader's shards, so that each part is
+judged on its own) — output and every gradient against the unsharded MLP — and the traffic
+against :func:`zerokit.theory.tp_comm_bytes_per_step`.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import theory
-from ..core import Check, Exercise, Fail, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 
 N = 2
 B, S, H, FFN = 2, 3, 8, 16
@@ -36,6 +37,17 @@ def unsharded(x, w1, b1, w2, b2):
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
 
+def _shards(ctx, ns, probe):
+    """Scenario ``shards`` (no ranks, in the submission's process): shard_mlp on its own — a pure function — called
+    as each of the N ranks would call it, so that an f, g or parallel_mlp still unwritten fails only the checks that
+    need it. Each rank's three shards, or what the call raised."""
+    def shards(rank):
+        w1, b1, w2, _ = weights()
+        return [t.detach().clone() for t in ns["shard_mlp"](w1, b1, w2, rank, N)]
+
+    return [learner_call(shards, rank) for rank in range(N)]
+
+
 def _run(ctx, ns, probe):
     rank = ctx.rank
     x, target = inputs()
@@ -52,8 +64,7 @@ def _run(ctx, ns, probe):
         yg = ns["ReduceFromTensorParallelRegion"].apply(z, None)
         yg.backward(target)
         out["g"] = {"in": z.detach(), "out": yg.detach(), "grad": z.grad}
-    w1, b1, w2, b2 = weights()
-    out["shards"] = [t.detach().clone() for t in ns["shard_mlp"](w1, b1, w2, rank, ctx.world_size)]
+    b2 = weights()[3]
     # the MLP runs on the grader's shards, so that parallel_mlp is judged on its own
     leaves = [t.detach().clone().requires_grad_() for t in expected_shards(rank, ctx.world_size)]
     xm, b2m = x.clone().requires_grad_(), b2.clone().requires_grad_()
@@ -124,8 +135,9 @@ def _judge_g(results, ns):
 
 def _judge_shards(results, ns):
     names = ("w1_shard", "b1_shard", "w2_shard")
-    for rank, r in enumerate(results):
-        for name, got, want in zip(names, r["shards"], expected_shards(rank, len(results))):
+    for rank, outcome in enumerate(results):
+        got_shards = learner_answer(outcome, f"shard_mlp(w1, b1, w2, rank={rank}, world_size={len(results)})")
+        for name, got, want in zip(names, got_shards, expected_shards(rank, len(results))):
             if not _close(got, want, 0):
                 why = ""
                 if name == "w1_shard" and tuple(got.shape) == (FFN, H // len(results)):
@@ -182,11 +194,11 @@ EXERCISE = Exercise(
     title="Megatron's f and g, and a column → row parallel MLP",
     minutes=40,
     needs=("CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion", "shard_mlp", "parallel_mlp"),
-    scenarios={"tp": Scenario("tp", N, _run)},
+    scenarios={"shards": Scenario("shards", 0, _shards), "tp": Scenario("tp", N, _run)},
     checks=[
         Check("f", 2, "tp", _judge_f, "f enters the tensor-parallel region: identity forward, all-reduce backward"),
         Check("g", 2, "tp", _judge_g, "g leaves it: all-reduce forward, identity backward — f's conjugate"),
-        Check("shards", 1, "tp", _judge_shards,
+        Check("shards", 1, "shards", _judge_shards,
               "column-parallel: A = [A_1 … A_t] by output features; row-parallel: B by input features (Megatron §3)"),
         Check("same-as-unsharded", 3, "tp", _judge_mlp,
               "Y = GeLU(f(X)·A_i)·B_i, then g sums: the unsharded output, with no communication in between"),

@@ -2,8 +2,10 @@
 
 Interface: ``shard_batch(inputs, targets, rank, world_size)`` returns this rank's 1/N of
 the global batch; ``average_gradients(model, group=None)`` makes every ``p.grad`` the mean
-over the ranks, after backward. Graded by three SGD steps of a small MLP on 2 ranks
-against one process training on the whole batch (ZeRO §2.1: DDP), and by the all-reduce
+over the ranks, after backward. ``shard_batch`` is graded on its own, called as each of 2
+ranks would call it (a pure function: an ``average_gradients`` still unwritten fails only the
+checks that need it); then three SGD steps of the grader's MLP (:func:`..reference.mlp`) on 2
+ranks against one process training on the whole batch (ZeRO §2.1: DDP), and the all-reduce
 traffic against :func:`zerokit.theory.comm_bytes_per_step` (stage 0).
 """
 from __future__ import annotations
@@ -12,11 +14,13 @@ import torch
 
 from ... import theory
 from .. import reference as ref
-from ..core import Check, Exercise, Fail, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 from .common import per_step_traffic
 
 STEPS = 3
 LR = 0.1
+#: ranks in both scenarios
+N = 2
 
 
 def _row_of(batch: torch.Tensor, row: torch.Tensor) -> int:
@@ -26,6 +30,35 @@ def _row_of(batch: torch.Tensor, row: torch.Tensor) -> int:
     return -1
 
 
+def _shards(ctx, ns, probe):
+    """Scenario ``shards`` (no ranks, in the submission's process): shard_batch on its own — it is a pure function —
+    called as each of the N ranks would call it on step 0's batch, so that an average_gradients still unwritten
+    fails only the checks that need it. Each rank's answer: the rows of the global batch it took (-1: not a row of
+    it), or what the call raised."""
+    x, y = ref.batch(0)
+    answers = []
+    for rank in range(N):
+        outcome = learner_call(ns["shard_batch"], x, y, rank, N)
+        if "value" in outcome:
+            got = outcome["value"]
+            pair = isinstance(got, (tuple, list)) and len(got) == 2
+            if pair and all(torch.is_tensor(t) and t.dim() == 2 for t in got):
+                outcome = {"value": ([_row_of(x, row) for row in got[0]], [_row_of(y, row) for row in got[1]])}
+            else:
+                outcome = {"returned": _shape_of(got)}
+        answers.append(outcome)
+    return answers
+
+
+def _shape_of(value) -> str:
+    """What a call returned, in a few words."""
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}: " + ", ".join(_shape_of(v) for v in value[:3])
+    if torch.is_tensor(value):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
 def _train(ctx, ns, probe):
     model = ref.mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -33,9 +66,6 @@ def _train(ctx, ns, probe):
     for step in range(STEPS):
         x, y = ref.batch(step)
         xs, ys = ns["shard_batch"](x, y, ctx.rank, ctx.world_size)
-        if step == 0:
-            out["rows"] = [_row_of(x, row) for row in xs]
-            out["target_rows"] = [_row_of(y, row) for row in ys]
         with probe.phase("backward"):
             ref.mse(model(xs), ys).backward()
         if step == 0:
@@ -56,13 +86,16 @@ def reference_run():
 def _judge_shard(results, ns):
     n, rows = len(results), ref.batch(0)[0].shape[0]
     seen: dict = {}
-    for rank, r in enumerate(results):
-        mine = r["rows"]
+    for rank, outcome in enumerate(results):
+        if "returned" in outcome:
+            raise Fail(f"shard_batch(inputs, targets, rank={rank}, world_size={n}) returned {outcome['returned']}: "
+                       f"return the pair (inputs, targets), each this rank's rows of the batch", rank=rank)
+        mine, target_rows = learner_answer(outcome, f"shard_batch(inputs, targets, rank={rank}, world_size={n})")
         if len(mine) != rows // n:
             raise Fail(f"rank {rank} trains on {len(mine)} rows of the global batch of {rows}; with N = {n} ranks "
                        f"each takes {rows // n}" + (" — every rank took the whole batch" if len(mine) == rows else ""),
                        rows // n, len(mine), rank)
-        if -1 in mine or r["target_rows"] != mine:
+        if -1 in mine or target_rows != mine:
             raise Fail(f"rank {rank}'s inputs or targets are not rows of the global batch, or they no longer "
                        f"match each other: slice inputs and targets the same way", rank=rank)
         for i in mine:
@@ -126,9 +159,9 @@ EXERCISE = Exercise(
     title="Naive data parallelism: average after backward",
     minutes=25,
     needs=("shard_batch", "average_gradients"),
-    scenarios={"train": Scenario("train", 2, _train)},
+    scenarios={"shards": Scenario("shards", 0, _shards), "train": Scenario("train", N, _train)},
     checks=[
-        Check("batch-shards", 2, "train", _judge_shard,
+        Check("batch-shards", 2, "shards", _judge_shard,
               "data parallelism splits the global batch: rank r trains on rows [r·B/N, (r+1)·B/N)"),
         Check("mean-gradient", 3, "train", _judge_mean,
               "with a mean loss, the whole batch's gradient is the mean of the ranks' gradients: sum with an "

@@ -5,9 +5,11 @@ float32 scale per block of ``block_size`` consecutive elements, the last block s
 ``block_size`` does not divide the size; ``dequantize(q, scales, block_size, numel)`` → the
 ``numel`` float32 values; ``quantized_all_gather(shard, block_size, group=None)`` → every
 rank's shard, quantized by its owner, gathered as codes and scales through
-``zerokit.comm.all_gather`` and dequantized chunk by chunk. Graded on 3 ranks in one launch:
-the codec on one tensor (a short last block, an all-zero block, magnitudes 10⁵ apart), the
-gather on the 3 ranks and on a group of 2 of them (shard sizes that blocks do not divide),
+``zerokit.comm.all_gather`` and dequantized chunk by chunk. Graded: the codec on its own (pure
+functions, called in the submission's process: a ``quantized_all_gather`` still unwritten
+fails only the checks that need it) on one tensor (a short last block, an all-zero block,
+magnitudes 10⁵ apart); then, on 3 ranks in one launch, the gather on the 3 ranks and on a
+group of 2 of them (shard sizes that blocks do not divide),
 judged against :mod:`zerokit.theory.zeropp`: each scale = its block's absmax/127
 (:func:`~zerokit.theory.zeropp.block_quantization_scale`), each element within half its own
 block's scale (:func:`~zerokit.theory.zeropp.block_quantization_error_bound`), and the
@@ -22,7 +24,7 @@ import torch
 
 from ... import theory
 from ...theory import zeropp
-from ..core import Check, Exercise, Fail, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 
 N = 3
 QMAX = zeropp.quantization_levels(8)
@@ -59,14 +61,29 @@ def _copy(value):
     return value.detach().clone() if torch.is_tensor(value) else value
 
 
+def _codec(ctx, ns, probe):
+    """Scenario ``codec`` (no ranks, in the submission's process): quantize and dequantize on their own — pure
+    functions — on the codec's tensor, so that a quantized_all_gather still unwritten fails only the checks that
+    need it, and a dequantize still unwritten only the round trip. Each call's answer, or what it raised."""
+    x = codec_tensor()
+
+    def quantized():
+        q, scales = ns["quantize"](x.clone(), CODEC_BLOCK)
+        return _copy(q), _copy(scales)
+
+    coded = learner_call(quantized)
+    out = {"quantize": coded}
+    if "value" in coded:
+        q, scales = coded["value"]
+        out["dequantize"] = learner_call(lambda: _copy(ns["dequantize"](q, scales, CODEC_BLOCK, CODEC_NUMEL)))
+    return out
+
+
 def _run(ctx, ns, probe):
     import torch.distributed as dist
 
     rank = ctx.rank
-    x = codec_tensor()
-    q, scales = ns["quantize"](x.clone(), CODEC_BLOCK)
-    out = {"q": _copy(q), "scales": _copy(scales),
-           "deq": _copy(ns["dequantize"](q, scales, CODEC_BLOCK, CODEC_NUMEL))}
+    out = {}
     pair = dist.new_group(list(range(2)))
     for phase, n, _, block in GATHERS:
         group = None if phase == "world" else pair
@@ -173,8 +190,8 @@ def _diagnose(x: torch.Tensor, got, block: int, what: str, rank=None) -> None:
 # --- the judges ------------------------------------------------------------------------------------------------
 
 def _judge_codec(results, ns):
-    r = results[0]
-    q, scales, x = r["q"], r["scales"], codec_tensor()
+    q, scales = learner_answer(results["quantize"], f"quantize(x, block_size={CODEC_BLOCK})")
+    x = codec_tensor()
     blocks = -(-CODEC_NUMEL // CODEC_BLOCK)
     if not torch.is_tensor(q) or q.dtype != torch.int8:
         kind = q.dtype if torch.is_tensor(q) else type(q).__name__
@@ -223,8 +240,11 @@ def _judge_codec(results, ns):
 
 def _judge_round_trip(results, ns):
     x = codec_tensor()
-    _diagnose(x, results[0]["deq"], CODEC_BLOCK, "dequantize(quantize(x))")
-    worst = float(((results[0]["deq"] - x).abs() / bound(x, CODEC_BLOCK).clamp_min(1e-30)).max())
+    learner_answer(results["quantize"], f"quantize(x, block_size={CODEC_BLOCK})")
+    deq = learner_answer(results["dequantize"], f"dequantize(q, scales, block_size={CODEC_BLOCK}, "
+                                                f"numel={CODEC_NUMEL})")
+    _diagnose(x, deq, CODEC_BLOCK, "dequantize(quantize(x))")
+    worst = float(((deq - x).abs() / bound(x, CODEC_BLOCK).clamp_min(1e-30)).max())
     return (f"every element within half its own block's scale (worst at {worst:.0%} of the bound), the short last "
             f"block included, the all-zero block exactly 0")
 
@@ -295,12 +315,12 @@ EXERCISE = Exercise(
     title="A block-quantized all-gather (ZeRO++'s qwZ)",
     minutes=30,
     needs=("quantize", "dequantize", "quantized_all_gather"),
-    scenarios={"gather": Scenario("gather", N, _run)},
+    scenarios={"codec": Scenario("codec", 0, _codec), "gather": Scenario("gather", N, _run)},
     checks=[
-        Check("codec", 2, "gather", _judge_codec,
+        Check("codec", 2, "codec", _judge_codec,
               "symmetric block quantization: one scale per block, absmax/127, 1 for an all-zero block; int8 codes "
               "clamped to [−127, 127]"),
-        Check("round-trip", 3, "gather", _judge_round_trip,
+        Check("round-trip", 3, "codec", _judge_round_trip,
               "every element comes back within half its own block's scale: code × that block's scale, the short "
               "last block a block of its own"),
         Check("all-gather", 3, "gather", _judge_gather,

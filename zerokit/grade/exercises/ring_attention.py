@@ -3,10 +3,11 @@ FlashAttention).
 
 Interface: ``merge(out, lse, block_out, block_lse)`` → ``(out, lse)`` and ``ring_forward(q, k, v, positions,
 all_positions, group)`` → ``(out, lse)``; the given ``ring_shift`` (send to the next rank, receive from the
-previous, through :mod:`zerokit.comm`), the given backward and ``ring_attention`` around both. Graded on 2
-ranks, in one launch: ``merge`` alone on two blocks of keys (with fully masked rows) against the softmax over
-both; the ring on the zig-zag chunks of :mod:`zerokit.context_parallel.layout` — output and dQ, dK, dV put back
-in sequence order against one process's causal attention — and the bytes each rank sent on the ring (the
+previous, through :mod:`zerokit.comm`), the given backward and ``ring_attention`` around both. Graded: ``merge``
+on its own (a pure function, called in the submission's process: a ``ring_forward`` still unwritten fails only
+the checks that need it) on two blocks of keys (with fully masked rows) against the softmax over both; then, on
+2 ranks, the ring on the zig-zag chunks of :mod:`zerokit.context_parallel.layout` — output and dQ, dK, dV put
+back in sequence order against one process's causal attention — and the bytes each rank sent on the ring (the
 communication ledger, forward and backward) against :func:`zerokit.theory.ring_attention_bytes`. The library's
 version: :mod:`zerokit.context_parallel.ring_attention`.
 """
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from ... import theory
 from ...context_parallel import layout
 from ...runtime import comm
-from ..core import Check, Exercise, Fail, Scenario
+from ..core import Check, Exercise, Fail, learner_answer, learner_call, Scenario
 
 N = 2
 B, H, T, D = 2, 2, 16, 8
@@ -50,16 +51,23 @@ def block_result(s, v):
     return p @ v, lse
 
 
+def _merge(ctx, ns, probe):
+    """Scenario ``merge`` (no ranks, in the submission's process): merge on its own — a pure function — two blocks
+    merged from (0, −∞), so that a ring_forward still unwritten fails only the checks that need it."""
+    scores, values = merge_inputs()
+    first, second = block_result(scores[0], values[0]), block_result(scores[1], values[1])
+
+    def merged():
+        running = (torch.zeros(ROWS, VD), torch.full((ROWS,), float("-inf")))
+        running = ns["merge"](*running, *first)
+        return [t.detach() for t in ns["merge"](*running, *second)]
+
+    return learner_call(merged)
+
+
 def _run(ctx, ns, probe):
     rank, n = ctx.rank, ctx.world_size
     out = {}
-    scores, values = merge_inputs()
-    first, second = block_result(scores[0], values[0]), block_result(scores[1], values[1])
-    running = (torch.zeros(ROWS, VD), torch.full((ROWS,), float("-inf")))
-    running = ns["merge"](*running, *first)
-    merged = ns["merge"](*running, *second)
-    out["merge"] = [t.detach() for t in merged]
-
     q, k, v, dout = inputs()
     mine = [layout.split(t, rank, n, dim=2).clone().requires_grad_(i < 3) for i, t in enumerate((q, k, v, dout))]
     every = torch.stack([layout.positions(r, n, T) for r in range(n)])
@@ -112,7 +120,7 @@ def _judge_merge(results, ns):
     full = torch.cat(scores, -1)
     want_out = torch.softmax(full, -1) @ torch.cat(values, 0)
     want_lse = torch.logsumexp(full, -1)
-    got_out, got_lse = results[0]["merge"]
+    got_out, got_lse = learner_answer(results, "merge(out, lse, block_out, block_lse)")
     if torch.isnan(got_out).any() or torch.isnan(got_lse).any():
         rows = sorted({int(i) for i in torch.nonzero(torch.isnan(got_out))[:, 0]} |
                       {int(i) for i in torch.nonzero(torch.isnan(got_lse))[:, 0]})
@@ -200,9 +208,9 @@ EXERCISE = Exercise(
     title="Ring attention's online softmax",
     minutes=40,
     needs=("merge", "ring_forward", "ring_attention"),
-    scenarios={"ring": Scenario("ring", N, _run)},
+    scenarios={"merge": Scenario("merge", 0, _merge), "ring": Scenario("ring", N, _run)},
     checks=[
-        Check("merge", 2, "ring", _judge_merge,
+        Check("merge", 2, "merge", _judge_merge,
               "each block's output is normalised by its own sum: rescale both by e^(ℓ_own − ℓ_merged), "
               "ℓ_merged = logaddexp"),
         Check("same-as-one-process", 3, "ring", _judge_output,

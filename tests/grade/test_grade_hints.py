@@ -1,0 +1,56 @@
+"""Hints that teach rather than tell: a check fails only for the function it is about, a wrong gradient is named in
+the grader's model the learner can picture, and an exercise's hints go from the concept to the code in steps.
+
+- a pure function (02's ``shard_batch``, 03's ``make_buckets``, 07's ``shard_mlp``, 15's ``merge``, 17's
+  ``quantize``/``dequantize``) is checked on its own: with it right and another function still unwritten, its
+  check passes and the others name the unwritten function (a method with its class);
+- a partial reduction (exercise 02, the biases never all-reduced) lists the gradients never reduced, by name, and
+  says which model the grader uses;
+- exercise 02's demo prints the single-process reference beside the ranks' weights, so that forgetting to divide
+  by N shows there (both ranks agree on the wrong answer);
+- every exercise's first hint names the concept without code, and only the last shows code.
+
+The wrong answers are the solutions with small edits (``planted.py``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from zerokit.grade import grade
+
+from planted import solution, stubbed
+
+#: (exercise, the function left unwritten, the check that still passes, a check that fails, the name it gives)
+UNWRITTEN = [
+    ("02_naive_ddp", "average_gradients", "batch-shards", "mean-gradient", "average_gradients"),
+    ("03_bucketed_ddp", "__init__", "buckets", "same-as-one-process", "BucketedDDP.__init__"),
+    ("07_megatron_mlp", "forward", "shards", "f", "CopyToTensorParallelRegion.forward"),
+    ("15_ring_attention", "ring_forward", "merge", "same-as-one-process", "ring_forward"),
+    ("17_quantized_allgather", "quantized_all_gather", "round-trip", "all-gather", "quantized_all_gather"),
+    ("17_quantized_allgather", "dequantize", "codec", "round-trip", "dequantize"),
+]
+
+
+@pytest.mark.parametrize("key, unwritten, passes, fails, named", UNWRITTEN,
+                         ids=[f"{u[0][:2]}-{u[1]}" for u in UNWRITTEN])
+def test_a_pure_function_is_checked_on_its_own(tmp_path, key, unwritten, passes, fails, named):
+    path = tmp_path / f"{key}.py"
+    path.write_text(stubbed(solution(key), unwritten, key))
+    report = grade(path, checks=[passes, fails])
+    assert report.result(passes).passed, report.text()
+    failed = report.result(fails)
+    assert not failed.passed and failed.kind == "not-implemented"
+    assert failed.detail.startswith(f"not implemented yet — {named} ("), failed.detail
+    assert "still raises NotImplementedError: " in failed.detail
+
+
+def test_the_unwritten_pure_function_fails_its_own_check_by_name(tmp_path):
+    """shard_batch unwritten, average_gradients right: batch-shards names shard_batch; the run that needs it says
+    so once and the other checks point to it."""
+    path = tmp_path / "02_naive_ddp.py"
+    path.write_text(stubbed(solution("02_naive_ddp"), "shard_batch"))
+    report = grade(path)
+    shards = report.result("batch-shards")
+    assert shards.detail.startswith("not implemented yet — shard_batch (02_naive_ddp.py, line "), shards.detail
+    assert report.result("mean-gradient").detail == "not implemented yet (see 'batch-shards')"
+    assert report.status == "not started"
