@@ -348,8 +348,10 @@ course.CollectivePanel(ops=("all_reduce", "reduce_scatter", "all_gather"), world
 #
 #    <details><summary>Answer</summary>
 #
-#    Nothing in bytes: each all-reduce becomes a reduce-scatter and an all-gather of the same
-#    total; it saves the LayerNorm/dropout activations and compute (the bars).
+#    Nothing in bytes (the bars: the same per layer): each all-reduce becomes a reduce-scatter
+#    and an all-gather of the same total, twice the calls. What it saves is the LayerNorm and
+#    dropout activations and compute, each rank keeping `s/t` of the sequence in those regions
+#    (Korthikanti et al. §4.2.2; not measured in this lesson).
 #
 #    </details>
 
