@@ -1,10 +1,12 @@
 # %% [markdown]
 # # 13 · Your own model: one line from DDP to ZeRO-3
 #
-# **The question.** The seed trains with *"model_engine, optimizer, _, _ =
-# deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)"*
-# and a `zero_optimization` block at stage 3. The lessons so far trained zerokit's own
-# model through `zerokit.train`. What does it take to put *your* model — written by you,
+# **The question.** The seed ([docs/seed.md](../docs/seed.md)) trains with
+# `model = deepspeed.initialize(model=model, model_parameters=params, config={…})` and a
+# `zero_optimization` block at stage 3 (its own line; `deepspeed.initialize` returns four
+# things — the engine, the optimizer, a data loader and a scheduler — hence DeepSpeed's
+# `model_engine, optimizer, _, _ = deepspeed.initialize(…)`). The lessons so far trained
+# zerokit's own model through `zerokit.train`. What does it take to put *your* model — written by you,
 # with a tied head and a frozen weight — under DDP, ZeRO-1, ZeRO-2 and ZeRO-3 in *your*
 # training loop? Does the loop change, does it still train the same model, and does each
 # rank hold what the formulas say?
@@ -825,8 +827,8 @@ course.PlanPanel(preset="gpt2-1.5b", gpus=8, gpu_memory_gb=16, strategy="zero3",
 #
 # - Your own model goes under DDP, ZeRO-1, ZeRO-2 and ZeRO-3 with one line in your loop:
 #   `zerokit.DistributedDataParallel(model)`, `zerokit.ShardedOptimizer(params, Adam, …)`,
-#   or `zerokit.initialize(model=…, model_parameters=…, config=ds_config)` — the seed's
-#   DeepSpeed snippet with `deepspeed` replaced by `zerokit`.
+#   or `engine, _, _, _ = zerokit.initialize(model=…, model_parameters=…, config=ds_config)` —
+#   DeepSpeed's call, as the seed makes it, with `deepspeed` replaced by `zerokit`.
 # - It trains the same model: every setup's losses equal a single process's to fp32
 #   rounding (within 1e-5, with SGD and with AdamW).
 # - Each rank holds what `theory.model_state_bytes` says, to the byte, with a tied head

@@ -54,12 +54,14 @@ class _Holder(nn.Module):
 
 def _in_torch_ddp() -> set:
     """ids of the parameters of every live torch ``DistributedDataParallel`` (torch's reducer keeps no mark on a
-    parameter, so the modules are looked up among the objects the garbage collector tracks)."""
+    parameter, so the modules are looked up among the objects the garbage collector tracks). Each object's type is
+    asked, never the object: ``isinstance`` reads ``obj.__class__``, which for torch's deprecated
+    ``torch.distributed.reduce_op`` warns (a FutureWarning on every walk)."""
     import gc
 
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    return {id(p) for obj in gc.get_objects() if isinstance(obj, TorchDDP) for p in obj.module.parameters()}
+    return {id(p) for obj in gc.get_objects() if issubclass(type(obj), TorchDDP) for p in obj.module.parameters()}
 
 
 def _groups(params) -> List[dict]:
