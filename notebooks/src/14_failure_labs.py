@@ -305,8 +305,9 @@ course.table([{"loop": "no_sync on the first micro-batch", "ring bytes per step 
 #
 # </details>
 #
-# Measured from the launch to the error (noisy: 2 shared CPU cores), against the timeout the
-# labs were given. Nothing waited for the timeout: gloo fails as soon as a peer's socket closes
+# Measured from the launch to the error (noisy on a shared machine), against the timeout the
+# labs were given. Nothing waited for the timeout (the check cell under the picture holds the
+# slowest below it): gloo fails as soon as a peer's socket closes
 # or sizes disagree, the checks fail before the collective, and the heartbeat (`heartbeat_s`)
 # stops a stalled job as soon as no rank has entered or left a collective for that long.
 
@@ -362,8 +363,8 @@ assert (shapes.cause, shapes.op) == ("CollectiveMismatch", "reduce_scatter")
 # queued collectives against the process group's `timeout` (10 minutes by default for NCCL).
 # `TORCH_NCCL_ASYNC_ERROR_HANDLING` says what it does then (older torch:
 # `NCCL_ASYNC_ERROR_HANDLING`): 1 aborts the communicator and tears the process down (torchrun
-# sets 1), 3 tears it down without the abort, 2 only aborts, 0 does nothing — and the job
-# hangs for good. Either way the launcher sees a crash *after the timeout*, not at once. Hence,
+# sets 1); 3, the default, tears it down without the abort; 2 only aborts; 0 does nothing, and
+# the job hangs for good. Either way the launcher sees a crash *after the timeout*, not at once. Hence,
 # on GPUs:
 #
 # - pass a short `timeout=` to `init_process_group` while debugging (zerokit sets it from
