@@ -214,7 +214,7 @@ def step_stats(result):
 (t_ring, s_ring), (t_uly, s_uly) = step_stats(runs["ring"]), step_stats(runs["ulysses"])
 course.show(course.speed_sentence(
     "ring attention", t_ring, "Ulysses", t_uly, spread=max(s_ring, s_uly),
-    elsewhere="Two ranks on two shared cores say little about either: on GPUs the ring's transfers overlap "
+    elsewhere="Ranks sharing a CPU's cores say little about either: on GPUs the ring's transfers overlap "
               "with the attention on the block already held where that compute takes longer than the transfer, "
               "while Ulysses' all-to-alls sit between its steps and are bounded by the slowest link of the group."))
 
@@ -248,8 +248,8 @@ course.show(f"On this run the ranks waited {waited:.1f} ms in all for the ring's
             f"{covered:.1f} ms of block compute ran inside their windows: "
             + ("more compute covered the transfers than the ranks still waited for them."
                if covered > waited else
-               "the ranks waited longer than the blocks took — on two shared CPU cores the transfers and the "
-               "compute compete for the same cores, so there is little to overlap with; on GPUs the sends are "
+               "the ranks waited longer than the blocks took — where the ranks share CPU cores, the transfers and "
+               "the compute compete for them, so there is little to overlap with; on GPUs the sends are "
                "NCCL kernels on a stream of their own, taking a few SMs and some memory bandwidth while the other "
                "SMs compute: overlap lowers their cost, it does not remove it.")
             + " Whether the wait shrinks to nothing depends on a block's attention taking longer than a hop.")
@@ -269,9 +269,9 @@ for rank in traced.ranks:
 # ### How each scales with cp
 #
 # Hold the sequence fixed and grow cp: a rank's block |K| = K_s / cp shrinks (K_s: the whole
-# sequence's key bytes per layer). The ring sends (6·cp − 4)·|K| per layer per rank — about
-# 6·K_s whatever cp is — while Ulysses sends 8·(cp − 1)/cp·|K|, which falls as 1/cp. Per layer,
-# per rank, from the formulas, in units of K_s:
+# sequence's key bytes per layer). The ring sends (6·cp − 4)·|K| = (6 − 4/cp)·K_s per layer per
+# rank — 4·K_s at cp = 2, rising towards 6·K_s, never falling — while Ulysses sends
+# 8·(cp − 1)/cp·|K|, which falls as 1/cp. Per layer, per rank, from the formulas, in units of K_s:
 
 # %%
 scaling = []
@@ -375,7 +375,7 @@ course.ContextPanel(work, cp=2, attention="ring", report=Report([single, runs["r
 #   by token. Measured here: activations per rank = one process's ÷ cp, plus a few counted
 #   bytes (the ring's positions table; Ulysses' softmax of its heads over the whole sequence).
 # - **Ring attention** passes K/V blocks to the neighbour, cp − 1 hops, merging with the
-#   online softmax: (6·cp − 4)·|K| per layer per rank, about constant in cp; each send is
+#   online softmax: (6·cp − 4)·|K| per layer per rank, 4 to 6 K_s whatever cp; each send is
 #   posted before a block's attention and waited after it (the timeline shows every hop but the
 #   last one home inside a block's window); any head count. **Ulysses** regroups tokens ↔ heads with 4 + 4
 #   all-to-alls: 8·(cp − 1)/cp·|K|, falling with cp, but cp must divide the (KV) heads. Both
@@ -405,7 +405,7 @@ course.ContextPanel(work, cp=2, attention="ring", report=Report([single, runs["r
 #    <details><summary>Answer</summary>
 #
 #    Ring: K and V blocks to the next rank, cp − 1 hops forward (and K, V, dK, dV back round in
-#    backward): about 6·K_s per layer per rank whatever cp, but only neighbour-to-neighbour and
+#    backward): 4 to 6 K_s per layer per rank whatever cp, but only neighbour-to-neighbour and
 #    posted ahead of each block's attention, so it can run during the compute; any head count;
 #    crosses nodes well. Ulysses: 4 all-to-alls forward and 4 backward of (cp − 1)/cp of a
 #    rank's tensor — fewer bytes, falling with cp — but cp must divide the (KV) heads and the
