@@ -31,3 +31,15 @@ def test_every_guide_page_is_linked_from_readme():
     linked = {(ROOT / t).resolve() for t in _links(README)}
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert page.resolve() in linked, f"docs/{page.name} is not linked from README.md"
+
+
+def test_the_link_table_of_the_planner_page_is_the_presets():
+    from zerokit.runtime import link
+
+    text = (ROOT / "docs" / "planner.md").read_text()
+    for name in link.PRESETS:
+        one = link.resolve(name)
+        if one is None or hasattr(one, "intra"):
+            continue
+        row = next(l for l in text.splitlines() if l.startswith(f"| `{name}` |"))
+        assert f"{one.alpha_s * 1e6:g} µs" in row, row
