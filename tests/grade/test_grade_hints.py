@@ -18,7 +18,7 @@ import pytest
 
 from zerokit.grade import grade
 
-from planted import solution, stubbed
+from planted import assert_passes, grade_on_shared_ranks, load_variants, planted, solution, stubbed
 
 #: (exercise, the function left unwritten, the check that still passes, a check that fails, the name it gives)
 UNWRITTEN = [
@@ -54,3 +54,36 @@ def test_the_unwritten_pure_function_fails_its_own_check_by_name(tmp_path):
     assert shards.detail.startswith("not implemented yet — shard_batch (02_naive_ddp.py, line "), shards.detail
     assert report.result("mean-gradient").detail == "not implemented yet (see 'batch-shards')"
     assert report.status == "not started"
+
+
+# --- a partial reduction: the gradients never reduced, named in the grader's model --------------------------------
+
+NEVER_REDUCED = {
+    "the biases skipped": ([("        if p.grad is not None:\n", "        if p.grad is not None and p.dim() > 1:\n")],
+                           ["0.bias", "2.bias", "4.bias", "6.bias"]),
+    "the last bias skipped": ([("        if p.grad is not None:\n",
+                                "        if p.grad is not None and p is not list(model.parameters())[-1]:\n")],
+                              ["6.bias"]),
+}
+MLP = ("The grader's MLP: 0 Linear(8, 16) → 1 Tanh → 2 Linear(16, 16) → 3 Tanh → 4 Linear(16, 16) → 5 Tanh → "
+       "6 Linear(16, 4)")
+
+
+def test_a_partial_reduction_names_the_gradients_never_reduced_and_the_model(tmp_path):
+    key = "02_naive_ddp"
+    variants = {"solution": solution(key), **{what: planted(solution(key), edits, what)
+                                              for what, (edits, _) in NEVER_REDUCED.items()}}
+    graded = grade_on_shared_ranks(key, load_variants(tmp_path, key, variants))
+    assert_passes(graded, "solution")
+    for what, (_, names) in NEVER_REDUCED.items():
+        mean = graded[what]["mean-gradient"]
+        assert not mean.passed, what
+        verb = "holds" if len(names) == 1 else "hold"
+        assert f"{len(names)} of the 8 gradients were never reduced over the ranks — {', '.join(names)} still " \
+               f"{verb} this rank's own gradient" in mean.detail, mean.detail
+        assert MLP in mean.detail and "6.bias, the bias of the last Linear (Linear(16, 4)), shape (4,)" in mean.detail
+        assert "max |Δ|" not in mean.detail and "biases too" in mean.hint
+        assert (mean.expected, mean.measured) == ("all 8 gradients reduced", f"{len(names)} never reduced")
+        params = graded[what]["same-as-one-process"]
+        assert "'s 6.bias, the bias of the last Linear (Linear(16, 4)), shape (4,), differs" in params.detail
+        assert MLP in params.detail, params.detail

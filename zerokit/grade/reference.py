@@ -4,7 +4,8 @@ Lifecycle: a scenario builds its model with :func:`mlp` (or :func:`tied_lm`) fro
 seed on every rank, trains on its share of :func:`batch`; the judge, in the grader's
 process, builds the same model, trains it on the whole batch in one process
 (:func:`train_single`) and compares tensors by name (:func:`worst`), reporting the
-largest difference, the tensor and the rank. Exact parity is not possible across ranks:
+largest difference, the tensor and the rank — the tensor placed in the grader's model, which
+the learner never saw (:func:`describe_model`, :func:`describe_parameter`). Exact parity is not possible across ranks:
 the gradients are summed in another order, so the tolerances below are fp32's.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ GRAD_ATOL = 1e-6
 
 
 def mlp(sizes: Sequence[int] = (8, 16, 16, 16, 4), seed: int = 0) -> nn.Sequential:
-    """Linear layers with tanh between them, initialised from ``seed`` (the same on every rank)."""
+    """Linear layers with tanh between them, initialised from ``seed`` (the same on every rank): an
+    ``nn.Sequential`` whose parameters are named by position — ``0.weight``, ``0.bias``, … ``6.bias``."""
     torch.manual_seed(seed)
     layers: List[nn.Module] = []
     for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
@@ -96,6 +98,41 @@ def train_single(make_model: Callable[[], nn.Module], steps: int, make_optimizer
         optimizer.step()
         optimizer.zero_grad()
     return {"grads": grads, "params": named_params(model), "model": model}
+
+
+# --- the grader's model, in the learner's words -----------------------------------------------------------------
+
+def _layer(module: nn.Module) -> str:
+    if isinstance(module, nn.Linear):
+        return f"Linear({module.in_features}, {module.out_features})"
+    if isinstance(module, nn.Embedding):
+        return f"Embedding({module.num_embeddings}, {module.embedding_dim})"
+    return type(module).__name__
+
+
+def describe_model(model: nn.Module, what: str = "the grader's model") -> str:
+    """``what`` and its layers by the names its parameters carry: ``"the grader's MLP: 0 Linear(8, 16) → 1 Tanh
+    → … → 6 Linear(16, 4)"`` — so that a parameter called ``6.bias`` is a layer the learner can picture."""
+    layers = " → ".join(f"{name} {_layer(child)}" for name, child in model.named_children())
+    return f"{what}: {layers}" if layers else what
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def describe_parameter(model: nn.Module, name: str) -> str:
+    """``"6.bias"`` → ``"6.bias, the bias of the last Linear (Linear(16, 4)), shape (4,)"``: which layer of the
+    grader's model a parameter belongs to, and its shape. A name the model does not hold is returned as it is."""
+    params = dict(model.named_parameters())
+    if name not in params:
+        return name
+    path, _, attr = name.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    same = [m for m in model.modules() if type(m) is type(module)]
+    k = next(i for i, m in enumerate(same) if m is module)
+    place = ("the only" if len(same) == 1 else "the last" if k == len(same) - 1
+             else f"the {_ORDINALS[k]}" if k < len(_ORDINALS) else f"number {k + 1} of the")
+    return f"{name}, the {attr} of {place} {type(module).__name__} ({_layer(module)}), shape {tuple(params[name].shape)}"
 
 
 def flat(tensors: Dict[str, torch.Tensor]) -> torch.Tensor:

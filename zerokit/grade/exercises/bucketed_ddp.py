@@ -125,10 +125,14 @@ def _judge_gradients(results, ns):
         elif float(got.abs().max()) == 0:
             why = "every gradient is zero: copy the reduced buckets back into p.grad in finish()"
         else:
-            why = ref.describe_multiple(ref.ratio(got, want), n) or f"max |Δ| = {diff:.3g} in {name}"
+            model = reference_run()["model"]
+            why = ref.describe_multiple(ref.ratio(got, want), n) or \
+                f"max |Δ| = {diff:.3g} in {ref.describe_parameter(model, name)} ({ref.describe_model(model)})"
         raise Fail(f"rank {rank}'s gradients after finish() differ from the whole batch's gradient: {why}",
                    0.0, f"max |Δ| = {diff:.3g} ({name})", rank)
-    return same_params(results, reference_run()["params"], STEPS, "SGD") + "; step-0 gradients equal too"
+    reference = reference_run()
+    return same_params(results, reference["params"], STEPS, "SGD", model=reference["model"]) + \
+        "; step-0 gradients equal too"
 
 
 def _step_calls(r):
@@ -186,7 +190,8 @@ def _judge_tied(results, ns):
         if diff > 1e-5:
             raise Fail(f"with tied weights rank {rank}'s gradient of {name} differs from one process by {diff:.3g}",
                        0.0, f"{diff:.3g}", rank)
-    return same_params(results, expected["params"], STEPS, "SGD") + " (embedding tied to the head)"
+    return same_params(results, expected["params"], STEPS, "SGD", model=expected["model"]) + \
+        " (embedding tied to the head)"
 
 
 CONCEPT_HOOK = ("p.register_post_accumulate_grad_hook(fn) calls fn(p) once p.grad holds this backward's gradient; "

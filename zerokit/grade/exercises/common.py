@@ -42,13 +42,17 @@ def describe_ops(ops: Dict[str, dict], steps: int) -> str:
     return ", ".join(f"{op} ×{row['calls'] / steps:g} ({row['bytes'] / steps:,.0f} B)" for op, row in sorted(ops.items()))
 
 
-def same_params(results, expected: dict, steps: int, optimizer: str, atol: float = ref.PARAM_ATOL) -> str:
-    """Fail unless every rank's ``params`` equal ``expected``; the pass line otherwise."""
+def same_params(results, expected: dict, steps: int, optimizer: str, atol: float = ref.PARAM_ATOL,
+                model=None) -> str:
+    """Fail unless every rank's ``params`` equal ``expected``; the pass line otherwise. ``model``: the reference's
+    model, to place the parameter that differs in it (:func:`..reference.describe_parameter`)."""
     for rank, r in enumerate(results):
         diff, name = ref.worst(r["params"], expected)
         if diff > atol:
-            raise Fail(f"after {steps} {optimizer} steps rank {rank}'s {name} differs from single-process training "
-                       f"by {diff:.3g}", f"≤ {atol:g}", f"{diff:.3g}", rank)
+            where = "" if model is None else f" ({ref.describe_model(model)})"
+            named = name if model is None else f"{ref.describe_parameter(model, name)},"
+            raise Fail(f"after {steps} {optimizer} steps rank {rank}'s {named} differs from single-process training "
+                       f"by {diff:.3g}{where}", f"≤ {atol:g}", f"{diff:.3g}", rank)
     return f"after {steps} {optimizer} steps every rank's parameters equal single-process training's " \
            f"(max |Δ| ≤ {atol:g})"
 

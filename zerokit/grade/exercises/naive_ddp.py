@@ -4,9 +4,10 @@ Interface: ``shard_batch(inputs, targets, rank, world_size)`` returns this rank'
 the global batch; ``average_gradients(model, group=None)`` makes every ``p.grad`` the mean
 over the ranks, after backward. ``shard_batch`` is graded on its own, called as each of 2
 ranks would call it (a pure function: an ``average_gradients`` still unwritten fails only the
-checks that need it); then three SGD steps of the grader's MLP (:func:`..reference.mlp`) on 2
-ranks against one process training on the whole batch (ZeRO §2.1: DDP), and the all-reduce
-traffic against :func:`zerokit.theory.comm_bytes_per_step` (stage 0).
+checks that need it); then three SGD steps of the grader's MLP
+(:func:`zerokit.grade.reference.mlp`, described in every message that names one of its
+parameters) on 2 ranks against one process training on the whole batch (ZeRO §2.1: DDP), and
+the all-reduce traffic against :func:`zerokit.theory.comm_bytes_per_step` (stage 0).
 """
 from __future__ import annotations
 
@@ -106,8 +107,20 @@ def _judge_shard(results, ns):
     return f"each of the {n} ranks trains on its own {rows // n} rows; together they cover the batch of {rows}"
 
 
+#: what the grader's model is called where a message describes it
+MODEL = "The grader's MLP"
+
+
+def _never_reduced(r: dict, expected: dict) -> list:
+    """The parameters whose gradient after average_gradients is still this rank's own (and not the whole batch's)."""
+    return [name for name, want in expected.items()
+            if not torch.allclose(r["grads"][name], want, atol=ref.GRAD_ATOL * 10)
+            and torch.allclose(r["grads"][name], r["local_grads"][name], atol=1e-7)]
+
+
 def _judge_mean(results, ns):
-    expected = reference_run()["grads"][0]
+    reference = reference_run()
+    expected, model = reference["grads"][0], reference["model"]
     n = len(results)
     for rank, r in enumerate(results):
         diff, name = ref.worst(r["grads"], expected)
@@ -117,22 +130,37 @@ def _judge_mean(results, ns):
             raise Fail(f"rank {rank}: some p.grad is None after average_gradients", rank=rank)
         got, want = ref.flat(r["grads"]), ref.flat(expected)
         multiple = ref.describe_multiple(ref.ratio(got, want), n)
-        if torch.allclose(got, ref.flat(r["local_grads"]), atol=1e-7):
+        own = _never_reduced(r, expected)
+        if len(own) == len(expected):
             why = "p.grad still holds this rank's own gradient: nothing was reduced over the ranks"
+        elif own:
+            rest = len(expected) - len(own)
+            raise Fail(f"rank {rank}: {len(own)} of the {len(expected)} gradients were never reduced over the ranks "
+                       f"— {', '.join(own)} still hold{'s' if len(own) == 1 else ''} this rank's own gradient, while "
+                       f"the other {rest} equal{'s' if rest == 1 else ''} the whole batch's. "
+                       f"{ref.describe_model(model, MODEL)}; a parameter is named by its layer's index, e.g. "
+                       f"{ref.describe_parameter(model, own[-1])}",
+                       f"all {len(expected)} gradients reduced", f"{len(own)} never reduced", rank,
+                       hint="every parameter's gradient is a sum over the ranks' shares of the batch, biases too: "
+                            "reduce each one that model.parameters() lists — one left out keeps this rank's own "
+                            "gradient, and the replicas drift apart")
         else:
-            why = multiple or f"max |Δ| = {diff:.3g} in {name}"
+            why = multiple or (f"max |Δ| = {diff:.3g} in {ref.describe_parameter(model, name)}. "
+                               f"{ref.describe_model(model, MODEL)}")
         raise Fail(f"rank {rank}'s gradients after average_gradients differ from the single-process gradient of "
                    f"the whole batch: {why}", 0.0, f"max |Δ| = {diff:.3g} ({name})", rank)
     return "every rank's gradient equals the whole batch's gradient in one process (max |Δ| ≤ 1e-5)"
 
 
 def _judge_params(results, ns):
-    expected = reference_run()["params"]
+    reference = reference_run()
+    expected, model = reference["params"], reference["model"]
     for rank, r in enumerate(results):
         diff, name = ref.worst(r["params"], expected)
         if diff > ref.PARAM_ATOL:
-            raise Fail(f"after {STEPS} SGD steps rank {rank}'s {name} differs from single-process training by "
-                       f"{diff:.3g}", f"≤ {ref.PARAM_ATOL:g}", f"{diff:.3g}", rank)
+            raise Fail(f"after {STEPS} SGD steps rank {rank}'s {ref.describe_parameter(model, name)}, differs from "
+                       f"single-process training by {diff:.3g}. {ref.describe_model(model, MODEL)}",
+                       f"≤ {ref.PARAM_ATOL:g}", f"{diff:.3g}", rank)
     return f"after {STEPS} steps every rank's parameters equal single-process training's (max |Δ| ≤ {ref.PARAM_ATOL:g})"
 
 

@@ -106,7 +106,8 @@ def _judge_memory(results, ns):
 
 
 def _judge_params(results, ns):
-    expected = reference_run()["params"]
+    reference = reference_run()
+    expected = reference["params"]
     initial = ref.named_params(ref.mlp())
     n, psi = len(results), _psi()
     shard = theory.shard_numel([psi], n)
@@ -121,7 +122,7 @@ def _judge_params(results, ns):
             raise Fail(f"rank {rank}'s parameters outside its own shard never changed: each rank steps its shard, "
                        f"then the updated shards are all-gathered so that every rank holds the whole model again",
                        "all-gathered", "only the own shard updated", rank)
-    return same_params(results, expected, STEPS, "AdamW")
+    return same_params(results, expected, STEPS, "AdamW", model=reference["model"])
 
 
 def _judge_traffic(results, ns):

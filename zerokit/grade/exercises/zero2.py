@@ -150,6 +150,11 @@ def _judge_in_flight(results, ns):
     return "every bucket was freed only after its reduce-scatter was waited for, and none was reused in flight"
 
 
+def _same_params(results) -> str:
+    reference = reference_run()
+    return same_params(results, reference["params"], STEPS, "AdamW", model=reference["model"])
+
+
 EXERCISE = Exercise(
     key="05_zero2",
     title="ZeRO-2: bucketed reduce-scatter with freeing",
@@ -167,7 +172,7 @@ EXERCISE = Exercise(
               "memory handed to an asynchronous collective belongs to it until wait() returns",
               catches=("freed-in-flight", "overwritten-in-flight")),
         Check("same-as-one-process", 2, "train",
-              lambda results, ns: same_params(results, reference_run()["params"], STEPS, "AdamW"),
+              lambda results, ns: _same_params(results),
               "the shards of the mean gradient step the masters; the all-gather brings every rank the update"),
     ],
     hints=[
