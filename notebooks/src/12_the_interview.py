@@ -44,7 +44,7 @@
 # **Data vs model parallelism.** Data parallelism copies the model to every rank and splits
 # the batch; each rank holds all of it (16Ψ bytes of states with Adam) and all-reduces the
 # gradients every step, `2(N−1)/N·Ψb` per rank — the memory doesn't shrink with N, the
-# traffic doesn't grow with it. Model parallelism splits the model: tensor parallelism cuts
+# traffic per rank stays under `2Ψb` however large N grows. Model parallelism splits the model: tensor parallelism cuts
 # every layer (f/g all-reduces of activations, four per layer, so it lives inside a node),
 # pipeline parallelism cuts the stack into stages (point-to-point activations at the
 # boundaries, and a bubble of `(p − 1)/(m + p − 1)` of the step — `(p − 1)/m` of the ideal
@@ -62,9 +62,10 @@
 # **The other two axes.** Activations grow with the sequence, not the parameters: at long
 # context they run out first, and context parallelism cuts the sequence over cp ranks
 # (activations ÷ cp), attention reaching the other ranks' keys by a ring of key/value blocks
-# (`2(cp−1)·|K|` forward per layer, overlapped with the blocks' compute) or by Ulysses'
-# all-to-alls to heads and back (four each way; cp ≤ heads); the causal mask needs zig-zag
-# chunks to keep the ranks' work equal ([lesson 15](15_context_parallel.ipynb)). A mixture of experts multiplies the
+# (`2(cp−1)·|K|` forward per layer, posted so that it can overlap the blocks' compute) or by
+# Ulysses' all-to-alls to heads and back (four in forward, four in backward; cp must divide the
+# heads); the causal mask needs zig-zag chunks to keep the ranks' work equal
+# ([lesson 15](15_context_parallel.ipynb)). A mixture of experts multiplies the
 # parameters without the compute: each token visits k of E experts, and expert parallelism
 # spreads the experts over ep ranks carved from dp (expert states ÷ ep), moving tokens by two
 # all-to-alls per layer (`T·k·d·b` each way) instead of activations' all-reduces; the dense

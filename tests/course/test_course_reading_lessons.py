@@ -326,3 +326,13 @@ def test_lesson_15_gives_the_rings_bytes_as_they_grow_and_types_no_machine():
     assert ring[0] == 4 and ring == sorted(ring) and ring[-1] < 6
     shown = " ".join(_printed(c) for c in _cells("15_context_parallel") if c["cell_type"] == "code")
     assert "two shared" not in shown and "two shared" not in text
+
+
+def test_lesson_12_one_page_answer_says_what_the_runs_show():
+    """The one-page answer said DP's traffic "doesn't grow with" N (it goes from Ψb at N = 2 towards 2Ψb), gave
+    Ulysses "cp ≤ heads" (cp must divide them) and had the ring's transfers "overlapped" (lesson 15's run
+    shows the waits; the ring posts them so that they can overlap)."""
+    text = _markdown("12_the_interview")
+    assert "traffic doesn't grow with it" not in text and "stays under `2Ψb` however large N grows" in text
+    assert "cp ≤ heads" not in text and "cp must divide the heads" in text
+    assert "overlapped with the blocks' compute" not in text
