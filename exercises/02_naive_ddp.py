@@ -11,7 +11,9 @@
 # - `average_gradients(model, group=None) -> None`: after backward, every `p.grad` becomes the
 #   mean of that gradient over the ranks.
 #
-# **What the grader checks** (2 ranks, a small MLP, 3 SGD steps; `zerokit.grade.checks("02")`):
+# **What the grader checks** (`zerokit.grade.checks("02")`): `shard_batch` on its own, then 3 SGD
+# steps on 2 ranks of a small MLP whose parameters are named by layer, `0.weight` … `6.bias`:
+# `0 Linear(8, 16) → 1 Tanh → 2 Linear(16, 16) → 3 Tanh → 4 Linear(16, 16) → 5 Tanh → 6 Linear(16, 4)`.
 # - `batch-shards` — each rank trains on its own B/N rows, together the whole batch;
 # - `mean-gradient` — after `average_gradients` every rank holds the gradient one process
 #   computes on the whole batch;
@@ -46,21 +48,40 @@ def average_gradients(model: torch.nn.Module, group=None) -> None:
     raise NotImplementedError('all-reduce (sum) every p.grad over the group, then divide it by the number of ranks')
 
 # %% [markdown]
-# Try it: two ranks, one step of a linear model; both ranks end with the same weights.
+# Try it: two ranks, one SGD step of a linear model, each rank on its half of the batch — and, beside them, the
+# step one process takes on the whole batch. Ranks that agree with each other can still be wrong together:
+# gradients summed but not divided by N give both ranks the same, too large step.
 
 # %%
 if __name__ == "__main__":
+    def batch():
+        return torch.randn(8, 3, generator=torch.Generator().manual_seed(1)), torch.ones(8, 1)
+
     def demo(ctx):
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 1)
-        x, y = torch.randn(8, 3, generator=torch.Generator().manual_seed(1)), torch.ones(8, 1)
-        xs, ys = shard_batch(x, y, ctx.rank, ctx.world_size)
+        xs, ys = shard_batch(*batch(), ctx.rank, ctx.world_size)
         F.mse_loss(model(xs), ys).backward()
         average_gradients(model)
         torch.optim.SGD(model.parameters(), lr=0.1).step()
         return model.weight.detach().flatten().tolist()
 
-    print(zerokit.launch(demo, 2))
+    def one_process():
+        """The same step in one process on the whole batch: the weights every rank must end with."""
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        F.mse_loss(model(batch()[0]), batch()[1]).backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+        return model.weight.detach().flatten().tolist()
+
+    ranks, reference = zerokit.launch(demo, 2), one_process()
+    for rank, weights in enumerate(ranks):
+        print(f"rank {rank}:                   " + "  ".join(f"{w:+.5f}" for w in weights))
+    print("one process, whole batch: " + "  ".join(f"{w:+.5f}" for w in reference))
+    # fp32 weights of size ~1 after one step: the ranks sum in another order, a few ulps (1e-7) apart at most
+    same = all(torch.allclose(torch.tensor(w), torch.tensor(reference), rtol=0, atol=1e-6) for w in ranks)
+    print("every rank took the step one process takes" if same else
+          "the ranks' step differs from one process's: is every gradient the mean over the ranks?")
 
 # %%
 if __name__ == "__main__":

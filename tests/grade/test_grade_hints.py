@@ -87,3 +87,32 @@ def test_a_partial_reduction_names_the_gradients_never_reduced_and_the_model(tmp
         params = graded[what]["same-as-one-process"]
         assert "'s 6.bias, the bias of the last Linear (Linear(16, 4)), shape (4,), differs" in params.detail
         assert MLP in params.detail, params.detail
+
+
+# --- exercise 02's demo: the single-process reference beside the ranks ----------------------------------------------
+
+def _demo_lines(source: str, capsys) -> list:
+    """What the solution's cells print up to its demo, run as the notebook would (``__name__ == "__main__"``)."""
+    cells = [c.split("\n", 1)[1] for c in source.split("# %%")[1:] if not c.startswith(" [markdown]")]
+    upto = next(i for i, c in enumerate(cells) if "def demo(" in c)
+    namespace = {"__name__": "__main__"}
+    capsys.readouterr()
+    for cell in cells[:upto + 1]:
+        exec(compile(cell, "<demo>", "exec"), namespace)
+    return capsys.readouterr().out.splitlines()
+
+
+def _weights(line: str) -> list:
+    return line.split(":", 1)[1].split()
+
+
+def test_the_demo_shows_forgetting_to_divide_against_one_process(capsys):
+    right = _demo_lines(solution("02_naive_ddp"), capsys)
+    assert [line.split(":")[0] for line in right] == ["rank 0", "rank 1", "one process, whole batch",
+                                                      "every rank took the step one process takes"], right
+    assert _weights(right[0]) == _weights(right[1]) == _weights(right[2])
+    undivided = _demo_lines(planted(solution("02_naive_ddp"), [("            p.grad.div_(n)\n", "")], "undivided"),
+                            capsys)
+    assert _weights(undivided[0]) == _weights(undivided[1]) != _weights(undivided[2])  # agreeing, and wrong
+    assert _weights(undivided[2]) == _weights(right[2])
+    assert undivided[3] == "the ranks' step differs from one process's: is every gradient the mean over the ranks?"
