@@ -7,7 +7,6 @@ found a sentence the printed numbers contradict or a fact stated too widely. Eac
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 

@@ -8,7 +8,6 @@ asks the installed torch.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
