@@ -14,9 +14,12 @@ The wrong answers are the solutions with small edits (``planted.py``).
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zerokit.grade import grade
+from zerokit.grade.exercises import get, KEYS
 
 from planted import assert_passes, grade_on_shared_ranks, load_variants, planted, solution, stubbed
 
@@ -116,3 +119,36 @@ def test_the_demo_shows_forgetting_to_divide_against_one_process(capsys):
     assert _weights(undivided[0]) == _weights(undivided[1]) != _weights(undivided[2])  # agreeing, and wrong
     assert _weights(undivided[2]) == _weights(right[2])
     assert undivided[3] == "the ranks' step differs from one process's: is every gradient the mean over the ranks?"
+
+
+# --- hints go from the concept to the code ---------------------------------------------------------------------------
+
+#: what shows code in a hint: a call with its arguments, an assignment statement, a slice, a code block
+CODE = re.compile(r"[A-Za-z_][\w.]*\((?:[^()]|\([^()]*\))*\)"
+                  r"|(?:^|;\s*)[A-Za-z_][\w.\[\]]*(?:, [A-Za-z_][\w.\[\]]*)* [-+*/]?= "
+                  r"|[\w\])]\[[^\]]*:[^\]]*\]"
+                  r"|```", re.M)
+#: a library's API named in a hint: the first names the concept in words
+API = re.compile(r"\b(?:dist|torch|zerokit|F|nn|self|ctx|math)\.\w")
+
+
+def test_the_code_detector_tells_code_from_prose():
+    for code in ("dist.all_reduce(p.grad, group=group)", "per = B // N", "inputs[rank * per:(rank + 1) * per]",
+                 "x; y += 1", "```\nx\n```"):
+        assert CODE.search(code), code
+    for prose in ("rank r takes rows r·B/N up to (r+1)·B/N", "each rank sends 2(N − 1)/N of the tensor",
+                  "the scores q·kᵀ/√d, masked with −∞ (nothing seen)", "with k = FFN / N rows each"):
+        assert not CODE.search(prose), prose
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_hints_go_from_the_concept_to_the_code(key):
+    """The first hint names the concept in words (no code, no API); the ones after it narrow down in words; only the
+    last shows code."""
+    hints = get(key).hints
+    assert len(hints) >= 2, f"{key}: {len(hints)} hint"
+    first = hints[0]
+    assert not CODE.search(first) and not API.search(first), f"{key}'s first hint shows code: {first}"
+    for n, text in enumerate(hints[1:-1], start=2):
+        assert not CODE.search(text), f"{key}'s hint {n} shows code before the last: {CODE.search(text).group(0)!r}"
+    assert CODE.search(hints[-1]), f"{key}'s last hint shows no code"

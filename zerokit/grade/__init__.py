@@ -20,13 +20,14 @@ Lifecycle of ``zerokit.grade(submission, exercise=None)``:
 :func:`grade_folder` grades a class's folder (its notebooks, ``jobs`` at a time); the
 gradebook's grid, statuses, CSV and feedback files are :mod:`.gradebook`'s.
 
-``hint(exercise, n)`` unfolds an exercise's hints one at a time. The module itself is
-callable, so ``zerokit.grade(...)`` and ``from zerokit.grade import grade`` are the same
-function; ``zerokit grade FILE`` is the shell's way (:mod:`.cli`).
+``hint(exercise, n)`` unfolds an exercise's hints one at a time, from the concept to the
+code. The module itself is callable, so ``zerokit.grade(...)`` and ``from zerokit.grade
+import grade`` are the same function; ``zerokit grade FILE`` is the shell's way (:mod:`.cli`).
 """
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 import types
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Optional, Sequence
 from . import core, isolate, loader
 from .core import CheckResult, Exercise, Fail
 from .exercises import get, KEYS
-from .report import class_table, GradeReport
+from .report import class_table, GradeReport, WIDTH
 
 __all__ = ["grade", "grade_folder", "hint", "checks", "GradeReport", "CheckResult", "Exercise", "Fail",
            "class_table"]
@@ -108,7 +109,11 @@ _shown: dict = {}
 
 
 def hint(exercise: str, n: Optional[int] = None) -> None:
-    """Print hint ``n`` (from 1) of ``exercise``, or, without ``n``, the next one not yet shown."""
+    """Print hint ``n`` (from 1) of ``exercise``, or, without ``n``, the next one not yet shown.
+
+    An exercise's hints go from the concept to the code: the first names the concept in words, the next ones narrow
+    down to what each function does, and only the last shows code — so a learner stops at the first that unblocks
+    them. A hint in words is wrapped to the report's width; code keeps its lines."""
     spec = _exercise(exercise)
     if not spec.hints:
         print(f"exercise {spec.key} has no hints")
@@ -120,7 +125,9 @@ def hint(exercise: str, n: Optional[int] = None) -> None:
         return
     _shown[spec.key] = max(_shown.get(spec.key, 0), n)
     more = f" (hint({spec.number!r}) shows hint {n + 1})" if n < len(spec.hints) else " (the last one)"
-    print(f"Hint {n} of {len(spec.hints)}{more}:\n{spec.hints[n - 1]}")
+    text = spec.hints[n - 1]
+    body = text if "\n" in text else textwrap.fill(text, WIDTH, break_on_hyphens=False, break_long_words=False)
+    print(f"Hint {n} of {len(spec.hints)}{more}:\n{body}")
 
 
 def checks(exercise: str) -> str:

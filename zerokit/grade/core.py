@@ -95,6 +95,8 @@ class Exercise:
     needs: Sequence[str]
     scenarios: Dict[str, Scenario]
     checks: List[Check]
+    #: from the concept to the code: the first names the concept in words, the next narrow down, only the last shows
+    #: code (:func:`zerokit.grade.hint` unfolds them one at a time)
     hints: List[str] = field(default_factory=list)
     #: names of plain values (numbers, strings) in the submission that the checks read in the grader's process
     answers: Sequence[str] = ()

@@ -222,17 +222,46 @@ EXERCISE = Exercise(
               catches=("tied-duplicate",)),
     ],
     hints=[
-        "make_buckets: walk reversed(params), append each to the current bucket and add its numel; once the "
-        "bucket holds bucket_numel elements or more, close it. The last, partial bucket counts too.",
-        "__init__: self.params = list of model.parameters() (a tied tensor appears once); one flat buffer per "
-        "bucket (torch.zeros(total numel)); remember each parameter's (bucket, offset); one counter per bucket; "
-        "p.register_post_accumulate_grad_hook(self.on_grad_ready) for every parameter.",
-        "on_grad_ready(p): copy p.grad into its slot (buffer[offset:offset + numel].copy_(p.grad.reshape(-1))), "
-        "count it; when the count equals the bucket's length: buffer.div_(N), then "
-        "self.works.append(dist.all_reduce(buffer, group=self.group, async_op=True)).",
-        "finish(): wait() every work, copy each bucket's slots back into p.grad (p.grad.copy_(slot.view_as(p))), "
-        "then reset the counters and the list of works for the next step. torch's DDP calls this from a "
-        "callback queued on the autograd engine (Variable._execution_engine.queue_callback), so users never "
-        "call it themselves.",
+        "Overlap communication with backward: gradients become ready last layer first, so parameters are grouped into "
+        "buckets in that order and each bucket is reduced as soon as its last gradient arrives, while backward still "
+        "computes the earlier layers. Buckets change the number of calls, never the bytes.",
+        "make_buckets: walk the parameters from last to first, adding each to the current bucket; close the bucket "
+        "once it holds bucket_numel elements or more. The last, partial bucket counts too.",
+        "__init__: list the model's parameters once (a tied tensor is one parameter), cut them into buckets, give each "
+        "bucket one flat buffer of zeros and each parameter its slot in it (bucket, offset), a counter per bucket, and "
+        "on every parameter a post-accumulate-grad hook (p.register_post_accumulate_grad_hook) that calls "
+        "on_grad_ready.",
+        "on_grad_ready: copy the gradient into its slot and count it; when the bucket's count reaches its length, "
+        "divide the buffer by N and launch its all-reduce asynchronously (async_op=True), keeping the work. finish: "
+        "wait for every work, copy each slot back into its p.grad, reset the counters and the works. torch's DDP runs "
+        "this from a callback queued on the autograd engine, so its users never call it.",
+        "The code:\n"
+        "make_buckets:\n"
+        "    buckets, current, size = [], [], 0\n"
+        "    for p in reversed(params):\n"
+        "        current.append(p)\n"
+        "        size += p.numel()\n"
+        "        if size >= bucket_numel:\n"
+        "            buckets.append(current)\n"
+        "            current, size = [], 0\n"
+        "    return buckets + ([current] if current else [])\n"
+        "__init__:\n"
+        "    params = [p for p in model.parameters() if p.requires_grad]\n"
+        "    self.buckets = make_buckets(params, bucket_numel)\n"
+        "    self.buffers = [torch.zeros(sum(p.numel() for p in bucket)) for bucket in self.buckets]\n"
+        "    self.slot[p] = (b, offset)  # for each p: its bucket, and the elements before it there\n"
+        "    p.register_post_accumulate_grad_hook(self.on_grad_ready)  # for each p\n"
+        "on_grad_ready(p):\n"
+        "    b, offset = self.slot[p]\n"
+        "    self.buffers[b][offset:offset + p.numel()].copy_(p.grad.reshape(-1))\n"
+        "    self.ready[b] += 1\n"
+        "    if self.ready[b] == len(self.buckets[b]):\n"
+        "        self.buffers[b].div_(self.world)\n"
+        "        self.works.append(dist.all_reduce(self.buffers[b], group=self.group, async_op=True))\n"
+        "finish:\n"
+        "    for work in self.works:\n"
+        "        work.wait()\n"
+        "    p.grad.copy_(self.buffers[b][offset:offset + p.numel()].view_as(p))  # for each p\n"
+        "    self.works, self.ready = [], [0] * len(self.buckets)",
     ],
 )

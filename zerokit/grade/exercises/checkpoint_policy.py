@@ -283,17 +283,38 @@ EXERCISE = Exercise(
               "the best k minimises ⌈n/k⌉·X + k·A: √n only when A = X (Chen), ≈ √(n·X/A) otherwise"),
     ],
     hints=[
-        "segments: [(s, min(s + k, n)) for s in range(0, n, k)].",
-        "Recompute.forward: ctx.run = run; ctx.save_for_backward(x, *params); return run(x). A Function's forward "
-        "runs with autograd off, so run(x) saves nothing.",
-        "Recompute.forward, for dropout: ctx.rng = torch.get_rng_state() before run(x), so that backward can draw "
-        "the same masks.",
-        "Recompute.backward: x, *params = ctx.saved_tensors; x = x.detach().requires_grad_(); with "
-        "torch.random.fork_rng(), torch.enable_grad(): torch.set_rng_state(ctx.rng); y = ctx.run(x); grads = "
-        "torch.autograd.grad(y, (x, *params), grad); return (None, *grads) — one gradient per forward input, None "
-        "for run.",
-        "checkpointed_forward: for each (start, stop) of segments(len(blocks), k): run = blocks[start:stop]; x = "
-        "Recompute.apply(run, x, *run.parameters()).",
-        "best_k: min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k)).",
+        "Activation checkpointing trades compute for memory: keep only each segment's input during forward, and run "
+        "the segment again in backward to get the activations its gradients need. With a segment every k blocks, what "
+        "is kept is the n/k boundaries plus one segment's activations at a time — the best k balances the two.",
+        "segments: one (start, stop) pair per segment, from 0 in steps of k; the last stop is n, so a short last "
+        "segment still counts. checkpointed_forward: for each segment, run its blocks (a slice of the Sequential) "
+        "through Recompute, with the input and the segment's parameters.",
+        "Recompute's forward runs with autograd off, so the segment saves nothing: keep the function to run, the input "
+        "and the parameters (ctx.save_for_backward), and the RNG state, so that dropout draws the same masks again in "
+        "backward.",
+        "Recompute's backward: make a fresh leaf of the saved input, run the segment again with grad enabled from the "
+        "saved RNG state (inside torch.random.fork_rng, so that training's own RNG moves on untouched), then take the "
+        "gradients of the output with respect to the input and the parameters; return None for the function, then "
+        "those. best_k: try every k from 1 to n and keep the smallest ⌈n/k⌉·boundary + k·layer bytes, the first on a "
+        "tie.",
+        "The code:\n"
+        "segments:  return [(s, min(s + k, n)) for s in range(0, n, k)]\n"
+        "Recompute.forward:\n"
+        "    ctx.run, ctx.rng = run, torch.get_rng_state()\n"
+        "    ctx.save_for_backward(x, *params)\n"
+        "    return run(x)\n"
+        "Recompute.backward:\n"
+        "    x, *params = ctx.saved_tensors\n"
+        "    x = x.detach().requires_grad_()\n"
+        "    with torch.random.fork_rng(), torch.enable_grad():\n"
+        "        torch.set_rng_state(ctx.rng)\n"
+        "        y = ctx.run(x)\n"
+        "    return (None, *torch.autograd.grad(y, (x, *params), grad))\n"
+        "checkpointed_forward:\n"
+        "    for start, stop in segments(len(blocks), k):\n"
+        "        run = blocks[start:stop]\n"
+        "        x = Recompute.apply(run, x, *run.parameters())\n"
+        "    return x\n"
+        "best_k:  return min(range(1, n + 1), key=lambda k: (math.ceil(n / k) * boundary_bytes + k * layer_bytes, k))",
     ],
 )

@@ -184,11 +184,26 @@ EXERCISE = Exercise(
               "per step the gradient shard goes out and the parameter shard comes back: 2·shard·b bytes on the link"),
     ],
     hints=[
-        "__init__: self.master = torch.nn.Parameter(to_host(param_shard.detach()).float()) — a host copy (d2h, "
-        "once); self.host_grad = host_empty(param_shard); self.optimizer = torch.optim.AdamW([self.master], lr=lr).",
-        "step: copy(self.host_grad, grad_shard, \"d2h\"), then self.master.grad = self.host_grad and "
-        "self.optimizer.step() — on the host, since the master is there.",
-        "Then the way back: copy(param_shard, self.master.detach(), \"h2d\"). Without it the device keeps the old "
-        "parameters and the all-gather spreads them.",
+        "ZeRO-Offload moves the optimizer to the host: the fp32 master copy and Adam's moments live in CPU memory, and "
+        "the step runs there. Each step ships the gradient shard down (device to host) and the updated parameter shard "
+        "back up (host to device); nothing else crosses the link.",
+        "HostAdam's __init__: the master is a Parameter holding a host copy of the parameter shard, in fp32 (the given "
+        "to_host helper copies it, once); a host buffer shaped like the shard receives the gradients; AdamW steps the "
+        "master.",
+        "step: copy the gradient shard into the host buffer with the given copy helper (direction d2h), make it the "
+        "master's gradient and step — on the host, since the master is there.",
+        "Then the way back: copy the master into the device's parameter shard (direction h2d), in the shard's dtype. "
+        "Without it the device keeps the old parameters, and the all-gather spreads them.",
+        "The code:\n"
+        "__init__:\n"
+        "    self.master = torch.nn.Parameter(to_host(param_shard.detach(), 'master').float())\n"
+        "    self.host_grad = host_empty(param_shard)\n"
+        "    self.optimizer = torch.optim.AdamW([self.master], lr=lr)\n"
+        "step:\n"
+        "    copy(self.host_grad, grad_shard.detach(), 'd2h', 'grads')\n"
+        "    self.master.grad = self.host_grad.float()\n"
+        "    self.optimizer.step()\n"
+        "    self.master.grad = None\n"
+        "    copy(param_shard, self.master.detach().to(param_shard.dtype), 'h2d', 'params')",
     ],
 )

@@ -275,13 +275,27 @@ EXERCISE = Exercise(
               "one stream per pair cannot deadlock", catches=("not-runnable",)),
     ],
     hints=[
-        "stage_of(r, c, p) = c·p + r. Build two lists for rank r: the forwards, for each group of p micro-batches "
-        "(first = 0, p, 2p, …), for c in range(v), for k in range(p): Action(stage_of(r, c, p), 'F', first + k); the "
-        "backwards the same with reversed(range(v)).",
-        "Warm-up: w = min((v − 1)·p + 2·(p − 1 − r), v·m) forwards; then, for k in range(v·m − w), "
-        "forward w + k and backward k; then the backwards left (Megatron's interleaved schedule counts its "
-        "warm-up the same way).",
-        "zerokit.simulate(schedule) names a deadlock's stuck ranks, and zerokit.schedule('interleaved', p, m, v) "
-        "prints zerokit's own schedule to compare with yours (schedule.table()).",
+        "Interleaving shrinks the bubble by giving each rank v small chunks of the model instead of one big stage: a "
+        "micro-batch visits ranks 0 to p − 1, then rank 0 again for its next chunk. The bubble falls by v; the price "
+        "is v times the point-to-point messages.",
+        "stage_of: rank r's chunk c is stage c·p + r, so rank 0 holds stages 0, p, 2p and so on. The forwards go "
+        "depth-first in groups of p micro-batches: for each group, every chunk in turn, each on the group's p "
+        "micro-batches; the backwards the same, with the chunks reversed.",
+        "Warm-up: (v − 1)·p + 2·(p − 1 − r) forwards on rank r, at most v·m (Megatron's interleaved schedule counts it "
+        "the same way); then one forward and one backward at a time; then the backwards left.",
+        "zerokit's simulator (zerokit.simulate) names a deadlock's stuck ranks, and zerokit's own interleaved schedule "
+        "(zerokit.schedule, kind interleaved) prints a table to compare yours with.",
+        "The code:\n"
+        "stage_of:  return c * p + r\n"
+        "compute_order:\n"
+        "    forwards = [Action(stage_of(r, c, p), 'F', first + k)\n"
+        "                for first in range(0, m, p) for c in range(v) for k in range(p)]\n"
+        "    backwards = [Action(stage_of(r, c, p), 'B', first + k)\n"
+        "                 for first in range(0, m, p) for c in reversed(range(v)) for k in range(p)]\n"
+        "    warmup = min((v - 1) * p + 2 * (p - 1 - r), v * m)\n"
+        "    order = forwards[:warmup]\n"
+        "    for k in range(len(forwards) - warmup):\n"
+        "        order += [forwards[warmup + k], backwards[k]]\n"
+        "    return order + backwards[len(forwards) - warmup:]",
     ],
 )

@@ -206,12 +206,30 @@ EXERCISE = Exercise(
               "per MLP one all-reduce forward and one backward, each of b·s·h elements (Megatron §3)"),
     ],
     hints=[
-        "f: forward returns x.view_as(x) (keep ctx.group = group); backward clones the gradient, all-reduces it "
-        "over ctx.group and returns (grad, None) — one gradient per forward input, None for the group.",
-        "g: forward clones x, all-reduces it and returns it; backward returns (grad, None).",
-        "shard_mlp: with k = FFN // world_size, rank r keeps rows [r·k, (r+1)·k) of w1 and of b1, and the same "
-        "columns of w2: w2[:, r·k:(r+1)·k].",
-        "parallel_mlp: h = gelu(F.linear(f(x), w1_shard, b1_shard)); y = g(F.linear(h, w2_shard)); return y + b2 "
-        "— the bias after g, once.",
+        "Tensor parallelism splits each weight matrix across the ranks, so each rank computes part of a layer. "
+        "Megatron's MLP needs two communication points: f where the replicated input enters the split region, g where "
+        "the partial outputs leave it — each the other's conjugate, the identity one way and an all-reduce the other.",
+        "f: the input is already whole on every rank, so its forward is the identity; but each rank's column shard "
+        "contributes only a partial gradient of the input, so its backward sums them with an all-reduce. g is the "
+        "reverse: its forward all-reduces the partial products, its backward passes the gradient through unchanged.",
+        "A torch.autograd.Function's backward returns one gradient per forward input: the tensor's, then None for the "
+        "group; keep the group on ctx in forward. An all-reduce works in place: reduce a clone, never the tensor "
+        "autograd handed you.",
+        "shard_mlp: the first linear is column-parallel — split w1 and b1 by output features, the rows of w1 "
+        "(nn.Linear stores its weight as out × in); the second is row-parallel — split w2 by input features, the same "
+        "indices as columns. parallel_mlp: f, the first linear on the shards, GeLU, the second linear without its "
+        "bias, g, then b2 added once.",
+        "The code:\n"
+        "f, forward:   ctx.group = group; return x.view_as(x)\n"
+        "f, backward:  grad = grad.contiguous().clone(); dist.all_reduce(grad, group=ctx.group); return grad, None\n"
+        "g, forward:   out = x.contiguous().clone(); dist.all_reduce(out, group=group); return out\n"
+        "g, backward:  return grad, None\n"
+        "shard_mlp:\n"
+        "    k = w1.shape[0] // world_size\n"
+        "    rows = slice(rank * k, (rank + 1) * k)\n"
+        "    return w1[rows], b1[rows], w2[:, rows]\n"
+        "parallel_mlp:\n"
+        "    h = F.gelu(F.linear(CopyToTensorParallelRegion.apply(x, group), w1_shard, b1_shard))\n"
+        "    return ReduceFromTensorParallelRegion.apply(F.linear(h, w2_shard), group) + b2",
     ],
 )

@@ -323,18 +323,46 @@ EXERCISE = Exercise(
               "router's split decides what leaves the rank"),
     ],
     hints=[
-        "AllToAll.forward: ctx.send, ctx.recv, ctx.group = send_counts, recv_counts, group; out = "
-        "rows.new_empty((sum(recv_counts), *rows.shape[1:])); zerokit.comm.all_to_all_single(out, rows.contiguous(), "
-        "group=group, output_split_sizes=recv_counts, input_split_sizes=send_counts). backward: the same call with "
-        "the two count lists swapped, on grad; return (grad_in, None, None, None).",
-        "exchange_counts: an all-to-all of n int64 numbers — torch.tensor(send_counts) in, torch.empty(n, "
-        "dtype=torch.int64) out (no split sizes: one number per peer).",
-        "dispatch: expert = chosen.reshape(-1) (slot s is token s // k); owner = expert // (n_experts // n); order = "
-        "torch.argsort(owner, stable=True); send = torch.bincount(owner, minlength=n).tolist(); recv = "
-        "exchange_counts(send, group); rows = AllToAll.apply(x.repeat_interleave(k, 0)[order], send, recv, group); "
-        "the ids the same way (as a float column: expert[order].to(x.dtype)[:, None]), then .long().",
-        "combine: back = AllToAll.apply(out, recv, send, group) (the counts swapped); slots = "
-        "torch.empty_like(back).index_copy(0, order, back) — undo the sort; then (slots * gates.reshape(-1, "
-        "1)).view(-1, k, d).sum(1).",
+        "Expert parallelism sends each token to the rank that holds its expert and brings the result home: two "
+        "all-to-alls per MoE layer, dispatch and combine, each moving the routed rows with uneven counts per peer. The "
+        "counts themselves are exchanged first: a rank cannot know how many rows it will receive.",
+        "AllToAll is an autograd Function around one uneven all-to-all: its forward sends send_counts rows to each "
+        "peer and receives recv_counts; its backward is the same exchange the other way, the two count lists swapped. "
+        "exchange_counts: an all-to-all of one int64 number per peer, without split sizes.",
+        "dispatch: each token makes k slots, one per chosen expert; a slot's destination is the rank that owns its "
+        "expert. Sort the slots by destination (a stable sort keeps their order within a rank), count them per rank, "
+        "exchange the counts, then send the slots' rows — and their expert ids, as a float column — through AllToAll.",
+        "combine: the reverse all-to-all (the counts swapped) brings the rows home in the dispatch's sorted order; "
+        "undo the sort, weigh each slot by its gate and sum each token's k slots.",
+        "The code:\n"
+        "AllToAll.forward:\n"
+        "    ctx.send, ctx.recv, ctx.group = send_counts, recv_counts, group\n"
+        "    out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))\n"
+        "    zerokit.comm.all_to_all_single(out, rows.contiguous(), group=group, output_split_sizes=recv_counts, "
+        "input_split_sizes=send_counts)\n"
+        "    return out\n"
+        "AllToAll.backward:\n"
+        "    back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))\n"
+        "    zerokit.comm.all_to_all_single(back, grad.contiguous(), group=ctx.group, output_split_sizes=ctx.send, "
+        "input_split_sizes=ctx.recv)\n"
+        "    return back, None, None, None\n"
+        "exchange_counts:\n"
+        "    theirs = torch.empty(dist.get_world_size(group), dtype=torch.int64)\n"
+        "    zerokit.comm.all_to_all_single(theirs, torch.tensor(send_counts, dtype=torch.int64), group=group)\n"
+        "    return theirs.tolist()\n"
+        "dispatch:\n"
+        "    n, k = dist.get_world_size(group), chosen.shape[1]\n"
+        "    expert = chosen.reshape(-1)  # slot s is token s // k\n"
+        "    dest = owner(expert, n_experts, n)\n"
+        "    order = torch.argsort(dest, stable=True)\n"
+        "    send = torch.bincount(dest, minlength=n).tolist()\n"
+        "    recv = exchange_counts(send, group)\n"
+        "    rows = AllToAll.apply(x.repeat_interleave(k, dim=0)[order], send, recv, group)\n"
+        "    ids = AllToAll.apply(expert[order].to(x.dtype)[:, None], send, recv, group)[:, 0].long()\n"
+        "    return rows, ids, {'order': order, 'send': send, 'recv': recv, 'k': k}\n"
+        "combine:\n"
+        "    back = AllToAll.apply(out, plan['recv'], plan['send'], group)\n"
+        "    slots = torch.empty_like(back).index_copy(0, plan['order'], back)\n"
+        "    return (slots * gates.reshape(-1, 1)).view(-1, plan['k'], slots.shape[-1]).sum(dim=1)",
     ],
 )

@@ -201,11 +201,26 @@ EXERCISE = Exercise(
               "one all-reduce of every gradient per step: 2(N−1)/N·Ψ·4 bytes sent per rank in fp32"),
     ],
     hints=[
-        "shard_batch: with B rows and N ranks, per = B // N; return inputs[rank * per:(rank + 1) * per] and the "
-        "same rows of the targets.",
-        "average_gradients: for every parameter with a gradient, dist.all_reduce(p.grad, group=group) sums it "
-        "over the ranks in place; then divide by N = dist.get_world_size(group).",
-        "The loss is a mean over this rank's rows; the mean over the ranks of those means is the mean over the "
-        "whole batch (equal shards), which is why you divide by N and not by B.",
+        "Data parallelism: every rank holds the whole model and trains on its own share of the batch; after backward "
+        "the ranks' gradients are combined so that every replica takes the step one process would take on the whole "
+        "batch.",
+        "shard_batch: B rows over N ranks give each rank B/N consecutive rows — rank r takes rows r·B/N up to "
+        "(r+1)·B/N, the same rows of the inputs and of the targets.",
+        "average_gradients: one all-reduce per gradient sums it over the ranks, in place (dist.all_reduce, with the "
+        "group passed along); the mean is that sum divided by the number of ranks in the group. Every parameter that "
+        "has a gradient, the biases too.",
+        "Why divide by N and not by B: each rank's loss is already a mean over its own rows; with equal shards, the "
+        "mean over the ranks of those means is the mean over the whole batch.",
+        "The code:\n"
+        "def shard_batch(inputs, targets, rank, world_size):\n"
+        "    per = inputs.shape[0] // world_size\n"
+        "    rows = slice(rank * per, (rank + 1) * per)\n"
+        "    return inputs[rows], targets[rows]\n"
+        "def average_gradients(model, group=None):\n"
+        "    n = dist.get_world_size(group)\n"
+        "    for p in model.parameters():\n"
+        "        if p.grad is not None:\n"
+        "            dist.all_reduce(p.grad, group=group)\n"
+        "            p.grad.div_(n)",
     ],
 )

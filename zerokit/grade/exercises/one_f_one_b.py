@@ -169,13 +169,26 @@ EXERCISE = Exercise(
               catches=("not-runnable",)),
     ],
     hints=[
-        "Build each rank's compute order first: w = min(p − 1 − r, m) forwards Action(r, 'F', k); then, while "
-        "forwards remain, one forward and one backward (F w+k, B k); then the remaining backwards.",
-        "Then wrap each compute action in its communication: RECV_F before F and SEND_F after it (except on the "
-        "first / last stage), RECV_B before B on every stage but the last, SEND_B after B on every stage but the "
-        "first. The last stage computes its loss inside F, so its B needs no RECV_B.",
-        "Schedule('1f1b', p, m, 1, actions) with actions[r] = rank r's list. zerokit.pipeline_parallel.check(s) "
-        "and zerokit.simulate(s) tell you at once what is wrong; zerokit.schedule('1f1b', p, m) prints "
-        "zerokit's own, to compare.",
+        "1F1B bounds the activations in flight: after a short warm-up of forwards, each stage alternates one forward "
+        "and one backward, so stage r never holds more than p − r micro-batches' activations, where GPipe's order "
+        "(every forward first) holds all m. The bubble is the same; the memory is not.",
+        "Build each rank's compute order first. Rank r's warm-up is p − 1 − r forwards, at most m: the last stage has "
+        "none, the first the most. Then, while forwards remain, one forward and one backward (forward number warm-up + "
+        "k, backward number k); then the backwards left.",
+        "Then wrap each compute action in its communication: a forward receives its input first (except on the first "
+        "stage) and sends its output after (except on the last); a backward receives its gradient first on every stage "
+        "but the last, which computes its loss inside its forward, and sends after on every stage but the first.",
+        "The p rows make a Schedule of kind 1f1b with one micro-batch group. zerokit's checker and simulator "
+        "(zerokit.pipeline_parallel.check, zerokit.simulate) say at once what is wrong, and zerokit.schedule prints "
+        "zerokit's own to compare with.",
+        "The code, for each rank r:\n"
+        "warmup = min(p - 1 - r, m)\n"
+        "compute = [Action(r, 'F', k) for k in range(warmup)]\n"
+        "for k in range(m - warmup):\n"
+        "    compute += [Action(r, 'F', warmup + k), Action(r, 'B', k)]\n"
+        "compute += [Action(r, 'B', k) for k in range(m - warmup, m)]\n"
+        "# then each F as RECV_F (if r > 0), F, SEND_F (if r < p - 1);\n"
+        "#      each B as RECV_B (if r < p - 1), B, SEND_B (if r > 0)\n"
+        "return Schedule('1f1b', p, m, 1, actions)  # actions[r]: rank r's list",
     ],
 )

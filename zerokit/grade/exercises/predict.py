@@ -144,12 +144,20 @@ EXERCISE = Exercise(
               requires=_answer("BUBBLE_1F1B")),
     ],
     hints=[
-        "Model states (ZeRO §5.1) in fp32 with AdamW: 4 bytes of parameter and 4 of gradient per element, 8 of "
-        "optimizer state (m and v). ZeRO-1 divides only the last by N; torch's AdamW adds a 4-byte step counter "
-        "per tensor it steps, and ZeRO-1 steps one flat shard.",
-        "A ring all-gather or reduce-scatter of S bytes makes each rank send (N−1)/N·S. ZeRO-3, per step: "
-        "all-gather the parameters for forward, again for backward, reduce-scatter the gradients.",
-        "1F1B with p stages and m micro-batches runs for (m + p − 1) forward+backward slots, of which each rank "
-        "works m.",
+        "Predict before you measure: each answer is one of the course's formulas — the model-state bytes on one rank "
+        "(ZeRO §5.1), the bytes a rank sends per step on a ring, and the pipeline bubble — written with this "
+        "exercise's Ψ, N, p and m.",
+        "Model states in fp32 with AdamW: 4 bytes of parameter and 4 of gradient per element, 8 of optimizer state (m "
+        "and v). ZeRO-1 divides only the optimizer states by N; torch's AdamW adds a 4-byte step counter per tensor it "
+        "steps, and ZeRO-1 steps one flat shard.",
+        "A ring all-gather or reduce-scatter of S bytes makes each rank send (N−1)/N·S. ZeRO-3, per step: all-gather "
+        "the parameters for forward, again for backward, and reduce-scatter the gradients — three such collectives of "
+        "Ψ·4 bytes.",
+        "1F1B with p stages and m micro-batches runs for m + p − 1 forward-and-backward slots, of which each rank "
+        "works m: the idle fraction of the wall time is the rest over the total.",
+        "The code:\n"
+        "ZERO1_BYTES_PER_RANK = 4 * PSI + 4 * PSI + 8 * PSI // N + 4\n"
+        "ZERO3_BYTES_SENT_PER_STEP = 3 * (N - 1) * 4 * PSI // N\n"
+        "BUBBLE_1F1B = (p - 1) / (m + p - 1)  # here p = 2, m = 4",
     ],
 )

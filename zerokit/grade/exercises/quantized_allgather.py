@@ -331,15 +331,35 @@ EXERCISE = Exercise(
               "instead of 2 or 4 bytes per element"),
     ],
     hints=[
-        "quantize: flat = x.reshape(-1).float(); pad with (-numel) % block_size zeros and .view(-1, block_size); "
-        "absmax = blocks.abs().amax(dim=1); scales = torch.where(absmax > 0, absmax / QMAX, torch.ones_like(absmax)).",
-        "codes = torch.round(blocks / scales[:, None]).clamp(-QMAX, QMAX).reshape(-1)[:numel].to(torch.int8) — "
-        "clamp before the cast: int8 wraps 128 to −128.",
-        "dequantize: q[:numel].float() * scales.repeat_interleave(block_size)[:numel] (repeat_interleave keeps each "
-        "scale on its own block; repeat would tile them).",
-        "quantized_all_gather: q, s = quantize(shard, block_size); every_q = torch.empty(n * q.numel(), "
-        "dtype=torch.int8) and every_s = torch.empty(n * s.numel()); zerokit.comm.all_gather(every_q, q, "
-        "group=group) and the same for s; then torch.cat of dequantize(q_j, s_j, block_size, shard.numel()) over "
-        "zip(every_q.chunk(n), every_s.chunk(n)).",
+        "ZeRO++'s qwZ cuts the bytes of a weight all-gather by sending int8 codes instead of floats: each block of "
+        "consecutive elements gets its own scale, its absmax over 127, so that a block of small numbers keeps its "
+        "precision beside a block of large ones. The scales travel with the codes.",
+        "quantize: pad the flat tensor with zeros to whole blocks (the short last block keeps its own absmax), one "
+        "scale per block — 1 for an all-zero block — then each code is the element over its block's scale, rounded and "
+        "clamped to ±127 before the cast to int8 (int8 wraps 128 to −128), the padding cut off.",
+        "dequantize: element i belongs to block i // block_size: each code times its own block's scale — each scale "
+        "repeated block_size times in place, not the list of scales tiled — cut to numel.",
+        "quantized_all_gather: quantize this rank's shard; all-gather the codes (int8) and the scales (float32) into "
+        "buffers n times as long, through zerokit.comm.all_gather; then dequantize chunk j of the codes with chunk j "
+        "of the scales, and concatenate.",
+        "The code:\n"
+        "quantize:\n"
+        "    flat = x.detach().reshape(-1).float()\n"
+        "    blocks = torch.cat([flat, flat.new_zeros((-flat.numel()) % block_size)]).view(-1, block_size)\n"
+        "    absmax = blocks.abs().amax(dim=1)\n"
+        "    scales = torch.where(absmax > 0, absmax / QMAX, torch.ones_like(absmax))\n"
+        "    codes = torch.round(blocks / scales[:, None]).clamp(-QMAX, QMAX)\n"
+        "    return codes.reshape(-1)[:flat.numel()].to(torch.int8), scales\n"
+        "dequantize:\n"
+        "    return q.reshape(-1)[:numel].float() * scales.repeat_interleave(block_size)[:numel]\n"
+        "quantized_all_gather:\n"
+        "    n = dist.get_world_size(group)\n"
+        "    q, scales = quantize(shard, block_size)\n"
+        "    every_q = torch.empty(n * q.numel(), dtype=torch.int8)\n"
+        "    every_scale = torch.empty(n * scales.numel(), dtype=torch.float32)\n"
+        "    zerokit.comm.all_gather(every_q, q, group=group)\n"
+        "    zerokit.comm.all_gather(every_scale, scales, group=group)\n"
+        "    return torch.cat([dequantize(q_j, s_j, block_size, shard.numel())\n"
+        "                      for q_j, s_j in zip(every_q.chunk(n), every_scale.chunk(n))])",
     ],
 )

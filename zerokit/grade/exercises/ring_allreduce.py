@@ -141,15 +141,35 @@ EXERCISE = Exercise(
         Check("rounds", 2, "three", _judge_rounds, "2(N−1) rounds: zerokit.theory.ring_steps('all_reduce', N)"),
     ],
     hints=[
-        "Work on a flat copy padded with zeros to a multiple of N, viewed as N chunks (flat.view(N, shard)). Rank r "
-        "only talks to its neighbours: it sends to (r + 1) % N and receives from (r − 1) % N.",
-        "Reduce-scatter: in round k = 0 … N−2, rank r sends chunk (r − k − 1) % N and receives chunk "
-        "(r − k − 2) % N into a spare buffer, then adds it into that chunk. After N − 1 rounds rank r holds the "
-        "full sum of chunk r.",
-        "All-gather: in round k, rank r sends chunk (r − k) % N (finished) and receives chunk (r − k − 1) % N "
-        "straight into place.",
-        "Order each round by parity: even ranks dist.send(chunk, dst=right) then dist.recv(buf, src=left), odd "
-        "ranks the other way round, so no cycle of waits forms. If every rank first waits in its receive (or posts "
-        "irecv then isend, which gloo forgives), NCCL — where a receive waits on its peer's stream — hangs.",
+        "A ring all-reduce is a reduce-scatter followed by an all-gather, each N − 1 rounds in which every rank passes "
+        "one chunk to its right-hand neighbour and takes one from its left: each rank sends 2(N − 1)/N of the tensor "
+        "in all, however many ranks there are.",
+        "Work on a flat copy of the tensor padded with zeros to a multiple of N, viewed as N equal chunks. Rank r only "
+        "talks to its neighbours: it sends to rank (r + 1) mod N and receives from rank (r − 1) mod N.",
+        "Reduce-scatter: in round k, from 0 to N − 2, rank r sends chunk (r − k − 1) mod N and adds what it receives "
+        "into chunk (r − k − 2) mod N; after N − 1 rounds rank r holds the full sum of its own chunk r. All-gather: in "
+        "round k rank r sends its finished chunk (r − k) mod N and receives chunk (r − k − 1) mod N straight into "
+        "place.",
+        "A blocking send waits for its receive: if every rank sends first, or every rank receives first, nobody moves. "
+        "Even ranks send then receive, odd ranks receive then send, and no cycle of waits forms. Posting every receive "
+        "first with irecv happens to work on gloo, but hangs on NCCL, where a receive waits on its peer's stream.",
+        "The code:\n"
+        "def round_trip(outgoing, into):  # even ranks send first\n"
+        "    if rank % 2 == 0:\n"
+        "        dist.send(outgoing, dst=right, group=group)\n"
+        "        dist.recv(into, src=left, group=group)\n"
+        "    else:\n"
+        "        dist.recv(into, src=left, group=group)\n"
+        "        dist.send(outgoing, dst=right, group=group)\n"
+        "shard = -(-tensor.numel() // n)\n"
+        "flat = torch.zeros(n * shard, dtype=tensor.dtype)\n"
+        "flat[:tensor.numel()] = tensor.reshape(-1)\n"
+        "chunks, incoming = flat.view(n, shard), torch.empty(shard, dtype=tensor.dtype)\n"
+        "for k in range(n - 1):  # reduce-scatter\n"
+        "    round_trip(chunks[(rank - k - 1) % n], incoming)\n"
+        "    chunks[(rank - k - 2) % n] += incoming\n"
+        "for k in range(n - 1):  # all-gather\n"
+        "    round_trip(chunks[(rank - k) % n], chunks[(rank - k - 1) % n])\n"
+        "tensor.copy_(flat[:tensor.numel()].view_as(tensor))",
     ],
 )

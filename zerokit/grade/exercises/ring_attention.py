@@ -221,12 +221,43 @@ EXERCISE = Exercise(
               "cp − 1 transfers of K and V forward: after them every block has visited every rank"),
     ],
     hints=[
-        "merge: ℓ = torch.logaddexp(lse, block_lse); safe = ℓ.masked_fill(torch.isinf(ℓ), 0); "
-        "out·e^(lse − safe) + block_out·e^(block_lse − safe) (each with [..., None] to broadcast over head dim).",
-        "ring_forward: me, n = dist.get_rank(group), dist.get_world_size(group); kv = torch.stack([k, v]); at step s "
-        "you hold rank (me − s) % n's block; post ring_shift(kv, group) first when s < n − 1, compute, then wait "
-        "on its works and take the buffer it returned.",
-        "A block's own result: S = q·kᵀ/√d masked with -inf where all_positions[src][None, :] > positions[:, None]; "
-        "block_lse = logsumexp(S, -1); P = exp(S − block_lse) with −∞ read as 0; block_out = P·v.",
+        "Ring attention keeps each rank's queries and passes the keys and values around the ring: at every step a rank "
+        "attends to the block it holds while the next block is in transit. The softmax over all keys is assembled "
+        "block by block — the online softmax: each block's output normalised by its own sum, merged by rescaling with "
+        "the log-sum-exp.",
+        "merge: the merged log-sum-exp is the log of the two blocks' summed exponentials; each output is weighed by e "
+        "to the power of its own log-sum-exp minus the merged one, then the two are added. Where the merged "
+        "log-sum-exp is −∞ (nothing seen yet, or a fully masked row) subtract 0 instead, so that no −∞ − (−∞) makes a "
+        "NaN.",
+        "ring_forward: start from an output of zeros and a log-sum-exp of −∞; at step s you hold the block of rank (me "
+        "− s) mod n. Post the shift of the stacked keys and values first, unless it is the last step; compute on the "
+        "block you hold, merge, then wait for the transfer and take the block that arrived.",
+        "A block's own result: the scores q·kᵀ/√d, masked with −∞ where a key's global position is after the query's "
+        "(compare the source rank's positions with yours: the zig-zag layout scrambles the local order); its "
+        "log-sum-exp; the probabilities, with −∞ read as 0; their product with v.",
+        "The code:\n"
+        "merge:\n"
+        "    merged = torch.logaddexp(lse, block_lse)\n"
+        "    safe = merged.masked_fill(torch.isinf(merged), 0.0)\n"
+        "    out = out * torch.exp(lse - safe)[..., None] + block_out * torch.exp(block_lse - safe)[..., None]\n"
+        "    return out, merged\n"
+        "ring_forward:\n"
+        "    me, n = dist.get_rank(group), dist.get_world_size(group)\n"
+        "    out, lse = torch.zeros(q.shape), torch.full(q.shape[:-1], float('-inf'))\n"
+        "    kv = torch.stack([k, v]).contiguous()\n"
+        "    for s in range(n):\n"
+        "        src = (me - s) % n\n"
+        "        pending = ring_shift(kv, group) if s < n - 1 else None\n"
+        "        scores = torch.matmul(q, kv[0].transpose(-1, -2)) / math.sqrt(q.shape[-1])\n"
+        "        scores = scores.masked_fill(all_positions[src][None, :] > positions[:, None], float('-inf'))\n"
+        "        block_lse = torch.logsumexp(scores, dim=-1)\n"
+        "        probs = torch.exp(scores - block_lse.masked_fill(torch.isinf(block_lse), 0.0)[..., None])\n"
+        "        out, lse = merge(out, lse, torch.matmul(probs, kv[1]), block_lse)\n"
+        "        if pending is not None:\n"
+        "            incoming, works = pending\n"
+        "            for work in works:\n"
+        "                work.wait()\n"
+        "            kv = incoming\n"
+        "    return out, lse",
     ],
 )

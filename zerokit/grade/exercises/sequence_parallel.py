@@ -258,16 +258,43 @@ EXERCISE = Exercise(
               "tensor parallelism, split into its two halves"),
     ],
     hints=[
-        "all_gather_sequence: out = torch.empty(t, *x.shape); zerokit.comm.all_gather(out.view(-1), "
-        "x.contiguous().view(-1), group=group); return out.movedim(0, 1).flatten(1, 2) — the rank axis moved next "
-        "to the sequence, then merged with it.",
-        "reduce_scatter_sequence: chunks = x.unflatten(1, (t, s // t)).movedim(1, 0).contiguous(); out = "
-        "torch.empty(chunks.shape[1:]); zerokit.comm.reduce_scatter(out.view(-1), chunks.view(-1), group=group).",
-        "g: forward returns all_gather_sequence(x, group) (keep ctx.group); backward returns "
-        "(reduce_scatter_sequence(grad, ctx.group), None). ḡ is the same pair the other way round.",
-        "The block: h = F.layer_norm(x_shard, (hidden,), ln_w, ln_b); h = g(h); h = gelu(F.linear(h, w1_shard, "
-        "b1_shard)); y = ḡ(F.linear(h, w2_shard)); return x_shard + y + b2 — the bias after ḡ, once.",
-        "sync_replicated_grads: torch.cat the params' .grad (flattened), zerokit.comm.all_reduce it, copy the "
-        "pieces back into each .grad.",
+        "Sequence parallelism shards the activations outside the tensor-parallel region along the sequence: LayerNorm "
+        "and the residual run on each rank's slice of it. Megatron's f and g become g (all-gather the sequence on the "
+        "way in) and ḡ (reduce-scatter it on the way out) — the bytes of one all-reduce, with 1/t of those activations "
+        "kept.",
+        "all_gather_sequence: gather every rank's slice into a buffer with the rank axis first, then move that axis "
+        "next to the sequence axis and merge the two, so that rank j's tokens land at positions j·s up to (j+1)·s. "
+        "reduce_scatter_sequence is the reverse: split the sequence into t chunks, put the chunk axis first "
+        "(contiguous), reduce-scatter the flat buffer.",
+        "g and ḡ are autograd Functions, each other's conjugate: g gathers forward and reduce-scatters the gradient "
+        "backward; ḡ reduce-scatters forward and gathers the gradient backward. Each backward returns the tensor's "
+        "gradient, then None for the group.",
+        "The block: LayerNorm on the shard, g, the column-parallel linear, GeLU, the row-parallel linear without its "
+        "bias, ḡ, then the residual and b2 — once, after ḡ. sync_replicated_grads: the LayerNorm weights and b2 are "
+        "replicated, but each rank saw only its slice of the sequence: sum their gradients over the ranks, in one "
+        "all-reduce of them flattened together.",
+        "The code:\n"
+        "all_gather_sequence:\n"
+        "    t = dist.get_world_size(group)\n"
+        "    out = torch.empty((t, *x.shape))\n"
+        "    zerokit.comm.all_gather(out.view(-1), x.contiguous().view(-1), group=group)\n"
+        "    return out.movedim(0, 1).flatten(1, 2)\n"
+        "reduce_scatter_sequence:\n"
+        "    t = dist.get_world_size(group)\n"
+        "    chunks = x.unflatten(1, (t, x.shape[1] // t)).movedim(1, 0).contiguous()\n"
+        "    out = torch.empty(chunks.shape[1:])\n"
+        "    zerokit.comm.reduce_scatter(out.view(-1), chunks.view(-1), group=group)\n"
+        "    return out\n"
+        "g:  forward returns all_gather_sequence(x, group); backward returns (reduce_scatter_sequence(grad, "
+        "ctx.group), None); ḡ the other way round\n"
+        "the block:\n"
+        "    h = F.layer_norm(x_shard, (x_shard.shape[-1],), ln_w, ln_b)\n"
+        "    h = F.gelu(F.linear(GatherFromSequenceParallelRegion.apply(h, group), w1_shard, b1_shard))\n"
+        "    y = ReduceScatterToSequenceParallelRegion.apply(F.linear(h, w2_shard), group)\n"
+        "    return x_shard + y + b2\n"
+        "sync_replicated_grads:\n"
+        "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n"
+        "    zerokit.comm.all_reduce(flat, group=group)\n"
+        "    # then copy each p's piece of flat back into p.grad",
     ],
 )

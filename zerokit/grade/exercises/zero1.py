@@ -161,13 +161,28 @@ EXERCISE = Exercise(
               "reduce-scatter + all-gather = an all-reduce cut in half: ZeRO-1 sends what DDP sends"),
     ],
     hints=[
-        "The shard: self.unit.shard(self.unit.data) is a view of this rank's 1/N of the parameters. Copy it "
-        "(.clone()) into a torch.nn.Parameter, the fp32 'master' the optimizer steps, and build "
-        "torch.optim.AdamW([master], lr=lr).",
-        "step(), 1: divide self.grads by N, then zerokit.comm.reduce_scatter(out, self.grads, group=self.group) "
-        "with out = torch.empty_like(master): rank r receives the sum of chunk r.",
-        "step(), 2: master.grad = out; self.optimizer.step(); then dist.all_gather_into_tensor(self.unit.data, "
-        "master.detach(), group=self.group) writes every rank's updated shard into the flat parameters, which "
-        "the model's parameters are views of.",
+        "ZeRO-1 shards the optimizer states: each rank keeps Adam's moments, and the fp32 master copy they update, for "
+        "its own 1/N of the parameters only. A step reduces the gradients to each shard's owner, steps the shard, and "
+        "gathers the updated shards back to every rank.",
+        "__init__: the shard is this rank's view of the flat parameters (self.unit cuts them into N shards). Copy it "
+        "into a Parameter of its own, the master the optimizer steps, and build AdamW over that one tensor with the "
+        "given lr.",
+        "step: a reduce-scatter does the reduction and the sharding at once — rank r receives the sum, over the ranks, "
+        "of chunk r of the flat gradients. Divide them by N first (the mean), receive into a shard-sized buffer, make "
+        "it the master's gradient, step.",
+        "Then the way back: an all-gather of every rank's updated master shard into the flat parameters "
+        "(self.unit.data), which the model's parameters are views of, so that every rank holds the whole updated model "
+        "again.",
+        "The code:\n"
+        "__init__:\n"
+        "    self.master = torch.nn.Parameter(self.unit.shard(self.unit.data).clone())\n"
+        "    self.optimizer = torch.optim.AdamW([self.master], lr=lr)\n"
+        "step:\n"
+        "    self.grads.div_(self.world)\n"
+        "    grad_shard = torch.empty_like(self.master)\n"
+        "    zerokit.comm.reduce_scatter(grad_shard, self.grads, group=self.group)\n"
+        "    self.master.grad = grad_shard\n"
+        "    self.optimizer.step()\n"
+        "    zerokit.comm.all_gather(self.unit.data, self.master.detach(), group=self.group)",
     ],
 )

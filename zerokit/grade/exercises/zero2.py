@@ -176,15 +176,40 @@ EXERCISE = Exercise(
               "the shards of the mean gradient step the masters; the all-gather brings every rank the update"),
     ],
     hints=[
-        "on_grad_ready(p): unit = self.unit_of[p]; the bucket is self.buckets.get(unit.index), or a new "
-        "unit.new_flat() stored there on the unit's first gradient. Copy p.grad into its view "
-        "(unit.views(bucket)[self.position[p]]), then p.grad = None, and count it.",
-        "When the unit's count reaches len(unit.params): first self.wait_in_flight() (the previous bucket is "
-        "reduced and freed: at most two buckets alive), then bucket.div_(N) and launch "
-        "zerokit.comm.reduce_scatter(self.grad_shards[i], bucket, group=self.group, async_op=True); keep "
-        "(i, work) in self.in_flight.",
-        "wait_in_flight(): for each (i, work): work.wait(), then del self.buckets[i] — only now is the bucket's "
-        "memory free to go. Freeing it right after the launch hands the collective memory it is still reading.",
-        "finish(): wait_in_flight() once more (the last bucket), and reset the counters for the next step.",
+        "ZeRO-2 shards the gradients too: a unit's gradients live in a full-size bucket only until they are "
+        "reduce-scattered to their owners; then the bucket is freed, and each rank keeps only its shard. Reducing "
+        "during backward overlaps the communication, and at most two buckets are alive at once.",
+        "on_grad_ready: find p's unit; its bucket (a new flat buffer of the unit) is made on the unit's first "
+        "gradient. Copy p's gradient into its view of the bucket, drop p's own gradient (set it to None: that memory "
+        "is what ZeRO-2 saves) and count it.",
+        "When the unit's count reaches its number of parameters: first wait for the reduction already in flight (so at "
+        "most two buckets live), then divide the bucket by N and launch its reduce-scatter asynchronously into the "
+        "unit's gradient shard, keeping the unit's index and the work.",
+        "wait_in_flight: wait for each work, and only then free its bucket — freeing it right after the launch hands "
+        "the collective memory it is still reading. finish: wait for the last one, and reset the counters for the next "
+        "step.",
+        "The code:\n"
+        "on_grad_ready(p):\n"
+        "    unit = self.unit_of[p]\n"
+        "    i = unit.index\n"
+        "    if i not in self.buckets:\n"
+        "        self.buckets[i] = unit.new_flat()\n"
+        "    unit.views(self.buckets[i])[self.position[p]].copy_(p.grad)\n"
+        "    p.grad = None\n"
+        "    self.ready[i] += 1\n"
+        "    if self.ready[i] == len(unit.params):\n"
+        "        self.wait_in_flight()\n"
+        "        self.buckets[i].div_(self.world)\n"
+        "        work = zerokit.comm.reduce_scatter(self.grad_shards[i], self.buckets[i], group=self.group, "
+        "async_op=True)\n"
+        "        self.in_flight.append((i, work))\n"
+        "wait_in_flight:\n"
+        "    for i, work in self.in_flight:\n"
+        "        work.wait()\n"
+        "        del self.buckets[i]\n"
+        "    self.in_flight = []\n"
+        "finish:\n"
+        "    self.wait_in_flight()\n"
+        "    self.ready = [0] * len(self.units)",
     ],
 )

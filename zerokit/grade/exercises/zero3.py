@@ -188,14 +188,39 @@ EXERCISE = Exercise(
               "reduce-scattered"),
     ],
     hints=[
-        "gather(i): unit.materialize() gives the unit's flat buffer its memory back (the parameters are views into "
-        "it); zerokit.comm.all_gather(unit.data, self.shards[i].detach(), group=self.group) fills it. free(i): "
-        "unit.free().",
-        "post_forward(i, output): free(i), then output.register_hook(lambda grad: self.pre_backward(i)) — it runs "
-        "when the gradient of the block's output is ready, i.e. just before the block's own backward. Return "
-        "output. (Guard with `if output.requires_grad` for forwards under no_grad.)",
-        "post_backward(i, p) runs once per parameter. On the unit's last one: bucket = unit.new_flat(); copy each "
-        "q.grad into unit.views(bucket) and set q.grad = None; bucket.div_(N); "
-        "zerokit.comm.reduce_scatter(self.grad_shards[i], bucket, group=self.group); free(i); reset the count.",
+        "ZeRO-3 shards the parameters themselves: a unit's full parameters exist only while it computes. Gather them "
+        "just before the unit's forward and again just before its backward, free them right after each, and "
+        "reduce-scatter the unit's gradients as soon as they are complete.",
+        "gather and free: a freed unit's flat buffer has no memory; give it its storage back (the unit materializes "
+        "itself), then all-gather every rank's shard into it — the parameters are views of that buffer. free releases "
+        "the storage again. pre_forward and pre_backward only gather.",
+        "post_forward: free the unit, then put a hook on the gradient of the block's output: it runs when that "
+        "gradient is ready, just before the block's own backward — the moment to gather again. Only an output that "
+        "requires grad gets the hook (a forward under no_grad has none); return the output.",
+        "post_backward runs once per parameter: count them; on the unit's last, copy the gradients into a new flat "
+        "bucket of the unit and drop each parameter's own, divide by N, reduce-scatter into the unit's gradient shard, "
+        "free the unit and reset the count.",
+        "The code:\n"
+        "gather(i):\n"
+        "    self.units[i].materialize()\n"
+        "    zerokit.comm.all_gather(self.units[i].data, self.shards[i].detach(), group=self.group)\n"
+        "free(i):\n"
+        "    self.units[i].free()\n"
+        "pre_forward(i), pre_backward(i):\n"
+        "    self.gather(i)\n"
+        "post_forward(i, output):\n"
+        "    self.free(i)\n"
+        "    if output.requires_grad:\n"
+        "        output.register_hook(lambda grad: self.pre_backward(i))\n"
+        "    return output\n"
+        "post_backward(i, p), once the unit's last gradient is in:\n"
+        "    bucket = unit.new_flat()\n"
+        "    for q, view in zip(unit.params, unit.views(bucket)):\n"
+        "        view.copy_(q.grad)\n"
+        "        q.grad = None\n"
+        "    bucket.div_(self.world)\n"
+        "    zerokit.comm.reduce_scatter(self.grad_shards[i], bucket, group=self.group)\n"
+        "    self.free(i)\n"
+        "    self.ready[i] = 0",
     ],
 )

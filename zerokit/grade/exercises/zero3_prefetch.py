@@ -259,15 +259,42 @@ EXERCISE = Exercise(
               "step, so a changed branch is prefetched again one step later"),
     ],
     hints=[
-        "next_unit(phase, i): seen = self.observed[phase]; seen.append(i); trace = self.recorded[phase]. No trace: "
-        "return None. k = len(seen) − 1: if k is past the end of trace or trace[k] != i, the branch took another "
-        "path — self.recorded[phase] = None, self.invalidations += 1, return None. Else return trace[k + 1] (None "
-        "at the end).",
-        "end_step(): for each phase whose observed list is not empty, self.recorded[phase] = list(observed); then "
-        "reset every observed list to []. A trace that held is recorded again unchanged; one that was left is "
-        "replaced by the order this step took.",
-        "begin(phase, i): ahead = self.trace.next_unit(phase, i); if not self.is_gathered(i): self.gather(i); "
-        "self.wait(i) (a prefetched gather finishes here); if ahead is not None and not self.is_gathered(ahead): "
-        "self.gather(ahead, async_op=True).",
+        "Prefetching hides a gather behind the compute before it: when the order in which units are used is known, "
+        "gather the next unit while this one computes. The order is learned, not declared — recorded in one step, "
+        "trusted in the next, and dropped the moment the model takes another path.",
+        "next_unit: append the unit to this step's observed order. With no trusted order there is nothing to prefetch. "
+        "If the recorded order has another unit, or none, at this position, the model took another path: stop trusting "
+        "it, count the invalidation, prefetch nothing. Else the recorded unit after this one (none at the end).",
+        "end_step: for each phase that saw units, this step's order becomes the recorded one (a copy); then every "
+        "observed list starts empty. A trace that held is recorded again unchanged; one that was left is replaced by "
+        "the order this step took.",
+        "begin: ask the trace for the unit ahead first; gather this unit on demand if it is not gathered yet, and wait "
+        "for it (a prefetched gather must finish before the unit computes); then launch the unit ahead asynchronously, "
+        "unless it is gathered already.",
+        "The code:\n"
+        "next_unit(phase, i):\n"
+        "    seen = self.observed[phase]\n"
+        "    seen.append(i)\n"
+        "    trace = self.recorded[phase]\n"
+        "    if trace is None:\n"
+        "        return None\n"
+        "    k = len(seen) - 1\n"
+        "    if k >= len(trace) or trace[k] != i:\n"
+        "        self.recorded[phase] = None\n"
+        "        self.invalidations += 1\n"
+        "        return None\n"
+        "    return trace[k + 1] if k + 1 < len(trace) else None\n"
+        "end_step:\n"
+        "    for phase, seen in self.observed.items():\n"
+        "        if seen:\n"
+        "            self.recorded[phase] = list(seen)\n"
+        "        self.observed[phase] = []\n"
+        "begin(phase, i):\n"
+        "    ahead = self.trace.next_unit(phase, i)\n"
+        "    if not self.is_gathered(i):\n"
+        "        self.gather(i)\n"
+        "    self.wait(i)\n"
+        "    if ahead is not None and not self.is_gathered(ahead):\n"
+        "        self.gather(ahead, async_op=True)",
     ],
 )
