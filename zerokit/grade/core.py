@@ -10,7 +10,9 @@ Lifecycle of one grading (:func:`run`, in two halves that may run in two process
    a rank that raises or hangs becomes a :class:`ScenarioError` that says what happened
    in a learner's words (not implemented yet, which rank raised what at which line of
    theirs, a rank that skipped a collective its peers called, a hang and where each rank
-   waited, a mistake the probe caught);
+   waited, a mistake the probe caught). A pure function of the learner's is checked on its own,
+   by a scenario without ranks that calls it (:func:`learner_call`), so that a function still
+   unwritten fails only the checks that need it, each naming it (a method with its class);
 3. :func:`verdicts` — in the grader's process, where the submission's code never ran
    (:mod:`.isolate` hands it the measurements as plain data): each *check* judges the
    measurements of its scenario against the single-process reference and
