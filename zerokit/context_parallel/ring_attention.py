@@ -117,7 +117,7 @@ def block_plan(qpos: torch.Tensor, kpos: torch.Tensor, device=None) -> Optional[
     n, m = part.shape
     if not part.any():
         mask = None
-    elif n == m and torch.equal(part, torch.ones(n, m, dtype=torch.bool).triu(1)):  # host: the plan is made on the host, once
+    elif n == m and torch.equal(part, torch.ones(n, m, dtype=torch.bool).triu(1)):  # host: the plan's own
         mask = CAUSAL
     else:
         mask = part.to(device)
