@@ -7,8 +7,10 @@ Lifecycle of :func:`grade_paths`, in the grader's process:
    fresh interpreter seconds);
 2. per submission, up to ``jobs`` at a time, a *keeper* process starts (forked, or spawned
    where :func:`zerokit.launch` would not fork: outside Linux, or once this process holds a
-   process group or CUDA). The keeper leads a session of its own, dies with the grader, becomes
-   the subreaper of everything below it (Linux) and forks the *submission's process*, which
+   process group or CUDA). The keeper leads a session of its own, becomes the subreaper of
+   everything below it (Linux), takes SIGTERM as "kill the submission's process, then everything
+   it left" — Linux sends it when the grader dies, however hard (PDEATHSIG, so no keeper outlives
+   the grader, nor what it keeps) — and forks the *submission's process*, which
    leads a process group of its own, points every inherited descriptor but its pipe (another
    submission's pipe, the grader's files) at /dev/null and fd 1 and 2 at a file (what the
    learner's code and its ranks print; a report keeps the last lines), loads the notebook
@@ -21,7 +23,12 @@ Lifecycle of :func:`grade_paths`, in the grader's process:
    reaps it all, says how the submission's process ended and exits;
 3. the grader waits on every pipe and keeper at once, each submission under a deadline (the
    load limit, then the exercise's scenario timeouts, each with a margin): past it the keeper is
-   told to kill everything (SIGTERM), and is killed if it does not;
+   told to kill everything (SIGTERM), and is killed if it does not. However the grader's loop
+   ends — an exception, Ctrl-C, SIGTERM or SIGHUP (raised as
+   :class:`~zerokit.runtime.termination.Terminated` inside
+   :func:`~zerokit.runtime.termination.unwinding`, as a launch does) — every keeper is told at
+   once, waited for within ``KILL_GRACE_S`` and killed past it, and only then does the grader
+   end (by the signal, re-sent);
 4. its measurements are read (weights-only) and judged here as soon as they arrive, while the
    keeper cleans up (:func:`.core.verdicts`, against references computed here); the grading is
    over when the keeper has exited. What a submission's code did in
@@ -49,6 +56,7 @@ from typing import List, Optional, Sequence
 
 from ..runtime.launch import _choose_start_method
 from ..runtime.spawn import die_with_parent, main_module_hidden, own_session
+from ..runtime.termination import unwinding
 from . import core, loader, wire
 from .core import CheckResult
 from .exercises import get, KEYS
@@ -227,10 +235,26 @@ def _end_descendants(child: int, subreaper: bool) -> None:
 
 
 def _keeper_main(job: Job, timeout_s: Optional[float], conn, output: str, grader: int) -> None:
-    """The keeper: start the submission's process, wait for it, kill and reap what it left; never returns."""
+    """The keeper: start the submission's process, wait for it, kill and reap what it left; never returns.
+
+    SIGTERM — the grader's (a deadline passed, the grader is stopping) or Linux's when the grader dies, however
+    hard (PDEATHSIG) — kills the submission's process, so the keeper goes on to kill and reap what it left."""
     try:
         own_session()
-        die_with_parent(grader)
+        keeper, state = os.getpid(), {"child": None, "stop": False}
+
+        def stop(signum, frame):
+            if os.getpid() != keeper:  # the submission's process, before it takes the default back
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            state["stop"] = True
+            if state["child"] is not None:  # started and not reaped yet: the pid is still its
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(state["child"], signal.SIGKILL)
+
+        signal.signal(signal.SIGTERM, stop)
+        die_with_parent(grader, signal.SIGTERM)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _point_output_at(output)
         subreaper = sys.platform.startswith("linux")
@@ -238,16 +262,21 @@ def _keeper_main(job: Job, timeout_s: Optional[float], conn, output: str, grader
             import ctypes
 
             subreaper = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+        if state["stop"]:  # told to stop before anything started
+            os._exit(0)
         child = os.fork()
         if child == 0:
             _submission_main(job, timeout_s, conn, output)
-        signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
+        state["child"] = child
+        if state["stop"]:  # told while it forked
+            os.kill(child, signal.SIGKILL)
         while True:
             try:
                 _, status = os.waitpid(child, 0)
                 break
             except InterruptedError:
                 continue
+        state["child"] = None
         _end_descendants(child, subreaper)
         code = os.waitstatus_to_exitcode(status)
         with contextlib.suppress(OSError):
@@ -383,13 +412,18 @@ class _Grading:
     def next_deadline(self) -> float:
         return self.kill_at if self.kill_at is not None else self.deadline
 
-    def stop_now(self) -> None:
-        """On the grader's way out (an exception, Ctrl-C): kill the keeper's session, reap it."""
+    def tell_to_stop(self) -> None:
+        """On the grader's way out: tell the keeper to kill everything (SIGTERM), as a deadline does."""
+        if not self.done:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.keeper.pid, signal.SIGTERM)
+
+    def stop_now(self, grace_until: float) -> None:
+        """On the grader's way out, once told (:meth:`tell_to_stop`): wait for the keeper until ``grace_until``,
+        then kill its session; reap it."""
         if self.done:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.keeper.pid, signal.SIGTERM)
-        self.keeper.join(KILL_GRACE_S)
+        self.keeper.join(max(0.0, grace_until - time.monotonic()))
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(self.keeper.pid, signal.SIGKILL)
@@ -503,6 +537,16 @@ def grade_paths(jobs: Sequence[Job], timeout_s: Optional[float] = None, workers:
     waiting = list(enumerate(jobs))[::-1]
     running: List[_Grading] = []
     reports: List[Optional[GradeReport]] = [None] * len(jobs)
+    with unwinding():  # SIGTERM, SIGHUP: raised here, so that the finally below stops the keepers first
+        _grade(waiting, running, reports, timeout_s, workers, method)
+    return reports
+
+
+def _grade(waiting: list, running: List[_Grading], reports: list, timeout_s: Optional[float], workers: int,
+           method: str) -> None:
+    """:func:`grade_paths`'s loop: start keepers, read what they send, judge, stop what runs past its deadline;
+    however it ends (an exception, Ctrl-C, :class:`~zerokit.runtime.termination.Terminated`), every keeper is told to
+    stop at once, then each is waited for within the grace and killed past it."""
     try:
         while waiting or running:
             while waiting and len(running) < workers:
@@ -527,7 +571,9 @@ def grade_paths(jobs: Sequence[Job], timeout_s: Optional[float] = None, workers:
                     grading.expire(now)
     finally:
         for grading in running:
-            grading.stop_now()
+            grading.tell_to_stop()
+        grace_until = time.monotonic() + KILL_GRACE_S
+        for grading in running:
+            grading.stop_now(grace_until)
             with contextlib.suppress(OSError):
                 os.unlink(grading.output)
-    return reports

@@ -141,11 +141,12 @@ def own_session() -> None:
             os.setsid()
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have Linux SIGKILL this rank when the parent dies, however hard, so no rank is orphaned."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Have Linux send ``signum`` (SIGKILL: die on the spot) to this process when the parent dies, however hard,
+    so none is orphaned; a process that must clean up first asks for a signal it handles."""
     if not sys.platform.startswith("linux"):
         return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent_pid:  # the parent died before the request took effect
         os._exit(1)
 
