@@ -1,4 +1,5 @@
-"""What several test files share: the check that no process was left behind."""
+"""What several test files share: the check that no process was left behind, and one headless Chromium."""
+import shutil
 import time
 
 import psutil
@@ -28,3 +29,23 @@ def no_children_left():
         assert not left, f"processes left behind: {left}"
 
     return check
+
+
+#: the system's Chromium, driven by Playwright (the lab's and the site's browser tests); None: those tests skip
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for a module's tests (each test opens its own context and page); always closed."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

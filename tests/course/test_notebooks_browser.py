@@ -31,10 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the fixture: tests/conftest.py
 
 
 def _free_port() -> int:
@@ -106,19 +103,6 @@ def jupyterlab(tmp_path_factory):
                 pass
             server.wait(timeout=10)
         log.close()
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    """One headless Chromium for the module's tests (each test opens its own context and page); always closed."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def _shut_down_kernels(lab: Lab) -> None:

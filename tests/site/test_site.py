@@ -33,10 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))  # tools/ is not a package: its modules import one another by name
 build_site = importlib.import_module("build_site")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # the fixture: tests/conftest.py
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 GUIDES = sorted((ROOT / "docs").glob("*.md"))
@@ -93,18 +90,6 @@ def served(site):
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def _page(out: Path, source: Path) -> Path:
