@@ -12,15 +12,21 @@ from zerokit.runtime import torchrun
 TIMEOUT = datetime.timedelta(seconds=30)
 
 
-def test_a_rank_that_reads_the_previous_rounds_entry_joins_this_rounds_store(monkeypatch):
+def _a_stale_round(monkeypatch):
+    """The agent's store whose round entry is the previous round's: it names a port at which another store
+    answers now. Returns (agent's store, the store at that port)."""
     agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
-    # the previous round's entry names a port at which another store answers now
     taken = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     agent.set(torchrun.ROUND_STORE_KEY, f"{taken.port} {'0' * 32}")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(agent.port))
     monkeypatch.setattr(torchrun, "_agent_store", None)
     monkeypatch.setattr(torchrun, "_round_id", "")
+    return agent, taken
+
+
+def test_a_rank_that_reads_the_previous_rounds_entry_joins_this_rounds_store(monkeypatch):
+    agent, taken = _a_stale_round(monkeypatch)
     real, rounds = dist.TCPStore, []
 
     def store(host, port, *args, **kwargs):
@@ -42,12 +48,6 @@ def test_a_rank_that_reads_the_previous_rounds_entry_joins_this_rounds_store(mon
 
 
 def test_a_rank_fails_naming_the_port_when_no_rounds_store_comes(monkeypatch):
-    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
-    taken = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    agent.set(torchrun.ROUND_STORE_KEY, f"{taken.port} {'0' * 32}")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(agent.port))
-    monkeypatch.setattr(torchrun, "_agent_store", None)
-    monkeypatch.setattr(torchrun, "_round_id", "")
+    agent, taken = _a_stale_round(monkeypatch)
     with pytest.raises(RuntimeError, match=f"port {taken.port} .* does not hold round 0+ "):
         torchrun._round_store(1, datetime.timedelta(seconds=2))
