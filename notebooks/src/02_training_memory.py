@@ -368,7 +368,8 @@ course.MemoryPanel(work, strategies=("ddp", "torch-ddp"), world_sizes=(1, 2, 4),
 #    </details>
 
 # %% [markdown]
-# **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) — a rank's
-# model-state bytes (and two more numbers) worked out before the run, graded by `zerokit grade 09`
-# against the formula and a measured run · **Next:** [lesson 03 — data parallelism: naive →
+# **Exercise:** [exercises/09_predict.ipynb](../exercises/09_predict.ipynb) asks for a rank's
+# model-state bytes like the ones above, and two more numbers that need ZeRO-1 and ZeRO-3 (lessons 04,
+# 06) and the 1F1B bubble (08): take it after lesson 11, graded by `zerokit grade 09` against the
+# formula and a measured run · **Next:** [lesson 03 — data parallelism: naive →
 # bucketed → overlapped](03_data_parallel.ipynb)
