@@ -5,7 +5,9 @@ live process groups (``_world.pg_map``) as the first found it, the world group a
 
 The five: zero3 (the mesh's axes), zeropp with hpZ (a carved secondary partition), ddp with expert parallelism (the
 ep / edp groups), a two-stage pipeline with tied weights (a group the strategy gives the mesh) and zero3 again."""
+import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,9 +21,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLS = 5
+REPORT = re.compile(r"RANK (\d) LIVE (\[[\d, ]*\]) MADE (\[[\d, ]*\])")
 
 JOB = textwrap.dedent("""
     import os
+    import sys
     from torch.distributed import distributed_c10d as c10d
     import zerokit
 
@@ -38,7 +42,8 @@ JOB = textwrap.dedent("""
         zerokit.train(workload, strategy, world_size=2, steps=1, reference=False, track_peak=False, **options)
         live.append(len(c10d._world.pg_map))
         made.append(c10d._world.group_count - before)
-    print(f"RANK {os.environ['RANK']} LIVE {live} MADE {made}", flush=True)
+    sys.stdout.write(f"RANK {os.environ['RANK']} LIVE {live} MADE {made}\\n")  # one write: the ranks share stdout
+    sys.stdout.flush()
 """)
 
 
@@ -51,10 +56,12 @@ def test_five_train_calls_leave_no_process_groups_behind(tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(job)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
+    # the ranks write to one stdout: each report is found by its pattern, wherever another rank's text lands
+    reports = {int(r): (live, made) for r, live, made in REPORT.findall(done.stdout)}
+    assert sorted(reports) == [0, 1], (done.stdout, done.stderr[-4000:])
     for rank in range(2):
-        line = next((x for x in done.stdout.splitlines() if x.startswith(f"RANK {rank} ")), None)
-        assert line is not None, (done.stdout, done.stderr[-4000:])
-        live, made = (eval(part) for part in line.split(" LIVE ")[1].split(" MADE "))
+        line = "RANK {} LIVE {} MADE {}".format(rank, *reports[rank])
+        live, made = (ast.literal_eval(part) for part in reports[rank])
         assert live == [1] * CALLS, line  # the world group alone, after every call
         # each call made groups (torch's count of them grew): the mesh's pp and tp axes (one rank each) on every
         # call, more where carved (hpZ), for ep / edp, or made by the pipeline (its tied weights)
