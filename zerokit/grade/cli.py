@@ -47,6 +47,19 @@ def _by_number(text: str):
     return found[0] if found else None
 
 
+def _not_found(text: str) -> str:
+    """What ``zerokit grade TEXT`` says when TEXT names nothing: for an exercise's number, where it looked and why
+    it found nothing; always where the exercises are listed."""
+    listing = "`zerokit grade --list` lists the exercises"
+    if text.isdigit() and len(text) <= 2:
+        if not Path("exercises").is_dir():
+            return (f"grade: {text} is an exercise's number, looked up in ./exercises, and there is no exercises/ "
+                    f"folder here: run it from the repository's root, or give the notebook's path; {listing}")
+        return f"grade: there is no exercise numbered {int(text):02d} in ./exercises; {listing}"
+    return (f"grade: no such file or folder: {text} (a notebook, a .py file, a folder, or an exercise's number; "
+            f"{listing})")
+
+
 def _submissions(args) -> Tuple[list, bool]:
     """``[(path, label, learner, named)]`` for every PATH, and whether a folder held a subfolder per learner.
 
@@ -57,7 +70,7 @@ def _submissions(args) -> Tuple[list, bool]:
     for text in args.paths:
         path = _by_number(text) or Path(text)
         if not path.exists():
-            raise _usage_error(f"grade: no such file or folder: {text}")
+            raise _usage_error(_not_found(text))
         if not path.is_dir():
             found.append((path, str(path), path.resolve().parent.name, True))
             continue
