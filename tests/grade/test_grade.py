@@ -344,7 +344,7 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert "which exercise" in capsys.readouterr().err
     assert main(["grade", "--list"]) == 0
     assert "09_predict" in capsys.readouterr().out
-    assert main(["grade", "99"]) == 2 and "no such file or folder: 99" in capsys.readouterr().err
+    assert main(["grade", "99"]) == 2 and "no exercise numbered 99" in capsys.readouterr().err
 
 
 def test_cli_grades_an_exercise_by_its_number_as_the_lessons_write_it(capsys, monkeypatch):
