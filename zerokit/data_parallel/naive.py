@@ -29,6 +29,6 @@ What the variants share lives in :class:`DataParallel` (:mod:`.base`; registered
 from __future__ import annotations
 
 from ..strategies.base import register
-from .base import ALGORITHMS, DataParallel, check_replicas_match, one_of  # noqa: F401 - their old home
+from .base import DataParallel
 
 register(DataParallel)
